@@ -1,0 +1,3 @@
+"""steerc: a compiler for declarative LLM interventions."""
+
+__version__ = "0.1.0"

@@ -1,0 +1,3 @@
+from steerc.cli import entry
+
+entry()

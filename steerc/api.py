@@ -1,0 +1,122 @@
+"""The embedding API: check and compile Steer programs from Python.
+
+Nothing here writes files or prints; results are objects. Diagnostics are
+:class:`steerc.diagnostics.Diagnostic` values, rendered on demand.
+
+>>> result = check_source('''
+... steer 1
+... vector v = [1.0, 0.0, 0.0, 0.0]
+... intervention push {
+...   at  resid_pre[0]
+...   add 2 * v
+... }
+... ''')
+>>> result.ok, [i.name for i in result.checked.interventions]
+(True, ['push'])
+>>> bad = check_source("steer 1\\nintervention x {\\n  at resid_pre[0]\\n  add w\\n}\\n")
+>>> [(d.code, d.span.line) for d in bad.diagnostics]
+[('undefined-name', 4)]
+"""
+
+from __future__ import annotations
+
+import gc
+import os
+
+from attrs import define, field
+
+from steerc.diagnostics import Diagnostic, Diagnostics, render_text, to_json_dict
+from steerc.frontend import parse
+from steerc.ir import nodes as ir
+from steerc.passes import causality, constraints, fold, names, structure, types
+from steerc.passes.context import CheckContext, Options
+from steerc.source import Source
+
+__all__ = ["CheckResult", "Options", "check_file", "check_source", "CHECK_PASSES"]
+
+# The model-independent check pipeline, in order. Each pass reads and
+# annotates the context; a pass may stop the pipeline (`ctx.stop`).
+CHECK_PASSES = (structure, names, types, fold, causality, constraints)
+
+
+@define
+class CheckResult:
+    source: Source
+    program: ir.Program | None
+    diagnostics: list[Diagnostic]
+    checked: object = None  # steerc.ir.checked.CheckedProgram
+    facts: object = None  # steerc.facts.ModelFacts, when checked against a model
+    plan: object = None  # steerc.ir.plan.Plan, when checked against a model without errors
+    sources: dict[str, Source] = field(factory=dict)
+
+    @property
+    def ok(self) -> bool:
+        return not any(d.is_error for d in self.diagnostics)
+
+    @property
+    def errors(self) -> list[Diagnostic]:
+        return [d for d in self.diagnostics if d.is_error]
+
+    def render(self) -> str:
+        """All diagnostics as text, each with its source line and caret."""
+        return "\n\n".join(render_text(d, self.sources) for d in self.diagnostics)
+
+    def to_json(self) -> list[dict]:
+        return [to_json_dict(d) for d in self.diagnostics]
+
+
+def check_source(
+    text: str,
+    name: str = "<string>",
+    *,
+    path: str | None = None,
+    options: Options | None = None,
+    facts=None,
+) -> CheckResult:
+    """Check program text; ``facts`` (a ModelFacts) adds the layout checks."""
+    source = Source(name, text, path)
+    return check(source, options or Options(), facts)
+
+
+def check_file(path: str, *, options: Options | None = None, facts=None, name: str | None = None) -> CheckResult:
+    """Check a ``.steer`` file (raises OSError if it cannot be read)."""
+    with open(path, encoding="utf-8") as fh:
+        text = fh.read()
+    return check_source(text, name or path, path=os.path.abspath(path), options=options, facts=facts)
+
+
+def check(source: Source, options: Options, facts=None) -> CheckResult:
+    gc_was_enabled = gc.isenabled()
+    gc.disable()  # the checker builds many small objects and keeps them all
+    try:
+        return _check(source, options, facts)
+    finally:
+        if gc_was_enabled:
+            gc.enable()
+
+
+def _check(source: Source, options: Options, facts) -> CheckResult:
+    diagnostics = Diagnostics()
+    program = parse(source, diagnostics)
+    result = CheckResult(source, program, diagnostics.items, sources={source.name: source}, facts=facts)
+    if program is None:
+        return result
+    ctx = CheckContext(program, source, diagnostics, options)
+    passes = CHECK_PASSES
+    if facts is not None:
+        from steerc.passes import layout
+
+        passes = passes + (layout,)
+        ctx.facts = facts
+    for p in passes:
+        p.run(ctx)
+        if ctx.stop:
+            break
+    result.sources.update(ctx.extra_sources)
+    result.checked = ctx.checked if not ctx.stop else None
+    if facts is not None and result.checked is not None and not diagnostics.has_errors:
+        from steerc.passes.plan_pipeline import build_plan
+
+        result.plan = build_plan(result.checked, facts, diagnostics=diagnostics)
+    result.diagnostics = diagnostics.sorted()
+    return result

@@ -1,0 +1,90 @@
+"""The ``steerc`` command line.
+
+Exit codes: 0 when clean or warnings only, 1 when the input has errors, 2
+when the command itself cannot run (bad arguments, unreadable files).
+Each subcommand lives in its own module and is imported only when used, so
+``steerc check`` stays quick to start.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+from steerc import __version__
+
+EXIT_OK, EXIT_ERRORS, EXIT_USAGE = 0, 1, 2
+
+# subcommand -> (module under steerc.cli, one-line help)
+COMMANDS = {
+    "check": ("check", "check programs (and their layout against a model, with --model)"),
+    "fmt": ("fmt", "format programs in the canonical layout"),
+    "parse": ("parse", "print the parse tree (--emit ast) or the IR as JSON (--emit ir)"),
+    "facts": ("facts", "print a model's layout facts and site table as JSON"),
+    "explain": ("explain", "show the per-site plan a program compiles to"),
+    "compile": ("compile", "compile a program for a target (hf, vllm, serve)"),
+    "run": ("run", "steer a Hugging Face model with a program and print the completion"),
+}
+
+
+class UsageError(Exception):
+    """A problem with the command itself (exit code 2)."""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="steerc",
+        description="steerc: a compiler for declarative LLM interventions (.steer files).",
+    )
+    parser.add_argument("--version", action="version", version=f"steerc {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name, (module, help_text) in COMMANDS.items():
+        cmd = sub.add_parser(name, help=help_text, description=help_text)
+        _module(module).add_arguments(cmd)
+    return parser
+
+
+def _module(name: str):
+    return importlib.import_module(f"steerc.cli.{name}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    parser = build_parser() if _needs_full_parser(argv) else _single_command_parser(argv)
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exc:  # argparse already printed the problem
+        return EXIT_USAGE if exc.code not in (0, None) else EXIT_OK
+    if not getattr(args, "command", None):
+        parser.print_help(sys.stderr)
+        return EXIT_USAGE
+    try:
+        return _module(COMMANDS[args.command][0]).run(args)
+    except UsageError as exc:
+        print(f"steerc {args.command}: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        print("steerc: interrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:
+        return EXIT_OK
+
+
+def _needs_full_parser(argv: list[str]) -> bool:
+    return not argv or argv[0] not in COMMANDS
+
+
+def _single_command_parser(argv: list[str]) -> argparse.ArgumentParser:
+    """A parser knowing only the requested subcommand: imports stay minimal."""
+    parser = argparse.ArgumentParser(prog="steerc")
+    parser.add_argument("--version", action="version", version=f"steerc {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    module, help_text = COMMANDS[argv[0]]
+    cmd = sub.add_parser(argv[0], help=help_text, description=help_text)
+    _module(module).add_arguments(cmd)
+    return parser
+
+
+def entry() -> None:  # console script
+    sys.exit(main())

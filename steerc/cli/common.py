@@ -1,0 +1,109 @@
+"""Helpers the subcommands share: reading inputs, options, printing diagnostics."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import sys
+
+from steerc.cli import UsageError
+
+
+def read_text(path: str) -> str:
+    if path == "-":
+        return sys.stdin.read()
+    try:
+        with open(path, encoding="utf-8") as fh:
+            return fh.read()
+    except FileNotFoundError:
+        raise UsageError(f"no such file: {path}") from None
+    except IsADirectoryError:
+        raise UsageError(f"{path} is a folder, not a .steer file") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise UsageError(f"cannot read {path}: {exc}") from None
+
+
+def add_program_options(cmd, model_help: str = "a Hugging Face model folder, its config.json, or a facts JSON") -> None:
+    cmd.add_argument("--model", metavar="PATH", help=model_help)
+    cmd.add_argument("--root", metavar="DIR", help="project root for paths in the program (default: nearest steer.toml)")
+    cmd.add_argument(
+        "--set",
+        metavar="NAME=VALUE",
+        action="append",
+        default=[],
+        dest="overrides",
+        help="override a param (repeatable)",
+    )
+
+
+def parse_overrides(items: list[str]) -> dict[str, float]:
+    out: dict[str, float] = {}
+    for item in items:
+        name, sep, value = item.partition("=")
+        if not sep or not name.strip():
+            raise UsageError(f"--set takes NAME=VALUE, got {item!r}")
+        try:
+            number = float(value)
+        except ValueError:
+            raise UsageError(f"--set {name}: {value!r} is not a number") from None
+        if not math.isfinite(number):
+            raise UsageError(f"--set {name}: the value must be finite")
+        out[name.strip()] = number
+    return out
+
+
+def options_from(args, **extra):
+    from steerc.passes.context import Options
+
+    root = getattr(args, "root", None)
+    if root is not None and not os.path.isdir(root):
+        raise UsageError(f"--root {root}: no such folder")
+    return Options(root=root, overrides=parse_overrides(getattr(args, "overrides", [])), **extra)
+
+
+def facts_from(args):
+    """The ModelFacts for --model; None when absent.
+
+    An unreadable model is a usage error (exit 2); a model of a family steerc
+    does not know is a diagnostic (``unknown-family``) and exits 1.
+    """
+    path = getattr(args, "model", None)
+    if not path:
+        return None
+    facts = facts_or_diagnostic(path)
+    if facts is None:
+        raise SystemExit(1)
+    return facts
+
+
+def facts_or_diagnostic(path: str):
+    """Load facts; print an ``unknown-family`` diagnostic and return None for unknown families."""
+    from steerc.diagnostics import Diagnostic, render_text
+    from steerc.facts import FactsError, load_facts
+    from steerc.source import Source
+
+    try:
+        return load_facts(path)
+    except FactsError as exc:
+        if exc.code is None:
+            raise UsageError(f"{path}: {exc}") from None
+        sources, span = {}, None
+        if exc.file and exc.text is not None:
+            src = Source(exc.file, exc.text)
+            sources[src.name] = src
+            at = exc.text.find(exc.needle) if exc.needle else -1
+            span = src.span(at, at + len(exc.needle)) if at >= 0 else None
+        print(render_text(Diagnostic.error(exc.code, exc.message, span), sources), file=sys.stderr)
+        return None
+
+
+def print_json(obj) -> None:
+    sys.stdout.write(json.dumps(obj, indent=2, sort_keys=False, ensure_ascii=False) + "\n")
+
+
+def summary(n_files: int, errors: int, warnings: int) -> str:
+    def plural(n, word):
+        return f"{n} {word}{'' if n == 1 else 's'}"
+
+    return f"{plural(n_files, 'file')} checked: {plural(errors, 'error')}, {plural(warnings, 'warning')}"

@@ -1,0 +1,21 @@
+"""``steerc facts PATH [--backend hf|vllm]``: a model's layout facts and site table as JSON."""
+
+from __future__ import annotations
+
+from steerc.cli import EXIT_ERRORS, EXIT_OK
+from steerc.cli.common import facts_or_diagnostic, print_json
+
+
+def add_arguments(cmd) -> None:
+    cmd.add_argument("path", metavar="PATH", help="a Hugging Face model folder, its config.json, or a facts JSON")
+    cmd.add_argument("--backend", choices=("hf", "vllm"), default="hf", help="whose module names to print")
+
+
+def run(args) -> int:
+    from steerc.facts import facts_document
+
+    facts = facts_or_diagnostic(args.path)
+    if facts is None:
+        return EXIT_ERRORS
+    print_json(facts_document(facts, args.backend))
+    return EXIT_OK

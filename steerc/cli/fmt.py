@@ -1,0 +1,54 @@
+"""``steerc fmt FILE... [--check]``: rewrite programs in the canonical layout."""
+
+from __future__ import annotations
+
+import difflib
+import sys
+
+from steerc.cli import EXIT_ERRORS, EXIT_OK, UsageError
+from steerc.cli.common import read_text
+
+
+def add_arguments(cmd) -> None:
+    cmd.add_argument("files", nargs="+", metavar="FILE", help=".steer files ('-': standard input to standard output)")
+    cmd.add_argument("--check", action="store_true", help="change nothing; exit 1 if a file is not formatted")
+    cmd.add_argument("--diff", action="store_true", help="print what would change instead of writing")
+
+
+def run(args) -> int:
+    from steerc.diagnostics import Diagnostics, render_text
+    from steerc.frontend import parse
+    from steerc.frontend.fmt import format_program
+    from steerc.source import Source
+
+    status = EXIT_OK
+    for path in args.files:
+        text = read_text(path)
+        source = Source("<stdin>" if path == "-" else path, text)
+        diagnostics = Diagnostics()
+        program = parse(source, diagnostics)
+        if program is None or diagnostics.has_errors:
+            for d in diagnostics:
+                print(render_text(d, {source.name: source}), file=sys.stderr)
+            status = EXIT_ERRORS
+            continue
+        formatted = format_program(program, source)
+        if path == "-":
+            sys.stdout.write(formatted)
+        elif formatted == text:
+            continue
+        elif args.check or args.diff:
+            status = EXIT_ERRORS if args.check else status
+            if args.diff:
+                sys.stdout.writelines(difflib.unified_diff(
+                    text.splitlines(True), formatted.splitlines(True), path, f"{path} (formatted)"))
+            else:
+                print(f"would reformat {path}")
+        else:
+            try:
+                with open(path, "w", encoding="utf-8") as fh:
+                    fh.write(formatted)
+            except OSError as exc:
+                raise UsageError(f"cannot write {path}: {exc}") from None
+            print(f"reformatted {path}")
+    return status

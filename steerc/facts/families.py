@@ -1,0 +1,65 @@
+"""How each supported architecture spells its layout in ``config.json``.
+
+One row per family: the ``model_type`` values that select it, and how to
+read each fact (the config keys to try in order, or a default). The values
+were read from the transformers 5.24 configuration classes and checked
+against the real configs in ``shared/examples/models/real``.
+"""
+
+from __future__ import annotations
+
+from attrs import frozen
+
+
+@frozen
+class Family:
+    name: str
+    model_types: tuple[str, ...]
+    layers: tuple[str, ...] = ("num_hidden_layers",)
+    hidden: tuple[str, ...] = ("hidden_size",)
+    heads: tuple[str, ...] = ("num_attention_heads",)
+    kv_heads: tuple[str, ...] = ("num_key_value_heads",)
+    intermediate: tuple[str, ...] = ("intermediate_size",)
+    vocab: tuple[str, ...] = ("vocab_size",)
+    tied_default: bool = False  # tie_word_embeddings when the config is silent
+    head_dim_from_config: bool = True  # honour an explicit `head_dim`
+    parallel_residual_key: str | None = None
+    parallel_residual_default: bool = False
+    sandwich_norms: bool = False  # Gemma-2/3: attn and MLP outputs are normed before the add
+
+
+FAMILIES: dict[str, Family] = {
+    f.name: f
+    for f in (
+        Family("llama", ("llama",)),
+        Family("mistral", ("mistral",)),
+        # Qwen2's attention always uses hidden // heads (vLLM qwen2.py:150, HF modeling_qwen2).
+        Family("qwen2", ("qwen2",), head_dim_from_config=False),
+        Family("qwen3", ("qwen3",)),
+        Family("gemma", ("gemma",), tied_default=True),
+        Family("gemma2", ("gemma2",), tied_default=True, sandwich_norms=True),
+        Family("gemma3_text", ("gemma3_text", "gemma3"), tied_default=True, sandwich_norms=True),
+        Family("phi3", ("phi3",)),
+        Family(
+            "gpt2",
+            ("gpt2",),
+            layers=("n_layer", "num_hidden_layers"),
+            hidden=("n_embd", "hidden_size"),
+            heads=("n_head", "num_attention_heads"),
+            kv_heads=(),
+            intermediate=("n_inner",),
+            tied_default=True,
+            head_dim_from_config=False,
+        ),
+        Family(
+            "gpt_neox",
+            ("gpt_neox",),
+            kv_heads=(),
+            head_dim_from_config=False,
+            parallel_residual_key="use_parallel_residual",
+            parallel_residual_default=True,
+        ),
+    )
+}
+
+MODEL_TYPES: dict[str, str] = {mt: f.name for f in FAMILIES.values() for mt in f.model_types}

@@ -1,0 +1,181 @@
+"""Where each site lives, per family and backend: layout knowledge as data.
+
+A :class:`Hook` names a module (a template with ``{l}`` for the layer), the
+hook kind (``pre`` sees the inputs, ``post`` the output) and which tensor
+the site is:
+
+* ``input`` — the module's first tensor input (``args[0]``, or the
+  ``hidden_states`` keyword);
+* ``input1`` — vLLM decoder layers' second input (``forward(positions,
+  hidden_states, residual)``);
+* ``output`` — the output, or element 0 when the module returns a tuple
+  (transformers 4.x layers, attention modules returning weights);
+* ``fused_pair`` — vLLM's ``(hidden_states, residual)`` layer output, whose
+  sum is the residual stream;
+* ``heads`` — ``input``, viewed as ``[..., heads, head_dim]`` (the input of
+  the attention output projection).
+
+Canonical residual sites: ``resid_post[l]`` is realised on the output of
+layer ``l``, and ``resid_pre[l]`` for ``l >= 1`` is the same tensor (the
+compiler rewrites it to ``resid_post[l-1]``); only ``resid_pre[0]`` needs
+a pre-hook on layer 0. Hooking outputs keeps transformers'
+``output_hidden_states`` (recorded by its own post-hooks) in step with the
+steering.
+
+The ``hf`` tables were read from transformers 5.24 (``modeling_*.py``) and
+hold for 4.4x, where layers return tuples. The ``vllm`` tables were read
+from vLLM 0.33.0 (``vllm/model_executor/models/*.py``; GPT-NeoX runs
+through vLLM's Transformers backend since 0.32.0).
+
+>>> t = site_table("gemma2", "hf")
+>>> t.hook("attn_out", 3).module
+'model.layers.3.post_attention_layernorm'
+>>> site_table("llama", "vllm").hook("resid_post", 0).tensor
+'fused_pair'
+"""
+
+from __future__ import annotations
+
+from attrs import evolve, frozen
+
+VLLM_READ_FROM = "0.33.0"
+VLLM_BAND = ">=0.32,<0.34"
+HF_READ_FROM = "transformers 5.24.0 (layer tuples of 4.4x handled)"
+
+
+@frozen
+class Hook:
+    module: str
+    kind: str  # pre | post
+    tensor: str  # input | input1 | output | fused_pair | heads
+
+    def at(self, layer: int) -> Hook:
+        return evolve(self, module=self.module.format(l=layer))
+
+    def to_json(self) -> dict:
+        return {"module": self.module, "hook": self.kind, "tensor": self.tensor}
+
+
+@frozen
+class SiteTable:
+    family: str
+    backend: str
+    layers: str  # the ModuleList of decoder layers
+    final_norm: str
+    resid_pre0: Hook
+    resid_post: Hook
+    attn_out: Hook
+    mlp_out: Hook
+    head: Hook
+    read_from: str
+    notes: tuple[str, ...] = ()
+
+    def hook(self, kind: str, layer: int) -> Hook:
+        """The concrete hook for a canonical site (``resid_pre`` only at layer 0)."""
+        if kind == "resid_pre":
+            if layer != 0:
+                raise ValueError("resid_pre[l>0] is canonicalised to resid_post[l-1]")
+            return self.resid_pre0
+        return getattr(self, kind).at(layer)
+
+    def to_json(self) -> dict:
+        return {
+            "read_from": self.read_from,
+            "layers": self.layers,
+            "final_norm": self.final_norm,
+            "resid_pre[0]": self.resid_pre0.to_json(),
+            "resid_post[l]": self.resid_post.to_json(),
+            "resid_pre[l]": "resid_post[l-1] for l >= 1",
+            "attn_out[l]": self.attn_out.to_json(),
+            "mlp_out[l]": self.mlp_out.to_json(),
+            "head[l, h]": self.head.to_json(),
+            "notes": list(self.notes),
+        }
+
+
+def _hf(family: str, root: str, attn: str, mlp: str, head: str, norm: str, notes=()) -> SiteTable:
+    return SiteTable(
+        family, "hf", root, norm,
+        resid_pre0=Hook(f"{root}.0", "pre", "input"),
+        resid_post=Hook(root + ".{l}", "post", "output"),
+        attn_out=Hook(root + ".{l}." + attn, "post", "output"),
+        mlp_out=Hook(root + ".{l}." + mlp, "post", "output"),
+        head=Hook(root + ".{l}." + head, "pre", "heads"),
+        read_from=HF_READ_FROM,
+        notes=tuple(notes),
+    )
+
+
+_SANDWICH = "Gemma-2/3 sandwich norms: attn_out/mlp_out are the normed outputs actually added to the stream"
+
+_HF_TABLES = {
+    **{
+        fam: _hf(fam, "model.layers", "self_attn", "mlp", "self_attn.o_proj", "model.norm")
+        for fam in ("llama", "mistral", "qwen2", "qwen3", "gemma")
+    },
+    **{
+        fam: _hf(fam, "model.layers", "post_attention_layernorm", "post_feedforward_layernorm",
+                 "self_attn.o_proj", "model.norm", [_SANDWICH])
+        for fam in ("gemma2", "gemma3_text")
+    },
+    "phi3": _hf("phi3", "model.layers", "resid_attn_dropout", "resid_mlp_dropout", "self_attn.o_proj", "model.norm",
+                ["merged qkv_proj and gate_up_proj; the residual dropouts carry each block's contribution"]),
+    "gpt2": _hf("gpt2", "transformer.h", "attn", "mlp", "attn.c_proj", "transformer.ln_f",
+                ["attn includes c_proj and its bias; c_proj is a Conv1D whose input is the concatenated heads"]),
+    "gpt_neox": _hf("gpt_neox", "gpt_neox.layers", "post_attention_dropout", "post_mlp_dropout", "attention.dense",
+                    "gpt_neox.final_layer_norm",
+                    ["parallel residual (use_parallel_residual): x + attn(ln1(x)) + mlp(ln2(x))"]),
+}
+
+
+def _vllm_fused(family: str, attn: str, mlp: str, notes=()) -> SiteTable:
+    root = "model.layers"
+    return SiteTable(
+        family, "vllm", root, "model.norm",
+        resid_pre0=Hook(f"{root}.0", "pre", "input1"),
+        resid_post=Hook(root + ".{l}", "post", "fused_pair"),
+        attn_out=Hook(root + ".{l}." + attn, "post", "output"),
+        mlp_out=Hook(root + ".{l}." + mlp, "post", "output"),
+        head=Hook(root + ".{l}.self_attn.o_proj", "pre", "heads"),
+        read_from=f"vLLM {VLLM_READ_FROM}",
+        notes=(
+            "layers return (hidden_states, residual); the residual stream is their sum",
+            "o_proj is a RowParallelLinear returning (out, bias); its input holds this rank's heads",
+            *notes,
+        ),
+    )
+
+
+_VLLM_TABLES = {
+    **{fam: _vllm_fused(fam, "self_attn", "mlp") for fam in ("llama", "mistral", "qwen2", "qwen3", "gemma", "phi3")},
+    **{
+        fam: _vllm_fused(fam, "post_attention_layernorm", "post_feedforward_layernorm", [_SANDWICH])
+        for fam in ("gemma2", "gemma3_text")
+    },
+    "gpt2": SiteTable(
+        "gpt2", "vllm", "transformer.h", "transformer.ln_f",
+        resid_pre0=Hook("transformer.h.0", "pre", "input"),
+        resid_post=Hook("transformer.h.{l}", "post", "output"),
+        attn_out=Hook("transformer.h.{l}.attn", "post", "output"),
+        mlp_out=Hook("transformer.h.{l}.mlp", "post", "output"),
+        head=Hook("transformer.h.{l}.attn.c_proj", "pre", "heads"),
+        read_from=f"vLLM {VLLM_READ_FROM}",
+        notes=("blocks take and return one tensor, the full residual stream",),
+    ),
+    "gpt_neox": SiteTable(
+        "gpt_neox", "vllm", "model.layers", "model.final_layer_norm",
+        resid_pre0=Hook("model.layers.0", "pre", "input"),
+        resid_post=Hook("model.layers.{l}", "post", "output"),
+        attn_out=Hook("model.layers.{l}.attention.dense", "post", "output"),
+        mlp_out=Hook("model.layers.{l}.mlp", "post", "output"),
+        head=Hook("model.layers.{l}.attention.dense", "pre", "heads"),
+        read_from=f"vLLM {VLLM_READ_FROM} (Transformers backend; activations carry a leading batch of 1)",
+        notes=("vLLM <= 0.31 had a native GPT-NeoX under gpt_neox.*; steerc targets the Transformers backend",),
+    ),
+}
+
+TABLES = {"hf": _HF_TABLES, "vllm": _VLLM_TABLES}
+
+
+def site_table(family: str, backend: str) -> SiteTable:
+    return TABLES[backend][family]

@@ -1,0 +1,175 @@
+"""The checked program: what the checker hands to layout and lowering.
+
+Names are resolved, params evaluated (with ``--set`` overrides), vectors
+loaded and folded (a folded operand is a numpy float64 array, or a
+:class:`~steerc.ir.values.PerLayer` bank whose row is chosen per layer),
+gates normalised so each comparison reads ``probe OP threshold``. Sites
+keep their selectors: turning ``resid_post[25%:75%]`` into layers needs a
+model, which is the layout pass's business.
+"""
+
+from __future__ import annotations
+
+from typing import Union
+
+import numpy as np
+from attrs import field, frozen
+
+from steerc.ir import nodes as ir
+from steerc.ir.values import PerLayer
+from steerc.source import Span
+
+Operand = Union[np.ndarray, PerLayer]
+
+SITE_KINDS = ("resid_pre", "resid_post", "attn_out", "mlp_out", "head")
+
+
+def _span():
+    return field(default=None, eq=False, repr=False, kw_only=True)
+
+
+@frozen
+class SitePattern:
+    kind: str
+    layers: tuple[ir.SelAtom, ...]
+    heads: tuple[ir.SelAtom, ...] | None = None
+    span: Span | None = _span()
+
+
+# ------------------------------------------------------------------- gates
+
+
+@frozen
+class GateCompare:
+    probe: str
+    op: str  # < <= > >=
+    threshold: float
+    span: Span | None = _span()
+
+
+@frozen
+class GateAll:
+    parts: tuple[Gate, ...]
+
+
+@frozen
+class GateAny:
+    parts: tuple[Gate, ...]
+
+
+@frozen
+class GateNegate:
+    operand: Gate
+
+
+Gate = Union[GateCompare, GateAll, GateAny, GateNegate]
+
+
+def gate_probes(g: Gate) -> list[str]:
+    """Probe names a gate reads, in order of first use."""
+    if isinstance(g, GateCompare):
+        return [g.probe]
+    if isinstance(g, GateNegate):
+        return gate_probes(g.operand)
+    seen: list[str] = []
+    for part in g.parts:
+        for name in gate_probes(part):
+            if name not in seen:
+                seen.append(name)
+    return seen
+
+
+# ----------------------------------------------------------------- readouts
+
+
+@frozen(eq=False)
+class Readout:
+    kind: str  # cosine | projected_cosine | dot | norm
+    vectors: tuple[Operand, ...] = ()
+    bias: float = 0.0
+
+
+@frozen(eq=False)
+class Probe:
+    name: str
+    site: SitePattern
+    readout: Readout
+    pool: str  # prompt.mean | prompt.last | token
+    span: Span | None = _span()
+    pool_span: Span | None = _span()
+
+    @property
+    def per_token(self) -> bool:
+        return self.pool == "token"
+
+
+# --------------------------------------------------------------------- ops
+
+
+@frozen(eq=False)
+class Operation:
+    """One op with folded operands.
+
+    kind: add (vector), scale (factor: float or vector), set (vector),
+    suppress, ablate (directions), clamp (direction, value), rotate
+    (directions = (b1, b2), angle in radians, mode "to" | "by").
+    """
+
+    kind: str
+    vectors: tuple[Operand, ...] = ()
+    scalar: float | None = None
+    mode: str | None = None
+    text: str = ""  # the operation as written (canonical layout), for explain
+    span: Span | None = _span()
+    operand_spans: tuple[Span | None, ...] = field(default=(), eq=False, repr=False, kw_only=True)
+
+
+@frozen(eq=False)
+class Intervention:
+    name: str
+    index: int  # position among the program's interventions (source order)
+    site: SitePattern
+    op: Operation
+    scopes: tuple[ir.Scope, ...]
+    gate: Gate | None
+    preserve_norm: bool
+    span: Span | None = _span()
+    gate_span: Span | None = _span()
+
+    @property
+    def scope_text(self) -> str:
+        from steerc.frontend.fmt import scope
+
+        return ", ".join(scope(s) for s in self.scopes)
+
+
+# -------------------------------------------------------------- constraint
+
+
+@frozen(eq=False)
+class Constraint:
+    """kind: json_schema (value: dict), regex / grammar (value: str), choice (value: tuple)."""
+
+    kind: str
+    value: object
+    text: str | None = None  # the schema/grammar/regex text as written
+    origin: str | None = None  # the file it came from, for `from "..."`
+    span: Span | None = _span()
+
+
+@frozen(eq=False)
+class ModelAssertion:
+    key: str
+    value: object
+    span: Span | None = _span()
+
+
+@frozen(eq=False)
+class CheckedProgram:
+    source_name: str
+    source_sha256: str
+    params: dict[str, float]
+    assertions: tuple[ModelAssertion, ...]
+    probes: dict[str, Probe]
+    interventions: tuple[Intervention, ...]
+    constraint: Constraint | None

@@ -1,0 +1,73 @@
+"""Reference semantics of plan kernels, in numpy float64.
+
+This is the definition every runtime is tested against: the HF hooks, the
+emitted package and the vLLM buffers must compute what these functions
+compute. ``h`` is ``[positions, width]``; ``mask`` says which positions a
+kernel's scope and gate select.
+
+>>> import numpy as np
+>>> from steerc.ir.plan import Affine, Kernel
+>>> from steerc.ir.values import Vec
+>>> k = Kernel(Affine(2.0, Vec([1.0, 1.0])), scope=())
+>>> apply_kernel(k, np.array([[1.0, 0.0], [5.0, 5.0]]), np.array([True, False]))
+array([[3., 1.],
+       [5., 5.]])
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from steerc.ir.plan import Affine, Kernel, Project, Rotate
+
+
+def _arr(v) -> np.ndarray:
+    return v.array.astype(np.float64)
+
+
+def apply_op(op, h: np.ndarray) -> np.ndarray:
+    if isinstance(op, Affine):
+        scale = _arr(op.scale) if not isinstance(op.scale, float) else op.scale
+        out = h * scale
+        return out + _arr(op.bias) if op.bias is not None else out
+    if isinstance(op, Project):
+        if not op.basis:
+            return h.copy()
+        q = np.stack([_arr(b) for b in op.basis])  # [k, d]
+        coeff = h @ q.T  # [n, k]
+        if op.target is not None:
+            coeff = coeff - np.asarray(op.target, dtype=np.float64)
+        return h - coeff @ q
+    if isinstance(op, Rotate):
+        e1, e2 = _arr(op.e1), _arr(op.e2)
+        a, b = h @ e1, h @ e2
+        if op.mode == "to":
+            rho = np.sqrt(a * a + b * b)
+            a2, b2 = rho * np.cos(op.angle), rho * np.sin(op.angle)
+        else:
+            c, s = np.cos(op.angle), np.sin(op.angle)
+            a2, b2 = a * c - b * s, a * s + b * c
+        return h + np.outer(a2 - a, e1) + np.outer(b2 - b, e2)
+    raise TypeError(op)
+
+
+def preserve_norm(before: np.ndarray, after: np.ndarray) -> np.ndarray:
+    """Rescale each row of ``after`` to the norm of ``before`` (zero rows stay zero)."""
+    n_after = np.linalg.norm(after, axis=-1, keepdims=True)
+    n_before = np.linalg.norm(before, axis=-1, keepdims=True)
+    factor = np.divide(n_before, n_after, out=np.ones_like(n_after), where=n_after > 0)
+    return after * factor
+
+
+def apply_kernel(kernel: Kernel, h: np.ndarray, mask: np.ndarray) -> np.ndarray:
+    out = apply_op(kernel.op, h)
+    if kernel.preserve_norm:
+        out = preserve_norm(h, out)
+    return np.where(mask[:, None], out, h)
+
+
+def run_kernels(kernels, h: np.ndarray, mask_of) -> np.ndarray:
+    """Apply kernels in order; ``mask_of(kernel)`` gives each one's position mask."""
+    for k in kernels:
+        h = apply_kernel(k, h, mask_of(k))
+    return h

@@ -1,0 +1,373 @@
+"""Pass `fold`: evaluate params, load and fold vectors, build the checked program.
+
+Params take their ``--set`` override when given. Vectors are loaded under the
+path policy (``path-escape``, ``file-not-found``, ``missing-key``,
+``invalid-vector-file``) and their algebra is folded to numbers; lengths are
+checked wherever two vectors meet (``shape-mismatch``) and values that have
+no meaning are refused (``invalid-value``: normalizing or ablating a zero
+vector, a rotation plane spanned by parallel vectors, a division by zero).
+Per-layer banks keep one row per layer until layout picks the rows.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+
+import numpy as np
+from attrs import evolve
+
+from steerc.frontend.fmt import op as fmt_op
+from steerc.ir import checked as ck
+from steerc.ir import nodes as ir
+from steerc.ir.values import PerLayer
+from steerc.passes import types as ty
+from steerc.passes.context import CheckContext, Fault, did_you_mean
+from steerc.passes.layers import static_layers
+from steerc.passes.loading import load_vector
+
+name = "fold"
+
+_FLIP = {"<": ">", ">": "<", "<=": ">=", ">=": "<="}
+
+
+def run(ctx: CheckContext) -> None:
+    env: dict[str, object] = {}
+    params: dict[str, float] = {}
+    probes: dict[str, ck.Probe] = {}
+    interventions: list[ck.Intervention] = []
+    assertions: list[ck.ModelAssertion] = []
+    _check_overrides(ctx)
+    ev = Evaluator(ctx, env)
+    for stmt in ctx.program.statements:
+        if isinstance(stmt, ir.ModelBlock):
+            assertions.extend(ck.ModelAssertion(f.key, f.value.value, span=f.span) for f in stmt.fields)
+            continue
+        if not hasattr(stmt, "name") or stmt.name in ctx.poisoned:
+            continue
+        try:
+            if isinstance(stmt, ir.ParamDecl):
+                value = ctx.options.overrides.get(stmt.name)
+                params[stmt.name] = env[stmt.name] = ev.scalar(stmt.value) if value is None else float(value)
+            elif isinstance(stmt, ir.VectorDecl):
+                env[stmt.name] = ev.vector(stmt.value)
+            elif isinstance(stmt, ir.ProbeDecl):
+                probes[stmt.name] = _probe(ev, stmt)
+            elif isinstance(stmt, ir.InterventionDecl):
+                interventions.append(_intervention(ev, stmt, len(interventions)))
+        except Fault:
+            ctx.poisoned.add(stmt.name)
+    ctx.values = env
+    ctx.checked = ck.CheckedProgram(
+        source_name=ctx.source.name,
+        source_sha256=hashlib.sha256(ctx.source.text.encode("utf-8")).hexdigest(),
+        params=params,
+        assertions=tuple(assertions),
+        probes=probes,
+        interventions=tuple(interventions),
+        constraint=None,
+    )
+
+
+def _check_overrides(ctx: CheckContext) -> None:
+    params = [s.name for s in ctx.program.statements if isinstance(s, ir.ParamDecl)]
+    for key in ctx.options.overrides:
+        if key not in params:
+            ctx.error(
+                "undefined-name",
+                f"`--set {key}=...` names no param of this program",
+                None,
+                help=did_you_mean(key, params) or (f"its params are {', '.join(params)}" if params else "it declares no params"),
+            )
+
+
+# ------------------------------------------------------------------ building
+
+
+def site_pattern(site: ir.SiteRef) -> ck.SitePattern:
+    def atoms(item):
+        return item.items if isinstance(item, ir.SelGroup) else (item,)
+
+    if site.name == "head":
+        return ck.SitePattern("head", atoms(site.items[0]), atoms(site.items[1]), span=site.span)
+    return ck.SitePattern(site.name, site.items, None, span=site.span)
+
+
+def _probe(ev: Evaluator, p: ir.ProbeDecl) -> ck.Probe:
+    r = p.readout
+    if isinstance(r, ir.Cosine):
+        readout = ck.Readout("cosine", (ev.direction(r.vector),))
+    elif isinstance(r, ir.ProjectedCosine):
+        vectors = tuple(ev.direction(v) for v in r.vectors)
+        ev.same_width(vectors, r.span, "the directions of `projected_cosine`")
+        readout = ck.Readout("projected_cosine", vectors)
+    elif isinstance(r, ir.Dot):
+        bias = 0.0
+        for off in r.offsets:
+            value = ev.scalar(off.value)
+            bias += value if off.sign == "+" else -value
+        readout = ck.Readout("dot", (ev.vector(r.vector),), bias)
+    else:
+        readout = ck.Readout("norm")
+    site = site_pattern(p.site)
+    for v, expr in zip(readout.vectors, _readout_exprs(r)):
+        ev.rows_available(v, site, expr.span)
+    return ck.Probe(p.name, site, readout, p.pool.kind, span=p.span, pool_span=p.pool.span)
+
+
+def _readout_exprs(r):
+    if isinstance(r, ir.ProjectedCosine):
+        return r.vectors
+    if isinstance(r, (ir.Cosine, ir.Dot)):
+        return (r.vector,)
+    return ()
+
+
+def _intervention(ev: Evaluator, iv: ir.InterventionDecl, index: int) -> ck.Intervention:
+    site = site_pattern(iv.site)
+    op = _operation(ev, iv.op)
+    for v in op.vectors:
+        ev.rows_available(v, site, iv.op.span)
+    gate = _gate(ev, iv.gate) if iv.gate is not None else None
+    return ck.Intervention(
+        name=iv.name,
+        index=index,
+        site=site,
+        op=op,
+        scopes=iv.scopes or (ir.ScopeAll(),),
+        gate=gate,
+        preserve_norm=iv.preserve is not None,
+        span=iv.span,
+        gate_span=iv.gate.span if iv.gate is not None else None,
+    )
+
+
+def _operation(ev: Evaluator, op) -> ck.Operation:
+    built = _build_operation(ev, op)
+    return evolve(built, text=" ".join(t for t in fmt_op(op) if t))
+
+
+def _build_operation(ev: Evaluator, op) -> ck.Operation:
+    span = op.span
+    if isinstance(op, ir.Add):
+        return ck.Operation("add", (ev.vector(op.vector),), span=span, operand_spans=(op.vector.span,))
+    if isinstance(op, ir.Set):
+        return ck.Operation("set", (ev.vector(op.vector),), span=span, operand_spans=(op.vector.span,))
+    if isinstance(op, ir.Suppress):
+        return ck.Operation("suppress", span=span)
+    if isinstance(op, ir.Scale):
+        if ev.ctx.types.get(id(op.factor)) == ty.VECTOR:
+            return ck.Operation("scale", (ev.vector(op.factor),), span=span, operand_spans=(op.factor.span,))
+        return ck.Operation("scale", scalar=ev.scalar(op.factor), span=span)
+    if isinstance(op, ir.Ablate):
+        dirs = tuple(ev.direction(d) for d in op.directions)
+        ev.same_width(dirs, span, "the directions to ablate")
+        return ck.Operation("ablate", dirs, span=span, operand_spans=tuple(d.span for d in op.directions))
+    if isinstance(op, ir.Clamp):
+        u = ev.direction(op.direction)
+        return ck.Operation("clamp", (u,), scalar=ev.scalar(op.value), span=span,
+                            operand_spans=(op.direction.span,))
+    if isinstance(op, ir.Rotate):
+        b1, b2 = ev.direction(op.first), ev.vector(op.second)
+        ev.same_width((b1, b2), span, "the two vectors of a rotation plane")
+        ev.plane(b1, b2, op.second.span)
+        return ck.Operation("rotate", (b1, b2), scalar=ev.scalar(op.angle), mode=op.mode, span=span,
+                            operand_spans=(op.first.span, op.second.span))
+    raise TypeError(op)
+
+
+def _gate(ev: Evaluator, g) -> ck.Gate:
+    if isinstance(g, ir.Compare):
+        if isinstance(g.left, ir.Name) and ev.ctx.symbols[g.left.id].kind == "probe":
+            return ck.GateCompare(g.left.id, g.op, ev.scalar(g.right), span=g.span)
+        return ck.GateCompare(g.right.id, _FLIP[g.op], ev.scalar(g.left), span=g.span)
+    if isinstance(g, ir.GateNot):
+        return ck.GateNegate(_gate(ev, g.operand))
+    cls, ir_cls = (ck.GateAll, ir.GateAnd) if isinstance(g, ir.GateAnd) else (ck.GateAny, ir.GateOr)
+    parts: list = []
+    for side in (g.left, g.right):
+        built = _gate(ev, side)
+        parts.extend(built.parts if isinstance(side, ir_cls) else (built,))
+    return cls(tuple(parts))
+
+
+# ---------------------------------------------------------------- evaluation
+
+
+class Evaluator:
+    def __init__(self, ctx: CheckContext, env: dict):
+        self.ctx = ctx
+        self.env = env
+
+    def fail(self, code: str, message: str, span, **kw):
+        self.ctx.error(code, message, span, **kw)
+        raise Fault
+
+    def _lookup(self, e: ir.Name):
+        value = self.env.get(e.id)
+        if value is None:  # its declaration failed and was reported there
+            raise Fault
+        return value
+
+    # ------------------------------------------------------------ scalars
+
+    def scalar(self, e) -> float:
+        value = self._scalar(e)
+        if not math.isfinite(value):
+            self.fail("invalid-value", "this number is not finite", e.span)
+        return value
+
+    def _scalar(self, e) -> float:
+        if isinstance(e, ir.Number):
+            return float(e.value)
+        if isinstance(e, ir.Degrees):
+            return math.radians(float(e.value))
+        if isinstance(e, ir.Name):
+            return self._lookup(e)
+        if isinstance(e, ir.Neg):
+            return -self._scalar(e.operand)
+        a, b = self._scalar(e.left), self._scalar(e.right)
+        if e.op == "+":
+            return a + b
+        if e.op == "-":
+            return a - b
+        if e.op == "*":
+            return a * b
+        if b == 0:
+            self.fail("invalid-value", "division by zero", e.right.span)
+        return a / b
+
+    # ------------------------------------------------------------ vectors
+
+    def vector(self, e):
+        """A folded vector: a float64 array, or a PerLayer bank."""
+        if isinstance(e, ir.Name):
+            return self._lookup(e)
+        if isinstance(e, ir.VectorLit):
+            return np.array([self.scalar(i) for i in e.items], dtype=np.float64)
+        if isinstance(e, ir.Neg):
+            return _map(self.vector(e.operand), np.negative)
+        if isinstance(e, ir.Call):
+            if e.func == "load":
+                return load_vector(self.ctx, e)
+            v = self.vector(e.args[0])
+            return _map(v, lambda r: self._normalized(r, e.span))
+        return self._binop(e)
+
+    def _normalized(self, row: np.ndarray, span) -> np.ndarray:
+        n = float(np.linalg.norm(row))
+        if n == 0.0:
+            self.fail("invalid-value", "cannot normalize a zero vector", span)
+        return row / n
+
+    def _binop(self, e: ir.BinOp):
+        types = self.ctx.types
+        lt, rt = types.get(id(e.left)), types.get(id(e.right))
+        if lt == ty.SCALAR or rt == ty.SCALAR:
+            vec = self.vector(e.right if lt == ty.SCALAR else e.left)
+            s = self.scalar(e.left if lt == ty.SCALAR else e.right)
+            if e.op == "*":
+                return _map(vec, lambda r: r * s)
+            if s == 0:
+                self.fail("invalid-value", "division by zero", e.right.span)
+            return _map(vec, lambda r: r / s)
+        a, b = self.vector(e.left), self.vector(e.right)
+        self.same_width((a, b), e.span, "vectors added or subtracted")
+        fn = np.add if e.op == "+" else np.subtract
+        return _combine(a, b, fn)
+
+    def direction(self, e):
+        """A vector used as a direction: it must not be zero."""
+        v = self.vector(e)
+        for row in _rows(v):
+            if not np.any(row):
+                self.fail("invalid-value", "a direction cannot be the zero vector", e.span)
+        return v
+
+    def plane(self, b1, b2, span) -> None:
+        for r1, r2 in _paired_rows(b1, b2):
+            e1 = r1 / np.linalg.norm(r1)
+            rest = r2 - (e1 @ r2) * e1
+            if np.linalg.norm(rest) <= 1e-6 * max(np.linalg.norm(r2), 1e-30):
+                self.fail(
+                    "invalid-value",
+                    "the two vectors are parallel (or the second is zero): they span no plane to rotate in",
+                    span,
+                )
+
+    def same_width(self, values, span, what: str) -> None:
+        widths = sorted({w for w in (_width(v) for v in values) if w is not None})
+        if len(widths) > 1:
+            self.fail(
+                "shape-mismatch",
+                f"{what} have different lengths ({', '.join(map(str, widths))})",
+                span,
+            )
+
+    def rows_available(self, value, site: ck.SitePattern, span) -> None:
+        """Check a bank has the rows of layers known without a model."""
+        if not isinstance(value, PerLayer):
+            return
+        layers = static_layers(site.layers)
+        if layers is None:
+            return
+        for layer in layers:
+            if layer not in value.rows:
+                report_missing_row(self.ctx, value, layer, span)
+                raise Fault
+
+
+def report_missing_row(ctx: CheckContext, bank: PerLayer, layer: int, span) -> None:
+    if bank.n_rows is not None:
+        ctx.error(
+            "shape-mismatch",
+            f"`{bank.label}` has {bank.n_rows} rows but is used at layer {layer}",
+            span,
+            help="a per-layer bank needs one row for each layer it is used at",
+        )
+    else:
+        have = ", ".join(str(i) for i in sorted(bank.rows))
+        ctx.error(
+            "missing-key",
+            f"`{bank.label}` has no row for layer {layer} (no key `{bank.label}.{layer}`)",
+            span,
+            help=f"the file has rows for layers {have}",
+        )
+
+
+def _rows(v):
+    return v.rows.values() if isinstance(v, PerLayer) else (v,)
+
+
+def _paired_rows(a, b):
+    if isinstance(a, PerLayer) or isinstance(b, PerLayer):
+        keys = (a.rows.keys() if isinstance(a, PerLayer) else None, b.rows.keys() if isinstance(b, PerLayer) else None)
+        common = set.intersection(*(set(k) for k in keys if k is not None))
+        for i in sorted(common):
+            yield (a.rows[i] if isinstance(a, PerLayer) else a), (b.rows[i] if isinstance(b, PerLayer) else b)
+    else:
+        yield a, b
+
+
+def _width(v) -> int | None:
+    return v.width if isinstance(v, PerLayer) else int(v.shape[0])
+
+
+def _map(v, fn):
+    return v.map(fn) if isinstance(v, PerLayer) else fn(v)
+
+
+def _combine(a, b, fn):
+    if isinstance(a, PerLayer) and isinstance(b, PerLayer):
+        rows = {i: fn(a.rows[i], b.rows[i]) for i in a.rows.keys() & b.rows.keys()}
+        n_rows = None if a.n_rows is None or b.n_rows is None else min(a.n_rows, b.n_rows)
+        return PerLayer(rows, n_rows, f"{a.label}, {b.label}")
+    if isinstance(a, PerLayer):
+        return a.map(lambda r: fn(r, b))
+    if isinstance(b, PerLayer):
+        return b.map(lambda r: fn(a, r))
+    return fn(a, b)
+
+
+def with_constraint(ctx: CheckContext, constraint) -> None:
+    ctx.checked = evolve(ctx.checked, constraint=constraint)

@@ -1,0 +1,61 @@
+"""Pass `fuse-affine`: merge adjacent affine kernels with the same scope and gate.
+
+``s2 * (s1 * h + b1) + b2 = (s2 s1) * h + (s2 b1 + b2)``: one kernel instead
+of two, identical up to float rounding (property-tested at tight
+tolerance). Kernels that preserve the norm are not fused: their rescaling
+depends on their own input.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from attrs import evolve
+
+from steerc.ir.plan import Affine, Change, Kernel, Plan, SitePlan
+from steerc.ir.values import Vec
+
+name = "fuse-affine"
+
+
+def _as_array(x):
+    return x.array.astype(np.float64) if isinstance(x, Vec) else x
+
+
+def compose(first: Affine, second: Affine) -> Affine:
+    s1, s2 = _as_array(first.scale), _as_array(second.scale)
+    scale = s2 * s1
+    b1 = _as_array(first.bias) if first.bias is not None else None
+    b2 = _as_array(second.bias) if second.bias is not None else None
+    bias = None
+    if b1 is not None:
+        bias = s2 * b1
+    if b2 is not None:
+        bias = b2 if bias is None else bias + b2
+    new_scale = Vec(scale) if isinstance(scale, np.ndarray) else float(scale)
+    return Affine(new_scale, Vec(bias) if bias is not None else None)
+
+
+def fusable(a: Kernel, b: Kernel) -> bool:
+    return (
+        isinstance(a.op, Affine)
+        and isinstance(b.op, Affine)
+        and a.scope == b.scope
+        and a.gate == b.gate
+        and not a.preserve_norm
+        and not b.preserve_norm
+    )
+
+
+def run(plan: Plan) -> Plan:
+    sites, changes = [], list(plan.changes)
+    for sp in plan.sites:
+        out: list[Kernel] = []
+        for k in sp.kernels:
+            if out and fusable(out[-1], k):
+                prev = out.pop()
+                out.append(evolve(prev, op=compose(prev.op, k.op), provenance=prev.provenance + k.provenance))
+                changes.append(Change(name, sp.site, "fused two affine kernels into one", prev.names + k.names))
+            else:
+                out.append(k)
+        sites.append(SitePlan(sp.site, tuple(out)))
+    return evolve(plan, sites=tuple(sites), changes=tuple(changes))

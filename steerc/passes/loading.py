@@ -1,0 +1,164 @@
+"""Loading the vectors named by ``load(...)``, under the path policy.
+
+Each file is opened once per check (a program with 10,000 interventions
+reading one file reads its header once). Keys and shapes are checked from
+the header before any tensor data is read.
+"""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+
+from steerc.ir import nodes as ir
+from steerc.ir.values import PerLayer
+from steerc.passes.context import CheckContext, Fault, did_you_mean
+from steerc.paths import resolve
+from steerc.vectorio import FORMATS, VectorFile, VectorFileError, open_vector_file
+
+
+def resolve_path(ctx: CheckContext, path: ir.Str, what: str = "file") -> str:
+    """The real path of a file named in the program; faults outside the root or missing."""
+    resolved = resolve(path.value, ctx.base_dir, ctx.root)
+    if resolved.escapes:
+        ctx.error(
+            "path-escape",
+            f"`{path.value}` leaves the project root",
+            path.span,
+            help=f"the project root is {ctx.root} (the nearest folder with a steer.toml); "
+            "move the file inside it, or pass --root",
+        )
+        raise Fault
+    if not os.path.isfile(resolved.path):
+        ctx.error(
+            "file-not-found",
+            f"{what} `{path.value}` does not exist",
+            path.span,
+            help=f"paths are relative to the .steer file's folder ({ctx.base_dir})",
+        )
+        raise Fault
+    return resolved.path
+
+
+def open_file(ctx: CheckContext, path: ir.Str) -> VectorFile:
+    real = resolve_path(ctx, path, "vector file")
+    cached = ctx.file_cache.get(real)
+    if cached is None:
+        try:
+            cached = open_vector_file(real)
+        except VectorFileError as exc:
+            cached = exc
+        except OSError as exc:
+            cached = VectorFileError("invalid-vector-file", f"cannot read the file ({exc.strerror})")
+        ctx.file_cache[real] = cached
+    if isinstance(cached, VectorFileError):
+        ctx.error(cached.code, cached.message, path.span, help=cached.help)
+        raise Fault
+    return cached
+
+
+def load_vector(ctx: CheckContext, call: ir.Call):
+    """Fold ``load(path, key=..., per_layer=...)`` to an array or a PerLayer bank."""
+    path = call.args[0]
+    kwargs = {k.name: k.value for k in call.kwargs}
+    key_node = kwargs.get("key")
+    per_layer = bool(kwargs["per_layer"].value) if "per_layer" in kwargs else False
+    f = open_file(ctx, path)
+    key = key_node.value if key_node is not None else None
+    where = key_node.span if key_node is not None else path.span
+    try:
+        if per_layer:
+            return _bank(ctx, f, key, where, path)
+        name = _pick(ctx, f, key, where, path)
+        info = f.tensors[name]
+        if len(info.shape) != 1:
+            ctx.error(
+                "shape-mismatch",
+                f"`{name or path.value}` has shape {list(info.shape)}; a vector has one dimension",
+                where,
+                help="add `per_layer=true` to use a [layers, width] tensor as one row per layer"
+                if len(info.shape) == 2
+                else None,
+            )
+            raise Fault
+        return f.read(name).astype(np.float64)
+    except VectorFileError as exc:
+        ctx.error(exc.code, exc.message, where, help=exc.help)
+        raise Fault from None
+
+
+def _pick(ctx: CheckContext, f: VectorFile, key: str | None, where, path: ir.Str) -> str:
+    names = sorted(f.tensors)
+    if f.kind == "npy":
+        if key is not None:
+            ctx.error(
+                "missing-key",
+                f"a .npy file holds one unnamed array; there is no key `{key}`",
+                where,
+                help="drop `key=`, or use a .safetensors file for named vectors",
+            )
+            raise Fault
+        return ""
+    if key is None:
+        if len(names) == 1:
+            return names[0]
+        ctx.error(
+            "missing-key",
+            f"`{path.value}` holds {len(names)} tensors; say which with `key=`",
+            where,
+            help=f"keys: {_listing(names)}",
+        )
+        raise Fault
+    if key not in f.tensors:
+        ctx.error(
+            "missing-key",
+            f"no tensor `{key}` in `{path.value}`",
+            where,
+            help=did_you_mean(key, names) or f"keys: {_listing(names)}",
+        )
+        raise Fault
+    return key
+
+
+def _bank(ctx: CheckContext, f: VectorFile, key: str | None, where, path: ir.Str) -> PerLayer:
+    label = key or os.path.splitext(os.path.basename(path.value))[0]
+    name = key if key is not None else ("" if f.kind == "npy" or len(f.tensors) != 1 else next(iter(f.tensors)))
+    if name in f.tensors:
+        info = f.tensors[name]
+        if len(info.shape) != 2:
+            ctx.error(
+                "shape-mismatch",
+                f"a per-layer bank is a [layers, width] tensor; `{label}` has shape {list(info.shape)}",
+                where,
+            )
+            raise Fault
+        data = f.read(name).astype(np.float64)
+        return PerLayer({i: data[i] for i in range(data.shape[0])}, data.shape[0], label)
+    prefix = f"{key}."
+    rows = {}
+    for tensor_name in f.tensors:
+        suffix = tensor_name[len(prefix):]
+        if tensor_name.startswith(prefix) and suffix.isdigit():
+            rows[int(suffix)] = tensor_name
+    if not rows:
+        ctx.error(
+            "missing-key",
+            f"no tensor `{key}` and no per-layer keys `{key}.0`, `{key}.1`, ... in `{path.value}`",
+            where,
+            help=did_you_mean(key or "", sorted(f.tensors)) or f"keys: {_listing(sorted(f.tensors))}",
+        )
+        raise Fault
+    widths = {f.tensors[n].shape for n in rows.values()}
+    if len(widths) != 1 or len(next(iter(widths))) != 1:
+        ctx.error("shape-mismatch", f"the rows `{key}.<i>` are not vectors of one length", where)
+        raise Fault
+    return PerLayer({i: f.read(n).astype(np.float64) for i, n in sorted(rows.items())}, None, label)
+
+
+def _listing(names) -> str:
+    shown = ", ".join(f"`{n}`" for n in names[:12])
+    return shown + (f", ... ({len(names)} in all)" if len(names) > 12 else "")
+
+
+__all__ = ["FORMATS", "load_vector", "open_file", "resolve_path"]

@@ -1,0 +1,238 @@
+"""Pass `types`: every expression is a scalar, a vector or a probe, as needed.
+
+Types are syntactic (no values yet): numbers and params are scalars; loaded
+vectors, literals and ``normalize`` are vectors; vectors add to vectors and
+multiply or divide by scalars. Each operation, readout and gate checks its
+operands. Reports ``type-error`` with what was expected where.
+"""
+
+from __future__ import annotations
+
+from steerc.ir import nodes as ir
+from steerc.passes.context import CheckContext, did_you_mean
+
+name = "types"
+
+SCALAR, VECTOR, PROBE, STRING, BOOL = "scalar", "vector", "probe", "string", "bool"
+_ARTICLE = {SCALAR: "a scalar", VECTOR: "a vector", PROBE: "a probe", STRING: "a string", BOOL: "a boolean"}
+LOAD_KEYWORDS = {"key": STRING, "per_layer": BOOL}
+
+
+def run(ctx: CheckContext) -> None:
+    for stmt in ctx.program.statements:
+        if getattr(stmt, "name", None) in ctx.poisoned:
+            continue
+        if isinstance(stmt, ir.ParamDecl):
+            expect(ctx, stmt.value, SCALAR, "a param is a number")
+        elif isinstance(stmt, ir.VectorDecl):
+            expect(ctx, stmt.value, VECTOR, "a vector declaration needs a vector value")
+        elif isinstance(stmt, ir.ProbeDecl):
+            _readout(ctx, stmt)
+        elif isinstance(stmt, ir.InterventionDecl):
+            _intervention(ctx, stmt)
+
+
+def _poison_if(ctx: CheckContext, stmt, ok: bool) -> None:
+    if not ok:
+        ctx.poisoned.add(stmt.name)
+
+
+def _readout(ctx: CheckContext, probe: ir.ProbeDecl) -> None:
+    r = probe.readout
+    ok = True
+    if isinstance(r, ir.Cosine):
+        ok = expect(ctx, r.vector, VECTOR, "`cosine` compares the hidden state with a vector")
+    elif isinstance(r, ir.ProjectedCosine):
+        ok = all(expect(ctx, v, VECTOR, "`projected_cosine` projects onto vectors") for v in r.vectors)
+    elif isinstance(r, ir.Dot):
+        ok = expect(ctx, r.vector, VECTOR, "`dot(w)` needs a weight vector")
+        ok &= all(expect(ctx, o.value, SCALAR, "the bias of `dot(w) + b` is a number") for o in r.offsets)
+    _poison_if(ctx, probe, ok)
+
+
+def _intervention(ctx: CheckContext, iv: ir.InterventionDecl) -> None:
+    op = iv.op
+    ok = True
+    if isinstance(op, ir.Add):
+        ok = expect(ctx, op.vector, VECTOR, "`add` adds a vector")
+    elif isinstance(op, ir.Set):
+        ok = expect(ctx, op.vector, VECTOR, "`set` replaces the hidden state with a vector")
+    elif isinstance(op, ir.Scale):
+        t = type_of(ctx, op.factor)
+        if t not in (SCALAR, VECTOR, None):
+            ctx.error("type-error", f"`scale` takes a number or a vector, found {_ARTICLE[t]}", op.factor.span)
+            ok = False
+        ok &= t is not None
+    elif isinstance(op, ir.Ablate):
+        ok = all(expect(ctx, d, VECTOR, "`ablate` removes vector directions") for d in op.directions)
+    elif isinstance(op, ir.Clamp):
+        ok = expect(ctx, op.direction, VECTOR, "`clamp` pins the component along a vector")
+        ok &= expect(
+            ctx, op.value, SCALAR, "`clamp u to c` pins the component along `u` to the number `c`",
+            help="write a number or a param after `to`, e.g. `clamp formal to 3.0`",
+        )
+    elif isinstance(op, ir.Rotate):
+        ok = expect(ctx, op.first, VECTOR, "`rotate in (b1, b2)` spans a plane with two vectors")
+        ok &= expect(ctx, op.second, VECTOR, "`rotate in (b1, b2)` spans a plane with two vectors")
+        ok &= expect(ctx, op.angle, SCALAR, "a rotation angle is a number (radians, or with `deg`)")
+    if iv.gate is not None:
+        ok &= _gate(ctx, iv.gate)
+    _poison_if(ctx, iv, ok)
+
+
+def _gate(ctx: CheckContext, g) -> bool:
+    if isinstance(g, ir.Compare):
+        left, right = type_of(ctx, g.left), type_of(ctx, g.right)
+        if left is None or right is None:
+            return False
+        if sorted((left, right)) == [PROBE, SCALAR]:
+            return True
+        if PROBE not in (left, right):
+            found = " and ".join(sorted({_ARTICLE[left], _ARTICLE[right]}))
+            ctx.error(
+                "type-error",
+                f"a condition compares a probe with a number; this compares {found}",
+                g.span,
+                help="declare a `probe` that reads a site, and compare it: `when my_probe > 0.2`",
+            )
+        else:
+            ctx.error("type-error", "compare a probe with a number, not with another probe", g.span)
+        return False
+    if isinstance(g, ir.GateNot):
+        return _gate(ctx, g.operand)
+    return _gate(ctx, g.left) & _gate(ctx, g.right)
+
+
+def expect(ctx: CheckContext, expr, want: str, why: str, help: str | None = None) -> bool:
+    t = type_of(ctx, expr)
+    if t is None:
+        return False
+    if t != want:
+        ctx.error("type-error", f"expected {_ARTICLE[want]}, found {_ARTICLE[t]}: {why}", expr.span, help=help)
+        return False
+    return True
+
+
+def type_of(ctx: CheckContext, e) -> str | None:
+    """The type of ``e``, reporting faults inside it; ``None`` once reported."""
+    key = id(e)
+    if key in ctx.types:
+        return ctx.types[key]
+    t = _infer(ctx, e)
+    ctx.types[key] = t
+    return t
+
+
+def _infer(ctx: CheckContext, e) -> str | None:
+    if isinstance(e, (ir.Number, ir.Degrees)):
+        return SCALAR
+    if isinstance(e, ir.Str):
+        return STRING
+    if isinstance(e, ir.Bool):
+        return BOOL
+    if isinstance(e, ir.Name):
+        sym = ctx.symbols.get(e.id)
+        if sym is None or sym.name in ctx.poisoned:
+            return None
+        if sym.kind == "intervention":
+            ctx.error("type-error", f"`{e.id}` is an intervention, not a value", e.span)
+            return None
+        return {"param": SCALAR, "vector": VECTOR, "probe": PROBE}[sym.kind]
+    if isinstance(e, ir.Neg):
+        t = type_of(ctx, e.operand)
+        if t == PROBE:
+            ctx.error("type-error", "a probe can only be compared in `when`", e.span)
+            return None
+        return t
+    if isinstance(e, ir.BinOp):
+        return _binop(ctx, e)
+    if isinstance(e, ir.VectorLit):
+        if not e.items:
+            ctx.error("invalid-value", "an empty vector literal", e.span)
+            return None
+        ok = all(expect(ctx, i, SCALAR, "vector literal entries are numbers") for i in e.items)
+        return VECTOR if ok else None
+    if isinstance(e, ir.Call):
+        return _call(ctx, e)
+    raise TypeError(f"not an expression: {e!r}")
+
+
+def _binop(ctx: CheckContext, e: ir.BinOp) -> str | None:
+    left, right = type_of(ctx, e.left), type_of(ctx, e.right)
+    if left is None or right is None:
+        return None
+    if PROBE in (left, right):
+        ctx.error("type-error", "a probe can only be compared in `when`, not used in arithmetic", e.span)
+        return None
+    if STRING in (left, right) or BOOL in (left, right):
+        ctx.error("type-error", "strings and booleans take no part in arithmetic", e.span)
+        return None
+    if e.op in "+-":
+        if left == right:
+            return left
+        ctx.error(
+            "type-error",
+            f"cannot {'add' if e.op == '+' else 'subtract'} a scalar and a vector",
+            e.span,
+            help="vectors add to vectors; to scale a vector multiply it by a number",
+        )
+        return None
+    if e.op == "*":
+        if VECTOR in (left, right) and left == right:
+            ctx.error(
+                "type-error",
+                "a vector can only be multiplied by a number",
+                e.span,
+                help="for an element-wise product on the hidden state use the operation `scale v`",
+            )
+            return None
+        return VECTOR if VECTOR in (left, right) else SCALAR
+    if right == VECTOR:
+        ctx.error("type-error", "cannot divide by a vector", e.right.span)
+        return None
+    return left
+
+
+def _call(ctx: CheckContext, e: ir.Call) -> str | None:
+    if e.func == "normalize":
+        if len(e.args) != 1 or e.kwargs:
+            ctx.error("type-error", "`normalize` takes exactly one vector", e.span)
+            return None
+        return VECTOR if expect(ctx, e.args[0], VECTOR, "`normalize` scales a vector to length 1") else None
+    if e.func == "load":
+        return _load(ctx, e)
+    return None  # unknown functions were reported by `names`
+
+
+def _load(ctx: CheckContext, e: ir.Call) -> str | None:
+    ok = True
+    if len(e.args) != 1:
+        ctx.error(
+            "type-error",
+            f"`load` takes one path, found {len(e.args)} positional argument(s)",
+            e.span,
+            help='write load("vectors/file.safetensors", key="name")',
+        )
+        ok = False
+    elif not isinstance(e.args[0], ir.Str):
+        ctx.error("type-error", "the path given to `load` must be a string", e.args[0].span)
+        ok = False
+    seen = set()
+    for kw in e.kwargs:
+        want = LOAD_KEYWORDS.get(kw.name)
+        if want is None:
+            ctx.error(
+                "type-error",
+                f"`load` has no argument `{kw.name}`",
+                kw.span,
+                help=did_you_mean(kw.name, LOAD_KEYWORDS) or "its arguments are `key` and `per_layer`",
+            )
+            ok = False
+        elif kw.name in seen:
+            ctx.error("duplicate-field", f"`{kw.name}` is given twice", kw.span)
+            ok = False
+        elif type_of(ctx, kw.value) != want:
+            ctx.error("type-error", f"`{kw.name}` must be {_ARTICLE[want]}", kw.value.span)
+            ok = False
+        seen.add(kw.name)
+    return VECTOR if ok else None

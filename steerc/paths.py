@@ -1,0 +1,52 @@
+"""The path policy: files named in a program stay inside the project root.
+
+The root is the nearest folder at or above the ``.steer`` file that holds a
+``steer.toml``, else the file's own folder; ``--root`` overrides it. Paths
+are relative to the ``.steer`` file. A path that resolves (symbolic links
+followed) outside the root is refused before anything is read.
+
+>>> import os, tempfile
+>>> top = tempfile.mkdtemp()
+>>> open(os.path.join(top, "steer.toml"), "w").close()
+>>> os.makedirs(os.path.join(top, "sub"))
+>>> find_root(os.path.join(top, "sub")) == os.path.realpath(top)
+True
+>>> resolve("../../x.npy", os.path.join(top, "sub"), os.path.realpath(top)).escapes
+True
+"""
+
+from __future__ import annotations
+
+import os
+
+from attrs import frozen
+
+MARKER = "steer.toml"
+
+
+def find_root(start_dir: str) -> str:
+    """The project root for a program living in ``start_dir``."""
+    here = os.path.realpath(start_dir)
+    probe = here
+    while True:
+        if os.path.isfile(os.path.join(probe, MARKER)):
+            return probe
+        parent = os.path.dirname(probe)
+        if parent == probe:
+            return here
+        probe = parent
+
+
+@frozen
+class Resolved:
+    path: str  # absolute, symbolic links resolved
+    escapes: bool
+
+
+def resolve(relative: str, base_dir: str, root: str) -> Resolved:
+    """Resolve ``relative`` against ``base_dir``; say whether it leaves ``root``."""
+    joined = os.path.join(base_dir, relative)
+    real = os.path.realpath(joined)
+    root_real = os.path.realpath(root)
+    inside = real == root_real or real.startswith(root_real.rstrip(os.sep) + os.sep)
+    return Resolved(real, not inside)

@@ -1,0 +1,94 @@
+"""Source text and spans.
+
+A :class:`Span` is a half-open region of one source: 1-based line and column
+of its first character, and the line and column just past its last one. Spans
+live in IR nodes in fields excluded from equality, so two programs that mean
+the same thing compare equal wherever they were written.
+
+>>> src = Source("a.steer", "steer 1\\nvector v = [1.0]\\n")
+>>> span = src.span(8, 14)
+>>> (span.line, span.column, span.end_line, span.end_column)
+(2, 1, 2, 7)
+>>> src.line_text(2)
+'vector v = [1.0]'
+"""
+
+from __future__ import annotations
+
+import bisect
+
+from attrs import field, frozen
+
+
+@frozen
+class Span:
+    """Where something is: ``file``, 1-based ``line``/``column``, exclusive end."""
+
+    file: str
+    line: int
+    column: int
+    end_line: int
+    end_column: int
+    start: int = field(default=-1, eq=False)
+    end: int = field(default=-1, eq=False)
+
+    def as_tuple(self) -> tuple[int, int, int, int]:
+        return (self.line, self.column, self.end_line, self.end_column)
+
+    def to(self, other: Span) -> Span:
+        """The span covering ``self`` through ``other``."""
+        return Span(self.file, self.line, self.column, other.end_line,
+                    other.end_column, self.start, other.end)
+
+
+class Source:
+    """One text being compiled, with a line index for span arithmetic.
+
+    ``name`` is what diagnostics print (a path as the user gave it, or a
+    placeholder such as ``<string>`` for embedded text).
+    """
+
+    __slots__ = ("name", "text", "path", "_line_starts")
+
+    def __init__(self, name: str, text: str, path: str | None = None):
+        self.name = name
+        self.text = text
+        self.path = path
+        starts = [0]
+        find = text.find
+        i = find("\n")
+        while i >= 0:
+            starts.append(i + 1)
+            i = find("\n", i + 1)
+        self._line_starts = starts
+
+    def position(self, offset: int) -> tuple[int, int]:
+        """1-based (line, column) of a character offset."""
+        offset = max(0, min(offset, len(self.text)))
+        line = bisect.bisect_right(self._line_starts, offset)
+        return line, offset - self._line_starts[line - 1] + 1
+
+    def offset(self, line: int, column: int) -> int:
+        line = max(1, min(line, len(self._line_starts)))
+        return self._line_starts[line - 1] + column - 1
+
+    def span(self, start: int, end: int) -> Span:
+        line, col = self.position(start)
+        end_line, end_col = self.position(end)
+        return Span(self.name, line, col, end_line, end_col, start, end)
+
+    def line_text(self, line: int) -> str:
+        if line < 1 or line > len(self._line_starts):
+            return ""
+        start = self._line_starts[line - 1]
+        end = self.text.find("\n", start)
+        return self.text[start:] if end < 0 else self.text[start:end]
+
+    @property
+    def line_count(self) -> int:
+        return len(self._line_starts)
+
+    def whole_line(self, line: int) -> Span:
+        text = self.line_text(line)
+        start = self._line_starts[line - 1] if line <= len(self._line_starts) else len(self.text)
+        return self.span(start, start + len(text))
