@@ -1,0 +1,41 @@
+"""``steerc explain FILE --model PATH [--target T] [--format text|json]``."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+from steerc.cli import EXIT_ERRORS, EXIT_OK, UsageError
+from steerc.cli.common import add_program_options, facts_from, options_from, print_json, read_text
+
+
+def add_arguments(cmd) -> None:
+    cmd.add_argument("file", metavar="FILE", help="a .steer file")
+    add_program_options(cmd)
+    cmd.add_argument("--target", choices=("hf", "vllm", "serve"), default="hf",
+                     help="whose hooks to show (default hf)")
+    cmd.add_argument("--format", choices=("text", "json"), default="text")
+
+
+def run(args) -> int:
+    from steerc.api import check_source
+    from steerc.explain import explain, render
+    from steerc.targets import check_target
+
+    if not args.model:
+        raise UsageError("explain needs --model (a model folder, config.json or facts JSON)")
+    facts = facts_from(args)
+    result = check_source(read_text(args.file), args.file, path=os.path.abspath(args.file),
+                          options=options_from(args), facts=facts)
+    check_target(result, args.target)
+    if not result.ok:
+        print(result.render(), file=sys.stderr)
+        return EXIT_ERRORS
+    if result.diagnostics:
+        print(result.render(), file=sys.stderr)
+    doc = explain(result, args.target)
+    if args.format == "json":
+        print_json(doc)
+    else:
+        sys.stdout.write(render(doc))
+    return EXIT_OK

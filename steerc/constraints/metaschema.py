@@ -1,0 +1,304 @@
+"""The JSON Schema draft 2020-12 meta-schema, checked by hand, with positions.
+
+Each keyword of the core, applicator, unevaluated, validation, meta-data,
+format-annotation and content vocabularies has a checker for the shape of its
+value; :func:`check_schema` walks a schema and its subschemas. Unknown
+keywords become ``unsupported-schema-keyword`` warnings with a suggestion.
+
+>>> from steerc.constraints.jsonpos import parse_json
+>>> doc, _ = parse_json('{"type": "object", "required": ["a", "a"]}')
+>>> ctx = Context(doc, "")
+>>> check_schema(ctx, doc.value, "")
+>>> [(p.message, p.offset) for p in ctx.problems]
+[('`required` lists `a` twice', 37)]
+"""
+
+from __future__ import annotations
+
+import math
+import re
+
+from attrs import define, field
+
+from steerc.constraints import INVALID, UNSUPPORTED, Problem
+from steerc.constraints._common import did_you_mean, show
+from steerc.constraints.jsonpos import Located, pointer
+
+TYPES = ("array", "boolean", "integer", "null", "number", "object", "string")
+_TYPE_ALIASES = {"int": "integer", "float": "number", "double": "number", "str": "string", "bool": "boolean",
+                 "dict": "object", "list": "array", "none": "null", "map": "object"}
+INT32_MAX = 2**31 - 1
+_LEGACY = {
+    "definitions": "`definitions` is the draft-07 name; draft 2020-12 uses `$defs`",
+    "dependencies": "draft 2020-12 splits `dependencies` into `dependentRequired` and `dependentSchemas`",
+    "nullable": 'JSON Schema has no `nullable`; write `"type": ["string", "null"]`',
+    "additionalItems": "draft 2020-12 replaced `additionalItems` with `items` (next to `prefixItems`)",
+    "$recursiveRef": "draft 2020-12 replaced `$recursiveRef` with `$dynamicRef`",
+}
+
+
+@define
+class Context:
+    """The document being checked, the text it came from, and the problems found."""
+
+    doc: Located
+    text: str
+    problems: list[Problem] = field(factory=list)
+
+    def span(self, ptr: str, key: bool = False) -> tuple[int | None, int | None]:
+        """Offsets of the value (or, with ``key``, the member's key) at ``ptr``."""
+        found = (self.doc.keys if key else self.doc.values).get(ptr)
+        if found is None and key:
+            found = self.doc.values.get(ptr)
+        return found if found is not None else (None, None)
+
+    def report(self, code: str, ptr: str, message: str, help: str | None = None, key: bool = False) -> None:
+        start, end = self.span(ptr, key)
+        self.problems.append(Problem(code, message, start, end, help))
+
+    def error(self, ptr: str, message: str, help: str | None = None, key: bool = False) -> None:
+        self.report(INVALID, ptr, message, help, key)
+
+    def warn(self, ptr: str, message: str, help: str | None = None) -> None:
+        self.report(UNSUPPORTED, ptr, message, help, key=True)
+
+
+def kind(value: object) -> str:
+    """What a JSON value is, for messages.
+
+    >>> kind(True), kind(1.5), kind(None)
+    ('a boolean', 'a number', 'null')
+    """
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, (int, float)):
+        return "a number"
+    return {str: "a string", list: "an array", dict: "an object"}.get(type(value), "null")
+
+
+def name_of(ptr: str) -> str:
+    """The last reference token of a pointer, unescaped."""
+    return ptr.rsplit("/", 1)[-1].replace("~1", "/").replace("~0", "~")
+
+
+def check_schema(ctx: Context, value: object, ptr: str) -> None:
+    """Check that ``value`` (at ``ptr``) is a schema, then each of its keywords."""
+    if isinstance(value, bool):
+        return
+    if not isinstance(value, dict):
+        where = f"`{name_of(ptr)}`" if ptr else "the document"
+        ctx.error(ptr, f"{where} must be a schema (an object or a boolean), not {kind(value)}")
+        return
+    for key, sub in value.items():
+        here = pointer(ptr, key)
+        checker = KEYWORDS.get(key)
+        if checker is not None:
+            checker(ctx, sub, here)
+        elif key in _LEGACY:
+            ctx.warn(here, f"`{key}` is not a draft 2020-12 keyword; structured decoding ignores it",
+                     help=_LEGACY[key])
+            if key == "definitions" and isinstance(sub, dict):
+                schema_map(ctx, sub, here)
+        else:
+            ctx.warn(here, f"unknown keyword {show(key)}; structured decoding ignores it",
+                     help=did_you_mean(key, KEYWORDS))
+
+
+# ------------------------------------------------------------- value shapes
+
+
+def expect(ctx: Context, value: object, ptr: str, ok: bool, what: str, help: str | None = None) -> bool:
+    if not ok:
+        ctx.error(ptr, f"`{name_of(ptr)}` must be {what}, not {kind(value)}", help=help)
+    return ok
+
+
+def string(ctx, value, ptr):
+    expect(ctx, value, ptr, isinstance(value, str), "a string")
+
+
+def boolean(ctx, value, ptr):
+    expect(ctx, value, ptr, isinstance(value, bool), "a boolean")
+
+
+def number(ctx, value, ptr) -> bool:
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+    help = None
+    if isinstance(value, bool) and ptr.endswith(("/exclusiveMinimum", "/exclusiveMaximum")):
+        help = f"draft 2020-12 takes the bound itself, e.g. `\"{name_of(ptr)}\": 0`"
+    return expect(ctx, value, ptr, ok, "a number", help)
+
+
+def anything(ctx, value, ptr):
+    """``const``, ``default``: any JSON value."""
+
+
+def array(ctx, value, ptr):
+    expect(ctx, value, ptr, isinstance(value, list), "an array")
+
+
+def enum(ctx, value, ptr):
+    if expect(ctx, value, ptr, isinstance(value, list), "an array of the allowed values") and not value:
+        ctx.error(ptr, "`enum` is empty, so no value could match", help="list at least one value")
+
+
+def count(ctx, value, ptr):
+    """A non-negative integer small enough for structured decoding."""
+    if not number(ctx, value, ptr):
+        return
+    if value < 0:
+        ctx.error(ptr, f"`{name_of(ptr)}` must be a non-negative integer, not {value}")
+    elif isinstance(value, float) and not value.is_integer():
+        ctx.error(ptr, f"`{name_of(ptr)}` must be a whole number, not {value}")
+    elif isinstance(value, float):
+        ctx.error(ptr, f"write `{name_of(ptr)}` as an integer: structured decoding rejects `{value}`",
+                  help=f"write `{int(value)}`")
+    elif value > INT32_MAX:
+        ctx.error(ptr, f"`{name_of(ptr)}` is too large for structured decoding (at most {INT32_MAX})")
+
+
+def positive(ctx, value, ptr):
+    """``multipleOf``: a number greater than zero."""
+    if number(ctx, value, ptr) and not (value > 0 and math.isfinite(value)):
+        ctx.error(ptr, f"`multipleOf` must be greater than 0, not {value}")
+
+
+def unique_strings(ctx, value, ptr):
+    """``required`` and the lists in ``dependentRequired``."""
+    if not expect(ctx, value, ptr, isinstance(value, list), "an array of strings"):
+        return
+    seen = set()
+    for index, item in enumerate(value):
+        here = pointer(ptr, index)
+        if not isinstance(item, str):
+            ctx.error(here, f"`{name_of(ptr)}` must list strings; item {index} is {kind(item)}")
+        elif item in seen:
+            ctx.error(here, f"`{name_of(ptr)}` lists {show(item)} twice")
+        seen.add(item)
+
+
+def type_keyword(ctx, value, ptr):
+    if isinstance(value, str):
+        type_name(ctx, value, ptr)
+    elif isinstance(value, list):
+        if not value:
+            ctx.error(ptr, "`type` must not be an empty array", help=f"use one of {_type_list()}")
+        for index, item in enumerate(value):
+            here = pointer(ptr, index)
+            if not isinstance(item, str):
+                ctx.error(here, f"`type` entries must be strings, not {kind(item)}")
+            elif item in value[:index]:
+                ctx.error(here, f"`type` lists `{item}` twice")
+            else:
+                type_name(ctx, item, here)
+    else:
+        ctx.error(ptr, f"`type` must be a type name or an array of them, not {kind(value)}",
+                  help=f"use one of {_type_list()}")
+
+
+def type_name(ctx, name: str, ptr: str) -> None:
+    if name in TYPES:
+        return
+    alias = _TYPE_ALIASES.get(name.casefold())
+    help = f"did you mean `{alias}`?" if alias else did_you_mean(name, TYPES)
+    ctx.error(ptr, f"`type` must be one of {_type_list()}, not {show(name)}", help=help)
+
+
+def _type_list() -> str:
+    return ", ".join(f"`{t}`" for t in TYPES)
+
+
+def schema(ctx, value, ptr):
+    check_schema(ctx, value, ptr)
+
+
+def schema_map(ctx, value, ptr):
+    """``properties``, ``$defs``, ``dependentSchemas``: an object whose values are schemas."""
+    if expect(ctx, value, ptr, isinstance(value, dict), "an object mapping names to schemas"):
+        for key, sub in value.items():
+            check_schema(ctx, sub, pointer(ptr, key))
+
+
+def schema_list(ctx, value, ptr):
+    """``allOf``/``anyOf``/``oneOf``/``prefixItems``: a non-empty array of schemas."""
+    if not expect(ctx, value, ptr, isinstance(value, list), "a non-empty array of schemas"):
+        return
+    if not value:
+        ctx.error(ptr, f"`{name_of(ptr)}` must not be empty")
+    for index, sub in enumerate(value):
+        check_schema(ctx, sub, pointer(ptr, index))
+
+
+def items(ctx, value, ptr):
+    help = "draft 2020-12 uses `prefixItems` for a list of per-position schemas" if isinstance(value, list) else None
+    if expect(ctx, value, ptr, isinstance(value, (dict, bool)), "a schema (an object or a boolean)", help):
+        check_schema(ctx, value, ptr)
+
+
+def dependent_required(ctx, value, ptr):
+    if expect(ctx, value, ptr, isinstance(value, dict), "an object mapping names to arrays of names"):
+        for key, sub in value.items():
+            unique_strings(ctx, sub, pointer(ptr, key))
+
+
+def vocabulary(ctx, value, ptr):
+    if expect(ctx, value, ptr, isinstance(value, dict), "an object mapping URIs to booleans"):
+        for key, sub in value.items():
+            boolean(ctx, sub, pointer(ptr, key))
+
+
+def anchor(ctx, value, ptr):
+    if expect(ctx, value, ptr, isinstance(value, str), "a string") and not re.fullmatch(
+            r"[A-Za-z_][-A-Za-z0-9._]*", value):
+        ctx.error(ptr, f"`{name_of(ptr)}` must be a plain name like `node`, not {show(value)}")
+
+
+def pattern(ctx, value, ptr):
+    from steerc.constraints.schema import check_pattern  # noqa: PLC0415  (avoids an import cycle)
+
+    if expect(ctx, value, ptr, isinstance(value, str), "a string holding a regular expression"):
+        check_pattern(ctx, value, ptr, key=False)
+
+
+def pattern_properties(ctx, value, ptr):
+    from steerc.constraints.schema import check_pattern  # noqa: PLC0415
+
+    if expect(ctx, value, ptr, isinstance(value, dict), "an object mapping regexes to schemas"):
+        for key, sub in value.items():
+            check_pattern(ctx, key, pointer(ptr, key), key=True)
+            check_schema(ctx, sub, pointer(ptr, key))
+
+
+def ref(ctx, value, ptr):
+    from steerc.constraints.schema import check_ref  # noqa: PLC0415
+
+    if expect(ctx, value, ptr, isinstance(value, str), "a string"):
+        check_ref(ctx, value, ptr)
+
+
+KEYWORDS = {
+    # core
+    "$schema": string, "$id": string, "$ref": ref, "$anchor": anchor, "$dynamicRef": string,
+    "$dynamicAnchor": anchor, "$vocabulary": vocabulary, "$comment": string, "$defs": schema_map,
+    # applicator
+    "prefixItems": schema_list, "items": items, "contains": schema, "additionalProperties": schema,
+    "properties": schema_map, "patternProperties": pattern_properties, "dependentSchemas": schema_map,
+    "propertyNames": schema, "if": schema, "then": schema, "else": schema,
+    "allOf": schema_list, "anyOf": schema_list, "oneOf": schema_list, "not": schema,
+    # unevaluated
+    "unevaluatedItems": schema, "unevaluatedProperties": schema,
+    # validation
+    "type": type_keyword, "const": anything, "enum": enum, "multipleOf": positive,
+    "maximum": number, "exclusiveMaximum": number, "minimum": number, "exclusiveMinimum": number,
+    "maxLength": count, "minLength": count, "pattern": pattern,
+    "maxItems": count, "minItems": count, "uniqueItems": boolean, "maxContains": count, "minContains": count,
+    "maxProperties": count, "minProperties": count, "required": unique_strings,
+    "dependentRequired": dependent_required,
+    # meta-data
+    "title": string, "description": string, "default": anything, "deprecated": boolean,
+    "readOnly": boolean, "writeOnly": boolean, "examples": array,
+    # format-annotation
+    "format": string,
+    # content
+    "contentEncoding": string, "contentMediaType": string, "contentSchema": schema,
+}

@@ -1,0 +1,411 @@
+"""Steering support for transformers models: positions, scopes, gates, kernels, hooks.
+
+This module imports only torch. steerc's in-process runtime imports it, and
+``steerc compile --target hf`` copies it verbatim next to the generated hook
+code, so an emitted package runs without steerc installed and both compute
+with the very same functions.
+
+Positions count per sequence from its first real token (left padding is
+never a position and is never modified). ``P`` is a row's prompt length: the
+real tokens of the first forward inside ``generate``; outside generation,
+every real token of the forward. Positions come from the attention mask, so
+they are the same with and without a KV cache and in any batch.
+"""
+
+from __future__ import annotations
+
+import inspect
+import math
+
+import torch
+
+# ----------------------------------------------------------------- kernels
+# h is [..., width]; parameters are already on h's device in the compute dtype.
+
+
+def compute_dtype(dtype: torch.dtype) -> torch.dtype:
+    """Half-precision activations are steered in float32, then cast back."""
+    return torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
+
+
+def affine(h, scale, bias):
+    """``scale * h + bias`` (scale: a number or a vector; bias: a vector or None)."""
+    out = h * scale if not (isinstance(scale, float) and scale == 1.0) else h
+    return out + bias if bias is not None else out
+
+
+def project(h, basis, target):
+    """``h - Q (Q^T h) + Q t`` with ``Q`` the rows of ``basis`` ([k, d])."""
+    coeff = h @ basis.T
+    if target is not None:
+        coeff = coeff - target
+    return h - coeff @ basis
+
+
+def rotate(h, e1, e2, angle: float, mode: str):
+    """Angular steering in the plane (e1, e2); the rest of ``h`` and its norm are kept."""
+    a = h @ e1
+    b = h @ e2
+    if mode == "to":
+        rho = torch.sqrt(a * a + b * b)
+        a2, b2 = rho * math.cos(angle), rho * math.sin(angle)
+    else:
+        c, s = math.cos(angle), math.sin(angle)
+        a2, b2 = a * c - b * s, a * s + b * c
+    return h + (a2 - a).unsqueeze(-1) * e1 + (b2 - b).unsqueeze(-1) * e2
+
+
+def preserve_norm(before, after):
+    """Rescale ``after`` to the norm of ``before`` at each position (zero stays zero)."""
+    n_after = after.norm(dim=-1, keepdim=True)
+    n_before = before.norm(dim=-1, keepdim=True)
+    factor = torch.where(n_after > 0, n_before / torch.where(n_after > 0, n_after, 1.0), 1.0)
+    return after * factor
+
+
+class Tensors:
+    """Named float32 tensors, cast on first use to each device and dtype they meet."""
+
+    def __init__(self, tensors: dict):
+        self._base = {k: v.float() for k, v in tensors.items()}
+        self._cache: dict = {}
+
+    def get(self, name: str, like):
+        key = (name, like.device, like.dtype)
+        t = self._cache.get(key)
+        if t is None:
+            t = self._base[name].to(device=like.device, dtype=like.dtype)
+            self._cache[key] = t
+        return t
+
+    def names(self):
+        return sorted(self._base)
+
+
+def select(mask, new, old):
+    """``new`` where ``mask`` ([B, T]) is set, else ``old``."""
+    return torch.where(mask.unsqueeze(-1), new, old)
+
+
+# ------------------------------------------------------------------ readouts
+
+
+def readout(kind: str, h, vector, bias: float):
+    """A probe's value at each position: [B, T].
+
+    ``vector`` is the probe's vector ([d]) for ``dot`` and ``cosine``, the
+    orthonormal basis ([k, d]) for ``projected_cosine``, None for ``norm``.
+    """
+    if kind == "norm":
+        return h.norm(dim=-1)
+    if kind == "dot":
+        return h @ vector + bias
+    if kind == "cosine":
+        return (h @ vector) / (h.norm(dim=-1) * vector.norm()).clamp_min(1e-30)
+    ph = (h @ vector.T) @ vector  # projected_cosine: cos(h, P h)
+    return (h * ph).sum(-1) / (h.norm(dim=-1) * ph.norm(dim=-1)).clamp_min(1e-30)
+
+
+# -------------------------------------------------------------------- context
+
+
+class Context:
+    """What one forward pass knows about its tokens, plus state held across a generation."""
+
+    def __init__(self, tokenizer=None, after_texts=()):
+        self.tokenizer = tokenizer
+        self.after_texts = tuple(after_texts)
+        self.generating = False
+        self.expect_prompt = False
+        self.prompt_len = None  # [B] held during generate
+        self.after_start: dict[str, torch.Tensor] = {}
+        self.held: dict[str, torch.Tensor] = {}  # pooled probe values, [B]
+        self.values: dict[str, torch.Tensor] = {}  # per-token probe values this forward, [B, T]
+        self.pos = self.real = self.plen = None
+        self._masks: dict = {}
+
+    # called by the base model's pre-hook
+    def begin_forward(self, input_ids, embeds, attention_mask, past_len: int) -> None:
+        ref = input_ids if input_ids is not None else embeds
+        batch, length = ref.shape[0], ref.shape[1]
+        device = ref.device
+        if attention_mask is None:
+            mask = torch.ones(batch, past_len + length, dtype=torch.long, device=device)
+        else:
+            mask = attention_mask.to(device=device, dtype=torch.long)
+            if mask.dim() != 2:
+                raise ValueError("steerc needs a 2-D attention mask [batch, length] to count positions")
+            if mask.shape[1] < past_len + length:
+                pad = torch.ones(batch, past_len + length - mask.shape[1], dtype=torch.long, device=device)
+                mask = torch.cat([pad, mask], dim=1)
+        counts = mask.cumsum(dim=1)
+        self.pos = (counts[:, -length:] - 1).clamp_min(0)
+        self.real = mask[:, -length:].bool()
+        new_prompt = not self.generating or self.expect_prompt or self.prompt_len is None
+        if new_prompt:
+            self.prompt_len = counts[:, -1].clone()
+            self.held = {}
+            self._find_after(input_ids, mask[:, -length:])
+            self.expect_prompt = False
+        elif self.prompt_len.shape[0] != batch:
+            raise ValueError("the batch changed size during generation; steerc cannot follow rows")
+        self.plen = self.prompt_len.unsqueeze(1)
+        self.values = {}
+        self._masks = {}
+
+    def _find_after(self, input_ids, mask) -> None:
+        self.after_start = {}
+        if not self.after_texts:
+            return
+        if self.tokenizer is None or input_ids is None:
+            raise ValueError("`tokens after \"...\"` needs the tokenizer: install(model, tokenizer)")
+        for text in self.after_texts:
+            starts = [_after_position(self.tokenizer, row[m.bool()].tolist(), text)
+                      for row, m in zip(input_ids, mask)]
+            self.after_start[text] = torch.tensor(starts, device=input_ids.device).unsqueeze(1)
+
+    # scopes ---------------------------------------------------------------
+    def scope_mask(self, scope: tuple):
+        """[B, T] bool mask of a scope: a tuple of items (see steerc.runtime.hf.scope_data)."""
+        mask = self._masks.get(scope)
+        if mask is None:
+            mask = torch.zeros_like(self.real)
+            for item in scope:
+                mask = mask | self._item_mask(item)
+            mask = mask & self.real
+            self._masks[scope] = mask
+        return mask
+
+    def _item_mask(self, item):
+        kind = item[0]
+        pos, plen = self.pos, self.plen
+        if kind == "all":
+            return torch.ones_like(self.real)
+        if kind == "prompt":
+            start, stop = item[1], item[2]
+            lo = torch.zeros_like(plen) if start is None else (plen + start).clamp_min(0) if start < 0 else torch.full_like(plen, start)
+            hi = plen if stop is None else (plen + stop).clamp_min(0) if stop < 0 else torch.minimum(torch.full_like(plen, stop), plen)
+            return (pos >= lo) & (pos < hi)
+        if kind == "generated":
+            g = pos - plen
+            start, stop = item[1] or 0, item[2]
+            m = g >= start
+            return m if stop is None else m & (g < stop)
+        if kind == "positions":
+            return torch.isin(pos, torch.tensor(item[1], device=pos.device))
+        if kind == "after":
+            return pos >= self.after_start[item[1]]
+        raise ValueError(f"unknown scope {kind}")
+
+    # probes and gates -----------------------------------------------------
+    def record_probe(self, name: str, pool: str, values) -> None:
+        """Store a probe's [B, T] values: per token, or pooled over this forward's prompt part."""
+        if pool == "token":
+            self.values[name] = values
+            return
+        in_prompt = self.real & (self.pos < self.plen)
+        if pool == "prompt.last":
+            last = in_prompt & (self.pos == self.plen - 1)
+            has = last.any(dim=1)
+            pooled = (values * last).sum(dim=1)
+        else:
+            has = in_prompt.any(dim=1)
+            total = (values * in_prompt).sum(dim=1)
+            pooled = total / in_prompt.sum(dim=1).clamp_min(1)
+            # A prompt.mean is decided when the chunk holds the whole prompt (its last position).
+            has = has & (in_prompt & (self.pos == self.plen - 1)).any(dim=1)
+        prev = self.held.get(name)
+        nan = torch.full_like(pooled, float("nan"))
+        self.held[name] = torch.where(has, pooled, prev if prev is not None else nan)
+
+    def probe_value(self, name: str):
+        """[B, T] values of a probe for gating: per token, or the held pooled value."""
+        if name in self.values:
+            return self.values[name]
+        held = self.held.get(name)
+        if held is None:
+            return torch.full(self.pos.shape, float("nan"), device=self.pos.device)
+        return held.unsqueeze(1).expand(self.pos.shape)
+
+    def gate_mask(self, gate):
+        """[B, T] bool of a gate expression: ("cmp", probe, op, x), ("and"|"or", parts), ("not", g)."""
+        kind = gate[0]
+        if kind == "cmp":
+            v = self.probe_value(gate[1])
+            op, x = gate[2], gate[3]
+            out = v < x if op == "<" else v <= x if op == "<=" else v > x if op == ">" else v >= x
+            return out & ~torch.isnan(v)
+        if kind == "not":
+            return ~self.gate_mask(gate[1])
+        parts = [self.gate_mask(g) for g in gate[1]]
+        out = parts[0]
+        for p in parts[1:]:
+            out = out & p if kind == "and" else out | p
+        return out
+
+
+def _after_position(tokenizer, ids: list[int], text: str) -> int:
+    """First position after the token where the first occurrence of ``text`` ends."""
+    if text not in tokenizer.decode(ids):
+        return 1 << 60
+    lo, hi = 1, len(ids)
+    while lo < hi:  # smallest k with text in decode(ids[:k])
+        mid = (lo + hi) // 2
+        if text in tokenizer.decode(ids[:mid]):
+            hi = mid
+        else:
+            lo = mid + 1
+    return lo
+
+
+# ----------------------------------------------------------------------- facts
+
+_CONFIG_KEYS = {
+    "layers": ("num_hidden_layers", "n_layer"),
+    "hidden": ("hidden_size", "n_embd"),
+    "heads": ("num_attention_heads", "n_head"),
+    "vocab": ("vocab_size",),
+}
+
+
+def check_facts(model, facts: dict, model_types: tuple) -> None:
+    """Refuse a model whose layout differs from the one the hooks were compiled for."""
+    config = model.config
+    if getattr(config, "model_type", None) not in model_types and getattr(config, "text_config", None) is not None:
+        config = config.text_config
+    problems = []
+    model_type = getattr(config, "model_type", None)
+    if model_type not in model_types:
+        problems.append(f"family {model_type!r}, expected one of {model_types}")
+    for fact, keys in _CONFIG_KEYS.items():
+        value = next((getattr(config, k) for k in keys if getattr(config, k, None) is not None), None)
+        if value != facts[fact]:
+            problems.append(f"{fact} {value}, expected {facts[fact]}")
+    if problems:
+        raise RuntimeError("these steering hooks were compiled for another model: " + "; ".join(problems))
+
+
+# ----------------------------------------------------------------------- hooks
+
+
+def _past_length(kwargs) -> int:
+    for key in ("cache", "past_key_values"):
+        cache = kwargs.get(key)
+        if cache is not None and hasattr(cache, "get_seq_length"):
+            return int(cache.get_seq_length())
+        if isinstance(cache, (tuple, list)) and cache and cache[0] is not None:
+            return int(cache[0][0].shape[-2])
+    cache_position = kwargs.get("cache_position")
+    if cache_position is not None and cache_position.numel():
+        return int(cache_position.reshape(-1)[0])
+    return 0
+
+
+def _site_tensor(kind: str, tensor: str, args, kwargs, output):
+    if kind == "pre":
+        if tensor == "input1":
+            return args[1] if len(args) > 1 else kwargs["hidden_states"]
+        return args[0] if args else kwargs["hidden_states"]
+    return output[0] if isinstance(output, tuple) else output
+
+
+def _replace(kind: str, tensor: str, args, kwargs, output, new):
+    if kind == "pre":
+        key = 1 if tensor == "input1" else 0
+        if len(args) > key:
+            args = args[:key] + (new,) + args[key + 1 :]
+        else:
+            kwargs = dict(kwargs, hidden_states=new)
+        return args, kwargs
+    if isinstance(output, tuple):
+        return (new,) + tuple(output[1:])
+    return new
+
+
+class Handle:
+    """Installed steering: ``remove()`` it (idempotent) or use it as a context manager."""
+
+    def __init__(self, model, context: Context):
+        self.model = model
+        self.context = context
+        self._hooks = []
+        self._generate = None
+        self.removed = False
+
+    def remove(self) -> None:
+        for h in self._hooks:
+            h.remove()
+        self._hooks = []
+        if self._generate is not None and "generate" in vars(self.model):
+            del self.model.generate
+        self._generate = None
+        self.context.generating = False
+        self.removed = True
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.remove()
+        return False
+
+
+def install(model, base_path: str, hooks, context: Context) -> Handle:
+    """Register ``hooks`` ([(module path, kind, tensor, fn(h, ctx) -> h)]) and the context hook.
+
+    Steering hooks are prepended so transformers' own output capturing (and
+    ``output_hidden_states``) sees the steered values.
+    """
+    handle = Handle(model, context)
+    try:
+        base = model.get_submodule(base_path)
+        params = list(inspect.signature(base.forward).parameters)
+
+        def begin(module, args, kwargs):
+            bound = dict(zip(params, args))
+            bound.update(kwargs)
+            context.begin_forward(bound.get("input_ids"), bound.get("inputs_embeds"),
+                                  bound.get("attention_mask"), _past_length(bound))
+
+        handle._hooks.append(base.register_forward_pre_hook(begin, with_kwargs=True, prepend=True))
+        for path, kind, tensor, fn in hooks:
+            module = model.get_submodule(path)
+            handle._hooks.append(_register(module, kind, tensor, fn, context))
+        _wrap_generate(model, handle)
+    except Exception:
+        handle.remove()
+        raise
+    return handle
+
+
+def _register(module, kind: str, tensor: str, fn, context: Context):
+    if kind == "pre":
+        def pre(mod, args, kwargs):
+            h = _site_tensor(kind, tensor, args, kwargs, None)
+            return _replace(kind, tensor, args, kwargs, None, fn(h, context))
+
+        return module.register_forward_pre_hook(pre, with_kwargs=True, prepend=True)
+
+    def post(mod, args, output):
+        h = _site_tensor(kind, tensor, args, None, output)
+        return _replace(kind, tensor, args, None, output, fn(h, context))
+
+    return module.register_forward_hook(post, prepend=True)
+
+
+def _wrap_generate(model, handle: Handle) -> None:
+    original = model.generate
+    context = handle.context
+
+    def generate(*args, **kwargs):
+        context.generating = True
+        context.expect_prompt = True
+        try:
+            return original(*args, **kwargs)
+        finally:
+            context.generating = False
+            context.prompt_len = None
+
+    generate.__doc__ = original.__doc__
+    handle._generate = original
+    model.generate = generate

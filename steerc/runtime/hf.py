@@ -1,0 +1,160 @@
+"""Steer a live transformers model with a compiled plan, in process.
+
+>>> # doctest: +SKIP
+>>> from steerc.runtime.hf import compile_for, install
+>>> plan = compile_for("cheer.steer", model)      # check against the live model's facts
+>>> with install(model, plan, tokenizer):
+...     out = model.generate(**inputs, max_new_tokens=20)
+
+Semantics are those of :mod:`steerc.runtime._support`, shared with the
+emitted package (``steerc compile --target hf``): the two give identical
+outputs. torch and transformers are imported only here, on use.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from steerc.runtime import _support as S
+from steerc.targets.hf.program import HFProgram, HookCode, KernelCall, lower_hf
+
+
+class SteerInstallError(RuntimeError):
+    """The plan cannot be installed on this model (wrong model, missing module)."""
+
+
+# -------------------------------------------------------------------- facts
+
+
+def facts_from_model(model):
+    """ModelFacts of a live model: from its config, else a best-effort discovery."""
+    from steerc.facts import FactsError, facts_from_config
+
+    config = model.config.to_dict() if hasattr(model.config, "to_dict") else dict(model.config)
+    try:
+        return facts_from_config(config, origin="live model")
+    except FactsError as exc:
+        if exc.code != "unknown-family":
+            raise
+        return discover(model, config)
+
+
+def discover(model, config: dict):
+    """Guess the layout of an unknown family; the facts say what was guessed."""
+    from steerc.facts import ModelFacts
+
+    layers_path, layers = None, None
+    for name, module in model.named_modules():
+        if isinstance(module, torch.nn.ModuleList) and len(module) > 0 and (layers is None or len(module) > len(layers)):
+            layers_path, layers = name, module
+    hidden = config.get("hidden_size") or config.get("n_embd") or config.get("d_model")
+    heads = config.get("num_attention_heads") or config.get("n_head") or 1
+    guesses = (
+        f"decoder layers: {layers_path} ({len(layers) if layers is not None else 0} of them), the largest ModuleList",
+        f"hidden size {hidden} and {heads} heads from the config",
+        "site tables are unknown for this family: only the facts are usable, not hooks",
+    )
+    return ModelFacts(
+        family=config.get("model_type", "unknown"), layers=len(layers) if layers is not None else 0,
+        hidden=int(hidden or 0), heads=int(heads), kv_heads=int(config.get("num_key_value_heads") or heads),
+        head_dim=int(config.get("head_dim") or (int(hidden or 0) // int(heads))),
+        intermediate=int(config.get("intermediate_size") or 0), vocab=int(config.get("vocab_size") or 0),
+        tied_embeddings=bool(config.get("tie_word_embeddings", False)), parallel_residual=False,
+        model_type=config.get("model_type", ""), origin="discovered", guesses=guesses,
+    )
+
+
+def compile_for(path_or_text, model, *, name: str | None = None, options=None):
+    """Check a program against a live model's facts and return its plan (raises on errors)."""
+    import os
+
+    from steerc.api import check_file, check_source
+
+    facts = facts_from_model(model)
+    if isinstance(path_or_text, str) and os.path.isfile(path_or_text):
+        result = check_file(path_or_text, options=options, facts=facts)
+    else:
+        result = check_source(path_or_text, name or "<string>", options=options, facts=facts)
+    if not result.ok:
+        raise ValueError("the program has errors:\n" + result.render())
+    return result.plan
+
+
+# ---------------------------------------------------------------- interpreter
+
+
+def _kernel(call: KernelCall, x, ctx, tensors: S.Tensors):
+    def t(role):
+        name = call.tensor(role)
+        return tensors.get(name, x) if name is not None else None
+
+    m = ctx.scope_mask(call.scope)
+    if call.gate is not None:
+        m = m & ctx.gate_mask(call.gate)
+    if call.kind == "affine":
+        new = S.affine(x, call.scale if call.scale is not None else t("scale"), t("bias"))
+    elif call.kind == "project":
+        new = S.project(x, t("basis"), t("target"))
+    else:
+        new = S.rotate(x, t("e1"), t("e2"), call.angle, call.mode)
+    if call.preserve_norm:
+        new = S.preserve_norm(x, new)
+    return S.select(m, new, x)
+
+
+def _site_fn(hook: HookCode, tensors: S.Tensors):
+    has_heads = any(s.columns is not None for s in hook.sites)
+
+    def fn(h, ctx):
+        x = h.to(S.compute_dtype(h.dtype), copy=has_heads)
+        for site in hook.sites:
+            if site.columns is not None:
+                lo, hi = site.columns
+                part = x[..., lo:hi]
+            else:
+                part = x
+            for p in site.probes:
+                vec = tensors.get(p.tensor, part) if p.tensor is not None else None
+                ctx.record_probe(p.name, p.pool, S.readout(p.kind, part, vec, p.bias))
+            for k in site.kernels:
+                part = _kernel(k, part, ctx, tensors)
+            if site.columns is not None:
+                x[..., lo:hi] = part
+            else:
+                x = part
+        return x.to(h.dtype)
+
+    return fn
+
+
+def check_model(model, fingerprint: str, facts: dict) -> None:
+    live = facts_from_model(model)
+    if live.fingerprint != fingerprint:
+        diff = [f"{k}: plan {facts[k]!r}, model {getattr(live, k)!r}"
+                for k in facts if k != "fingerprint" and getattr(live, k, None) != facts[k]]
+        raise SteerInstallError("this steering was compiled for another model (" + "; ".join(diff) + ")")
+
+
+def install_program(model, program: HFProgram, tokenizer=None, *, check: bool = True) -> S.Handle:
+    if check:
+        check_model(model, program.fingerprint, program.facts)
+    tensors = S.Tensors({k: torch.from_numpy(v.copy()) for k, v in program.tensors.items()})
+    hooks = [(h.module, h.kind, h.tensor, _site_fn(h, tensors)) for h in program.hooks]
+    context = S.Context(tokenizer, program.after_texts)
+    if program.after_texts and tokenizer is None:
+        raise SteerInstallError('this program scopes tokens `after "..."`: pass the tokenizer to install()')
+    try:
+        return S.install(model, program.base_path, hooks, context)
+    except AttributeError as exc:
+        raise SteerInstallError(f"the model has no module the plan hooks: {exc}") from None
+
+
+def install(model, plan, tokenizer=None, *, check: bool = True) -> S.Handle:
+    """Install a plan's steering on ``model``; returns a removable handle (also a context manager)."""
+    facts = facts_from_model(model)
+    if check and facts.fingerprint != plan.facts_fingerprint:
+        raise SteerInstallError(
+            f"this plan was compiled for a model with fingerprint {plan.facts_fingerprint[:12]}..., "
+            f"not this {facts.family} model ({facts.fingerprint[:12]}...)"
+        )
+    return install_program(model, lower_hf(plan, facts), tokenizer, check=False)

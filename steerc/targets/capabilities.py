@@ -1,0 +1,182 @@
+"""What each target can express, as data.
+
+The capability check (:func:`check_target`) and the matrix in
+``spec/capabilities.md`` both read :data:`TARGETS`, so they cannot drift (a
+test regenerates the matrix and fails when the committed one is stale).
+An unsupported feature is reported as ``unsupported-by-target`` with the
+reason and what to do instead; nothing is dropped silently.
+
+>>> TARGETS["hf"].supports("scope:after")
+True
+>>> TARGETS["vllm-hook"].get("op:clamp").instead
+'use the steerc serve format (--target serve), which carries clamps'
+"""
+
+from __future__ import annotations
+
+from attrs import frozen
+
+
+@frozen
+class Feature:
+    key: str  # e.g. "op:ablate", "scope:after", "gate:prompt.mean"
+    supported: bool
+    note: str = ""  # how it is realised, or why it is not
+    instead: str = ""  # what to do when unsupported
+
+
+@frozen
+class Target:
+    name: str
+    summary: str
+    features: tuple[Feature, ...]
+
+    def get(self, key: str) -> Feature:
+        for f in self.features:
+            if f.key == key:
+                return f
+        raise KeyError(key)
+
+    def supports(self, key: str) -> bool:
+        return self.get(key).supported
+
+
+FEATURE_GROUPS = {
+    "op": ("add", "scale", "scale-vector", "set", "suppress", "ablate", "clamp", "rotate", "preserve-norm"),
+    "site": ("resid_pre", "resid_post", "attn_out", "mlp_out", "head"),
+    "scope": ("all", "prompt", "generated", "prompt-slice", "generated-slice", "positions", "after", "union"),
+    "gate": ("prompt.mean", "prompt.last", "token"),
+    "readout": ("cosine", "projected_cosine", "dot", "norm"),
+    "constraint": ("json_schema", "regex", "grammar", "choice"),
+    "dtype": ("float32", "float16", "bfloat16", "float64"),
+    "parallel": ("tensor", "pipeline"),
+}
+
+ALL_KEYS = tuple(f"{group}:{name}" for group, names in FEATURE_GROUPS.items() for name in names)
+
+
+def _all(note: str = "") -> dict[str, Feature]:
+    return {k: Feature(k, True, note) for k in ALL_KEYS}
+
+
+def _target(name: str, summary: str, base: dict[str, Feature], **overrides: Feature) -> Target:
+    table = dict(base)
+    for f in overrides.values():
+        table[f.key] = f
+    return Target(name, summary, tuple(table[k] for k in ALL_KEYS))
+
+
+def _no(key: str, note: str, instead: str) -> Feature:
+    return Feature(key, False, note, instead)
+
+
+def _yes(key: str, note: str) -> Feature:
+    return Feature(key, True, note)
+
+
+TARGETS: dict[str, Target] = {
+    t.name: t
+    for t in (
+        _target(
+            "hf",
+            "Python hooks on a transformers model: an emitted package or the in-process runtime",
+            _all(),
+            after=_yes("scope:after", "needs the model's tokenizer at install time"),
+            tensor=_no("parallel:tensor", "runs in one process on one device map",
+                       "use the vllm target for tensor parallelism"),
+            pipeline=_yes("parallel:pipeline", "works with accelerate device maps (hooks move tensors)"),
+            constraint=_yes("constraint:json_schema", "an xgrammar logits processor in generate()"),
+        ),
+        _target(
+            "vllm",
+            "fixed-shape buffers and hooks installed in vLLM workers before CUDA-graph capture",
+            _all("a fixed-shape buffer computation traced into the compiled graph"),
+            after=_no(
+                "scope:after",
+                "the position after a text depends on each request's tokens; the vllm worker has no "
+                "tokenizer-side view of the prompt text",
+                "use prompt[a:b] with known positions, or the serve target, whose client resolves `after`",
+            ),
+            head=_yes("site:head", "on the tensor-parallel rank that holds the head (input of o_proj)"),
+            tensor=_yes("parallel:tensor", "heads map to their rank; residual kernels run on every rank"),
+            pipeline=_yes("parallel:pipeline", "each rank hooks the layers it owns; the driver checks coverage"),
+            constraint=_yes("constraint:json_schema", "StructuredOutputsParams(json=...), compact JSON"),
+        ),
+        _target(
+            "serve",
+            "a per-request plan (JSON + content-addressed tensors) applied by the steerc vLLM plugin",
+            _all("per request, on the rows of that request only"),
+            after=_yes("scope:after", "resolved to a start position by the client helper, which has the tokenizer"),
+            constraint=_yes("constraint:json_schema", "`response_format` / `structured_outputs` request fields"),
+        ),
+        _target(
+            "vllm-hook",
+            "the declarative spec of IBM's vLLM-Hook plugin (--target serve --dialect vllm-hook)",
+            {
+                **{k: _no(k, "vLLM-Hook has no such construct", "use the steerc serve format (--target serve)")
+                   for k in ALL_KEYS},
+                **{k: Feature(k, True) for k in (
+                    "op:add", "op:ablate", "op:rotate", "op:preserve-norm", "site:resid_post", "site:resid_pre",
+                    "site:head", "scope:all", "scope:generated", "scope:positions", "gate:prompt.mean",
+                    "gate:prompt.last", "readout:cosine", "readout:projected_cosine", "readout:dot",
+                    "dtype:float32", "dtype:float16", "dtype:bfloat16", "dtype:float64", "parallel:pipeline")},
+            },
+            clamp=_no("op:clamp", "vLLM-Hook's projection removes a component; it cannot pin it to a value",
+                      "use the steerc serve format (--target serve), which carries clamps"),
+            tensor=_no("parallel:tensor", "vLLM-Hook applies head_additive only with tensor parallel size 1",
+                       "use the steerc serve format"),
+        ),
+    )
+}
+
+# Display names for the matrix.
+GROUP_TITLES = {
+    "op": "operations", "site": "sites", "scope": "token scopes", "gate": "gates (probe pools)",
+    "readout": "probe readouts", "constraint": "output constraints", "dtype": "model dtypes",
+    "parallel": "parallelism",
+}
+
+
+def capability_matrix() -> str:
+    """The markdown matrix of ``spec/capabilities.md`` (generated, never hand-edited)."""
+    names = list(TARGETS)
+    lines = []
+    for group, keys in FEATURE_GROUPS.items():
+        lines.append(f"### {GROUP_TITLES[group]}\n")
+        lines.append("| feature | " + " | ".join(names) + " |")
+        lines.append("|---|" + "---|" * len(names))
+        for k in keys:
+            cells = []
+            for t in names:
+                f = TARGETS[t].get(f"{group}:{k}")
+                mark = "yes" if f.supported else "**no**"
+                text = f"{mark}: {f.note}" if f.note else mark
+                if not f.supported and f.instead:
+                    text += f" — instead: {f.instead}"
+                cells.append(text.replace("|", "\\|"))
+            lines.append(f"| `{k}` | " + " | ".join(cells) + " |")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def check_target(result, target: str) -> None:
+    """Add ``unsupported-by-target`` diagnostics to a CheckResult for ``target``."""
+    from steerc.targets.features import program_features
+
+    if result.checked is None:
+        return
+    caps = TARGETS[target]
+    for key, span in program_features(result.checked):
+        f = caps.get(key)
+        if not f.supported:
+            from steerc.diagnostics import Diagnostic
+
+            what = key.split(":", 1)[1]
+            result.diagnostics.append(
+                Diagnostic.error(
+                    "unsupported-by-target",
+                    f"the {target} target cannot express `{what}`: {f.note}",
+                    span,
+                    help=f"{f.instead}" if f.instead else None,
+                )
+            )

@@ -1,0 +1,56 @@
+"""The features a checked program uses, each with the span to blame.
+
+>>> from steerc.api import check_source
+>>> r = check_source("steer 1\\nvector v = [1.0, 2.0]\\nintervention a {\\n  at resid_post[0]\\n  add v\\n  tokens prompt[-1:], generated\\n}\\n")
+>>> sorted({k for k, _ in program_features(r.checked)})
+['op:add', 'scope:generated', 'scope:prompt-slice', 'scope:union', 'site:resid_post']
+"""
+
+from __future__ import annotations
+
+from steerc.ir import checked as ck
+from steerc.ir import nodes as ir
+
+
+def scope_feature(scope) -> str:
+    if isinstance(scope, ir.ScopeAll):
+        return "scope:all"
+    if isinstance(scope, ir.ScopePrompt):
+        return "scope:prompt" if scope.sel is None else "scope:prompt-slice"
+    if isinstance(scope, ir.ScopeGenerated):
+        return "scope:generated" if scope.sel is None else "scope:generated-slice"
+    if isinstance(scope, ir.ScopePositions):
+        return "scope:positions"
+    return "scope:after"
+
+
+def _op_feature(op: ck.Operation) -> str:
+    if op.kind == "scale" and op.vectors:
+        return "op:scale-vector"
+    return f"op:{op.kind}"
+
+
+def program_features(checked: ck.CheckedProgram):
+    """Yield (feature key, span) for everything the program relies on."""
+    used_probes: dict[str, object] = {}
+    for iv in checked.interventions:
+        yield _op_feature(iv.op), iv.op.span
+        if iv.preserve_norm:
+            yield "op:preserve-norm", iv.span
+        yield f"site:{iv.site.kind}", iv.site.span
+        for s in iv.scopes:
+            yield scope_feature(s), s.span or iv.span
+        if len(iv.scopes) > 1:
+            yield "scope:union", iv.scopes[1].span or iv.span
+        if iv.gate is not None:
+            for name in ck.gate_probes(iv.gate):
+                used_probes.setdefault(name, iv.gate_span)
+    for name, gate_span in used_probes.items():
+        probe = checked.probes.get(name)
+        if probe is None:
+            continue
+        yield f"gate:{probe.pool}", probe.pool_span or gate_span
+        yield f"readout:{probe.readout.kind}", probe.span
+        yield f"site:{probe.site.kind}", probe.site.span
+    if checked.constraint is not None:
+        yield f"constraint:{checked.constraint.kind}", checked.constraint.span

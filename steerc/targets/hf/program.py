@@ -1,0 +1,200 @@
+"""The HF lowering of a plan: hooks, per-site kernel calls and named tensors, as data.
+
+Both the emitter (:mod:`steerc.targets.hf.emit`, which writes Python) and the
+in-process runtime (:mod:`steerc.runtime.hf`, which interprets) start from
+the same :class:`HFProgram`, and both compute with
+:mod:`steerc.runtime._support`, so their outputs are identical.
+
+>>> from steerc.ir import nodes as ir
+>>> scope_data((ir.ScopePrompt(ir.PosSlice(-3, None)), ir.ScopeGenerated()))
+(('prompt', -3, None), ('generated', None, None))
+"""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+from attrs import frozen
+
+from steerc.facts.sites import site_table
+from steerc.ir import checked as ck
+from steerc.ir import nodes as ir
+from steerc.ir.plan import Affine, Plan, Project, Rotate, Site
+
+
+def scope_item(s) -> tuple:
+    if isinstance(s, ir.ScopeAll):
+        return ("all",)
+    if isinstance(s, (ir.ScopePrompt, ir.ScopeGenerated)):
+        kind = "prompt" if isinstance(s, ir.ScopePrompt) else "generated"
+        if s.sel is None:
+            return (kind, None, None)
+        if isinstance(s.sel, ir.PosIndex):
+            i = s.sel.index
+            return (kind, i, None if i == -1 else i + 1)
+        return (kind, s.sel.start, s.sel.stop)
+    if isinstance(s, ir.ScopePositions):
+        return ("positions", tuple(s.positions))
+    return ("after", s.text.value)
+
+
+def scope_data(scopes) -> tuple:
+    return tuple(scope_item(s) for s in scopes)
+
+
+def gate_data(g) -> tuple | None:
+    if g is None:
+        return None
+    if isinstance(g, ck.GateCompare):
+        return ("cmp", g.probe, g.op, float(g.threshold))
+    if isinstance(g, ck.GateNegate):
+        return ("not", gate_data(g.operand))
+    return ("and" if isinstance(g, ck.GateAll) else "or", tuple(gate_data(p) for p in g.parts))
+
+
+@frozen
+class KernelCall:
+    kind: str  # affine | project | rotate
+    tensors: tuple[tuple[str, str], ...]  # (role, tensor name): scale, bias, basis, target, e1, e2
+    scale: float | None  # scalar scale of an affine kernel (None when it is a tensor)
+    angle: float | None
+    mode: str | None
+    scope: tuple
+    gate: tuple | None
+    preserve_norm: bool
+    label: str  # "name (file:line): op text"
+
+    def tensor(self, role: str) -> str | None:
+        return dict(self.tensors).get(role)
+
+
+@frozen
+class ProbeCall:
+    name: str
+    kind: str
+    tensor: str | None  # a vector, or a basis [k, d] for projected_cosine
+    bias: float
+    pool: str
+
+
+@frozen
+class SiteCode:
+    site: Site
+    columns: tuple[int, int] | None  # head slice of the hooked tensor
+    probes: tuple[ProbeCall, ...]
+    kernels: tuple[KernelCall, ...]
+
+
+@frozen
+class HookCode:
+    name: str  # a Python identifier, unique in the program
+    module: str
+    kind: str  # pre | post
+    tensor: str
+    sites: tuple[SiteCode, ...]
+
+
+@frozen(eq=False)
+class HFProgram:
+    hooks: tuple[HookCode, ...]
+    tensors: dict  # name -> float32 numpy array
+    base_path: str
+    after_texts: tuple[str, ...]
+    facts: dict
+    fingerprint: str
+    source_name: str
+    source_sha256: str
+    constraint: object = None
+
+
+def _base_path(layers_path: str) -> str:
+    return layers_path.rsplit(".", 1)[0]
+
+
+def _kernel_call(kernel, prefix: str, tensors: dict) -> KernelCall:
+    op = kernel.op
+    named = []
+
+    def put(role, array):
+        name = f"{prefix}.{role}"
+        tensors[name] = np.ascontiguousarray(array, dtype=np.float32)
+        named.append((role, name))
+
+    scale = angle = mode = None
+    if isinstance(op, Affine):
+        kind = "affine"
+        if isinstance(op.scale, float):
+            scale = op.scale
+        else:
+            put("scale", op.scale.array)
+        if op.bias is not None:
+            put("bias", op.bias.array)
+    elif isinstance(op, Project):
+        kind = "project"
+        put("basis", np.stack([b.array for b in op.basis]))
+        if op.target is not None:
+            put("target", np.asarray(op.target, dtype=np.float32))
+    else:
+        assert isinstance(op, Rotate)
+        kind, angle, mode = "rotate", float(op.angle), op.mode
+        put("e1", op.e1.array)
+        put("e2", op.e2.array)
+    label = "; ".join(
+        f"{p.intervention} ({os.path.basename(p.span.file)}:{p.span.line}): {p.note}" if p.span
+        else f"{p.intervention}: {p.note}"
+        for p in kernel.provenance
+    )
+    return KernelCall(kind, tuple(named), scale, angle, mode, scope_data(kernel.scope),
+                      gate_data(kernel.gate), kernel.preserve_norm, label)
+
+
+def _probe_call(p, prefix: str, tensors: dict) -> ProbeCall:
+    name = None
+    if p.vectors:
+        name = f"{prefix}.{p.name}"
+        arr = np.stack([v.array for v in p.vectors])
+        tensors[name] = arr if p.kind == "projected_cosine" else arr[0]
+    return ProbeCall(p.name, p.kind, name, float(p.bias), p.pool)
+
+
+def _hook_name(site: Site) -> str:
+    return f"heads_{site.layer}" if site.kind == "head" else f"{site.kind}_{site.layer}"
+
+
+def lower_hf(plan: Plan, facts) -> HFProgram:
+    """Group the plan's sites (and probe sites) by the module hook that realises them."""
+    table = site_table(facts.family, "hf")
+    by_site = {sp.site: sp.kernels for sp in plan.sites}
+    probe_sites = {p.site for p in plan.probes}
+    all_sites = sorted(set(by_site) | probe_sites, key=lambda s: s.order)
+    tensors: dict = {}
+    grouped: dict[tuple, list[SiteCode]] = {}
+    names: dict[tuple, str] = {}
+    for site in all_sites:
+        hook = table.hook(site.kind, site.layer)
+        key = (hook.module, hook.kind, hook.tensor)
+        hook_name = names.setdefault(key, _hook_name(site))
+        prefix = f"{hook_name}.h{site.head}" if site.head is not None else hook_name
+        columns = None
+        if site.head is not None:
+            columns = (site.head * facts.head_dim, (site.head + 1) * facts.head_dim)
+        probes = tuple(_probe_call(p, f"{prefix}.probe", tensors) for p in plan.probes if p.site == site)
+        kernels = tuple(_kernel_call(k, f"{prefix}.k{i}", tensors) for i, k in enumerate(by_site.get(site, ())))
+        grouped.setdefault(key, []).append(SiteCode(site, columns, probes, kernels))
+    hooks = tuple(
+        HookCode(names[key], key[0], key[1], key[2], tuple(sites)) for key, sites in grouped.items()
+    )
+    after = tuple(sorted({item[1] for h in hooks for s in h.sites for k in s.kernels
+                          for item in k.scope if item[0] == "after"}))
+    return HFProgram(
+        hooks=hooks,
+        tensors=tensors,
+        base_path=_base_path(table.layers),
+        after_texts=after,
+        facts=facts.to_json(),
+        fingerprint=facts.fingerprint,
+        source_name=os.path.basename(plan.source_name),
+        source_sha256=plan.source_sha256,
+        constraint=plan.constraint,
+    )

@@ -1,0 +1,96 @@
+"""Helpers for the HF runtime tests: programs, captures and a direct computation."""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import os
+import sys
+
+import numpy as np
+import torch
+
+from steerc.api import Options, check_source
+from steerc.facts.sites import site_table
+from steerc.ir.interpret import apply_kernel
+from steerc.runtime.hf import facts_from_model
+
+
+def vec(width: int, seed: int, scale: float = 1.0) -> str:
+    """An inline vector literal of ``width`` seeded values."""
+    rng = np.random.default_rng(seed)
+    return "[" + ", ".join(f"{x:.6f}" for x in rng.normal(0.0, scale, width)) + "]"
+
+
+def plan_for(model, text: str, base_dir: str | None = None, name: str = "test.steer"):
+    facts = facts_from_model(model)
+    result = check_source(text, name, options=Options(base_dir=base_dir, root=base_dir), facts=facts)
+    assert result.ok, result.render()
+    return result.plan
+
+
+def hook_of(model, site):
+    table = site_table(facts_from_model(model).family, "hf")
+    return table.hook(site.kind, site.layer)
+
+
+@contextlib.contextmanager
+def capture(model, hook, store: list):
+    """Record the site tensor seen *after* any steering hook on the same module."""
+    module = model.get_submodule(hook.module)
+    if hook.kind == "pre":
+        def pre(mod, args, kwargs):
+            store.append((args[0] if args else kwargs["hidden_states"]).detach().clone())
+
+        h = module.register_forward_pre_hook(pre, with_kwargs=True)
+    else:
+        def post(mod, args, output):
+            store.append((output[0] if isinstance(output, tuple) else output).detach().clone())
+
+        h = module.register_forward_hook(post)
+    try:
+        yield store
+    finally:
+        h.remove()
+
+
+def positions(mask: torch.Tensor) -> torch.Tensor:
+    """Per-row positions counted from the first real token (-1 on padding)."""
+    out = torch.full_like(mask, -1)
+    for b in range(mask.shape[0]):
+        n = 0
+        for t in range(mask.shape[1]):
+            if mask[b, t]:
+                out[b, t] = n
+                n += 1
+    return out
+
+
+def expected_site(site_plan, h: torch.Tensor, mask_of, columns=None) -> torch.Tensor:
+    """The direct computation: steerc.ir.interpret applied row by row on captured h."""
+    out = h.clone().double()
+    for b in range(h.shape[0]):
+        x = out[b].numpy().copy()
+        part = x[:, columns[0]:columns[1]] if columns else x
+        for k in site_plan.kernels:
+            part = apply_kernel(k, part, mask_of(k, b))
+        if columns:
+            x[:, columns[0]:columns[1]] = part
+        else:
+            x = part
+        out[b] = torch.from_numpy(x)
+    return out
+
+
+def load_emitted(path: str, name: str):
+    """Import an emitted package from ``path`` under a unique module name."""
+    spec = importlib.util.spec_from_file_location(name, os.path.join(path, "__init__.py"),
+                                                  submodule_search_locations=[path])
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def count_hooks(model) -> int:
+    return sum(len(m._forward_hooks) + len(m._forward_pre_hooks) for m in model.modules())
