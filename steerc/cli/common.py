@@ -66,25 +66,34 @@ def facts_from(args):
     """The ModelFacts for --model; None when absent.
 
     An unreadable model is a usage error (exit 2); a model of a family steerc
-    does not know is a diagnostic (``unknown-family``) and exits 1.
+    does not know is a diagnostic (``unknown-family``), printed in the
+    command's ``--format``, and exits 1.
     """
     path = getattr(args, "model", None)
     if not path:
         return None
-    facts = facts_or_diagnostic(path)
-    if facts is None:
+    facts, diagnostic, sources = load_facts_or_diagnostic(path)
+    if diagnostic is not None:
+        if getattr(args, "format", "text") == "json":
+            from steerc.diagnostics import to_json_dict
+
+            print_json({"diagnostics": [to_json_dict(diagnostic)], "files": [], "errors": 1, "warnings": 0})
+        else:
+            from steerc.diagnostics import render_text
+
+            print(render_text(diagnostic, sources), file=sys.stderr)
         raise SystemExit(1)
     return facts
 
 
-def facts_or_diagnostic(path: str):
-    """Load facts; print an ``unknown-family`` diagnostic and return None for unknown families."""
-    from steerc.diagnostics import Diagnostic, render_text
+def load_facts_or_diagnostic(path: str):
+    """(facts, None, {}) or (None, an ``unknown-family`` diagnostic, its sources)."""
+    from steerc.diagnostics import Diagnostic
     from steerc.facts import FactsError, load_facts
     from steerc.source import Source
 
     try:
-        return load_facts(path)
+        return load_facts(path), None, {}
     except FactsError as exc:
         if exc.code is None:
             raise UsageError(f"{path}: {exc}") from None
@@ -94,8 +103,7 @@ def facts_or_diagnostic(path: str):
             sources[src.name] = src
             at = exc.text.find(exc.needle) if exc.needle else -1
             span = src.span(at, at + len(exc.needle)) if at >= 0 else None
-        print(render_text(Diagnostic.error(exc.code, exc.message, span), sources), file=sys.stderr)
-        return None
+        return None, Diagnostic.error(exc.code, exc.message, span), sources
 
 
 def print_json(obj) -> None:

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import sys
+
 from steerc.cli import EXIT_ERRORS, EXIT_OK
-from steerc.cli.common import facts_or_diagnostic, print_json
+from steerc.cli.common import load_facts_or_diagnostic, print_json
 
 
 def add_arguments(cmd) -> None:
@@ -14,8 +16,11 @@ def add_arguments(cmd) -> None:
 def run(args) -> int:
     from steerc.facts import facts_document
 
-    facts = facts_or_diagnostic(args.path)
-    if facts is None:
+    facts, diagnostic, sources = load_facts_or_diagnostic(args.path)
+    if diagnostic is not None:
+        from steerc.diagnostics import render_text
+
+        print(render_text(diagnostic, sources), file=sys.stderr)
         return EXIT_ERRORS
     print_json(facts_document(facts, args.backend))
     return EXIT_OK

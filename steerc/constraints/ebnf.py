@@ -246,7 +246,14 @@ class _Parser:
         check_macro(self, name, positional, named)
 
     def check_embedded_regex(self, token: Token) -> None:
-        """Report the problems of a ``Regex("...")`` pattern at their place in the grammar."""
-        for p in check_regex(str(token.value)):
-            at = [token.chars[min(i, len(token.chars) - 1)] if i is not None else None for i in (p.offset, p.end)]
+        """Report the problems of a ``Regex("...")`` pattern at their place in the grammar.
+
+        The pattern is checked like ``constrain regex``, except that a leading
+        ``(?i)`` is allowed: xgrammar's ``Regex`` macro applies that one flag.
+        """
+        pattern = str(token.value)
+        skip = 4 if pattern.startswith("(?i)") else 0
+        for p in check_regex(pattern[skip:]):
+            at = [token.chars[min(i + skip, len(token.chars) - 1)] if i is not None else None
+                  for i in (p.offset, p.end)]
             self.problems.append(Problem(p.code, f"in `Regex`: {p.message}", at[0], at[1], p.help))

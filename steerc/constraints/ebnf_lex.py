@@ -118,7 +118,7 @@ class _Lexer:
             return self.string(newline)
         elif ch == "[":
             return self.char_class(newline)
-        elif ch.isdigit():
+        elif ch in "0123456789":
             return self.integer(newline)
         elif _NAME.match(t, start):
             return self.name(newline)

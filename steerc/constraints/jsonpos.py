@@ -130,7 +130,7 @@ class _Parser:
             value = self.container(ptr, "[", "]", self.elements)
         elif ch == '"':
             value = self.string()
-        elif ch == "-" or ch.isdigit():
+        elif ch != "" and ch in "-0123456789":
             value = self.number()
         elif ch == "":
             self.end_of_text()
@@ -264,7 +264,7 @@ class _Parser:
         if m is None:
             self.fail("a number must have a digit after `-`", self.i, self.i + 1)
         after = self.text[m.end(): m.end() + 1]
-        if after and (after.isalnum() or after == "."):
+        if after and (after.isalnum() or after in ".+-"):
             self.fail(f"malformed number {show(self.text[self.i: m.end() + 1])}", self.i, m.end() + 1,
                       help="JSON numbers look like `12`, `-0.5` or `1e3`, without leading zeros")
         self.i = m.end()

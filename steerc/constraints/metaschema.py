@@ -174,7 +174,8 @@ def unique_strings(ctx, value, ptr):
             ctx.error(here, f"`{name_of(ptr)}` must list strings; item {index} is {kind(item)}")
         elif item in seen:
             ctx.error(here, f"`{name_of(ptr)}` lists {show(item)} twice")
-        seen.add(item)
+        else:
+            seen.add(item)
 
 
 def type_keyword(ctx, value, ptr):

@@ -179,7 +179,7 @@ def resolve(root: object, ref: str) -> object:
         token = urllib.parse.unquote(raw).replace("~1", "/").replace("~0", "~")
         if isinstance(node, dict) and token in node:
             node = node[token]
-        elif isinstance(node, list) and token.isdigit() and int(token) < len(node):
+        elif isinstance(node, list) and token.isascii() and token.isdigit() and int(token) < len(node):
             node = node[int(token)]
         else:
             return _Missing(walked, token, list(node) if isinstance(node, dict) else [])

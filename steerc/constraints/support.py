@@ -133,9 +133,9 @@ class _Walker:
     def values_fit_type(node: dict, dispatch: str, declared: object) -> bool:
         """Whether every ``const``/``enum`` value has the declared type (then `type` loses nothing)."""
         values = [node["const"]] if dispatch == "const" else node["enum"]
-        allowed = {declared} if isinstance(declared, str) else set(declared) if isinstance(declared, list) else set()
-        return isinstance(values, list) and all(
-            _json_type(v) & {t for t in allowed if isinstance(t, str)} for v in values)
+        listed = declared if isinstance(declared, list) else [declared]
+        allowed = {t for t in listed if isinstance(t, str)}
+        return isinstance(values, list) and all(_json_type(v) & allowed for v in values)
 
     @staticmethod
     def types(node: dict, default_type: str | None) -> set[str]:

@@ -98,6 +98,7 @@ def _text_config(config: dict) -> dict:
 
 def facts_from_config(config: dict, origin: str = "config") -> ModelFacts:
     """Facts from a parsed ``config.json`` (raises FactsError)."""
+    original_type = config.get("model_type")
     config = _text_config(config)
     model_type = config.get("model_type")
     family_name = MODEL_TYPES.get(model_type)
@@ -127,7 +128,7 @@ def facts_from_config(config: dict, origin: str = "config") -> ModelFacts:
         value = config.get(fam.parallel_residual_key)
         parallel = fam.parallel_residual_default if value is None else bool(value)
     return ModelFacts(family_name, layers, hidden, heads, kv_heads, head_dim, intermediate, vocab,
-                      tied, parallel, model_type=model_type, origin=origin)
+                      tied, parallel, model_type=original_type or model_type, origin=origin)
 
 
 def load_facts(path: str) -> ModelFacts:

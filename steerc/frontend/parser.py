@@ -206,7 +206,7 @@ def syntax_diagnostic(exc: UnexpectedInput, source: Source, state: _ParseState) 
             tok = Token("$END", "", len(source.text), *source.position(len(source.text)))
     span = _token_span(source, tok)
     message = f"unexpected {_describe_token(tok)}"
-    if "RBRACE" in expected and len(expected) > 2:
+    if "RBRACE" in expected and len(expected) > 2 and state.braces:
         rest = _expected_phrase(expected - {"RBRACE", "_NL"})
         message += f"; expected `}}` or a line of the block ({rest.replace(' or ', ', ')})"
     elif expected:

@@ -41,7 +41,7 @@ def run(ctx: CheckContext) -> None:
     ev = Evaluator(ctx, env)
     for stmt in ctx.program.statements:
         if isinstance(stmt, ir.ModelBlock):
-            assertions.extend(ck.ModelAssertion(f.key, f.value.value, span=f.span) for f in stmt.fields)
+            assertions.extend(_assertions(stmt, assertions))
             continue
         if not hasattr(stmt, "name") or stmt.name in ctx.poisoned:
             continue
@@ -67,6 +67,20 @@ def run(ctx: CheckContext) -> None:
         interventions=tuple(interventions),
         constraint=None,
     )
+
+
+def _assertions(block: ir.ModelBlock, already: list) -> list[ck.ModelAssertion]:
+    """The block's well-formed facts (the structure pass reported the others)."""
+    from steerc.passes.structure import MODEL_FIELDS, model_value_ok
+
+    if already:  # a second block was reported as a duplicate
+        return []
+    seen, out = set(), []
+    for f in block.fields:
+        if f.key in MODEL_FIELDS and f.key not in seen and model_value_ok(f.key, f.value):
+            out.append(ck.ModelAssertion(f.key, f.value.value, span=f.span))
+        seen.add(f.key)
+    return out
 
 
 def _check_overrides(ctx: CheckContext) -> None:

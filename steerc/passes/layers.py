@@ -56,10 +56,7 @@ def expand(atoms, n: int) -> Expansion:
         else:
             start = None if atom.start is None else _bound(atom.start, n)
             stop = None if atom.stop is None else _bound(atom.stop, n)
-            picked = range(n)[slice(start, stop)]
-            for b, v in ((atom.start, start), (atom.stop, stop)):
-                if isinstance(b, ir.SelIndex) and v is not None and (v > n or v < -n):
-                    bad.append(b)
+            picked = range(n)[slice(start, stop)]  # Python rules: ends are clipped
             if not picked:
                 empty.append(atom)
             chosen.update(picked)

@@ -135,6 +135,14 @@ def _bank(ctx: CheckContext, f: VectorFile, key: str | None, where, path: ir.Str
             raise Fault
         data = f.read(name).astype(np.float64)
         return PerLayer({i: data[i] for i in range(data.shape[0])}, data.shape[0], label)
+    if key is None:
+        ctx.error(
+            "missing-key",
+            f"`{path.value}` holds {len(f.tensors)} tensors and no single [layers, width] bank; say which with `key=`",
+            where,
+            help=f"keys: {_listing(sorted(f.tensors))}",
+        )
+        raise Fault
     prefix = f"{key}."
     rows = {}
     for tensor_name in f.tensors:

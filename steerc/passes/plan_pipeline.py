@@ -62,8 +62,9 @@ def report_changes(plan: Plan, checked, diagnostics: Diagnostics) -> None:
             help="remove it, or give the overwriting intervention a narrower scope",
         )
     for n, chs in noop.items():
-        diagnostics.warning("no-effect", f"intervention `{n}` changes nothing (e.g. `scale 1`, a zero `add`)",
-                            spans.get(n), help="remove it")
+        sites = ", ".join(ch.site.text for ch in chs)
+        diagnostics.warning("no-effect", f"intervention `{n}` changes nothing at {sites} (e.g. `scale 1`, a zero `add`)",
+                            spans.get(n), help="remove it, or check the values it uses there")
 
 
 def _check(cond: bool, message: str) -> None:

@@ -93,16 +93,18 @@ def _model_block(ctx: CheckContext, block: ir.ModelBlock) -> None:
                       notes=(Note("first asserted here", seen[f.key].span),))
             continue
         seen[f.key] = f
-        want = MODEL_FIELDS[f.key]
-        value = f.value
-        ok = (
-            (want is str and isinstance(value, ir.Str))
-            or (want is bool and isinstance(value, ir.Bool))
-            or (want is int and isinstance(value, ir.Number) and isinstance(value.value, int) and value.value > 0)
-        )
-        if not ok:
-            kind = {str: "a string", bool: "`true` or `false`", int: "a positive whole number"}[want]
-            ctx.error("type-error", f"`{f.key}` must be {kind}", value.span or f.span)
+        if not model_value_ok(f.key, f.value):
+            kind = {str: "a string", bool: "`true` or `false`", int: "a positive whole number"}[MODEL_FIELDS[f.key]]
+            ctx.error("type-error", f"`{f.key}` must be {kind}", f.value.span or f.span)
+
+
+def model_value_ok(key: str, value) -> bool:
+    want = MODEL_FIELDS[key]
+    return (
+        (want is str and isinstance(value, ir.Str))
+        or (want is bool and isinstance(value, ir.Bool))
+        or (want is int and isinstance(value, ir.Number) and isinstance(value.value, int) and value.value > 0)
+    )
 
 
 def _missing(ctx, decl, what: str, example: str) -> None:
@@ -164,6 +166,17 @@ def _scope(ctx: CheckContext, scope) -> None:
                 return
     elif isinstance(scope, ir.ScopeAfter) and not scope.text.value:
         ctx.error("invalid-value", "`after` needs a non-empty text", scope.span)
+    elif isinstance(scope, ir.ScopeGenerated) and scope.sel is not None:
+        sel = scope.sel
+        bounds = (sel.index,) if isinstance(sel, ir.PosIndex) else (sel.start, sel.stop)
+        if any(b is not None and b < 0 for b in bounds):
+            ctx.error(
+                "invalid-value",
+                "generated positions count from the first generated token; a negative index has no meaning "
+                "while the sequence is still growing",
+                scope.span,
+                help="use `generated[a:b]` with a, b >= 0, or `prompt[-k:]` for the end of the prompt",
+            )
 
 
 # --------------------------------------------------------------------- sites
@@ -189,9 +202,9 @@ def check_site(ctx: CheckContext, site: ir.SiteRef) -> bool:
                 help="write `head[layer, head]`; put a list on one axis in parentheses: `head[(1, 3), 0:2]`",
             )
             return False
-        for axis in site.items:
+        for code, axis in zip(("layer-out-of-range", "head-out-of-range"), site.items):
             atoms = axis.items if isinstance(axis, ir.SelGroup) else (axis,)
-            ok &= all(_percent_ok(ctx, a) for a in atoms)
+            ok &= all(_percent_ok(ctx, a, code) for a in atoms)
         return ok
     for item in site.items:
         if isinstance(item, ir.SelGroup):
@@ -207,11 +220,11 @@ def check_site(ctx: CheckContext, site: ir.SiteRef) -> bool:
     return ok
 
 
-def _percent_ok(ctx: CheckContext, atom) -> bool:
+def _percent_ok(ctx: CheckContext, atom, code: str = "layer-out-of-range") -> bool:
     bounds = (atom.start, atom.stop) if isinstance(atom, ir.SelSlice) else (atom,)
     for b in bounds:
         if isinstance(b, ir.SelPercent) and b.percent > 100:
-            ctx.error("layer-out-of-range", f"{b.text} is more than 100%", b.span)
+            ctx.error(code, f"{b.text} is more than 100%", b.span)
             return False
     return True
 

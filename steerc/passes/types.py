@@ -23,9 +23,9 @@ def run(ctx: CheckContext) -> None:
         if getattr(stmt, "name", None) in ctx.poisoned:
             continue
         if isinstance(stmt, ir.ParamDecl):
-            expect(ctx, stmt.value, SCALAR, "a param is a number")
+            _poison_if(ctx, stmt, expect(ctx, stmt.value, SCALAR, "a param is a number"))
         elif isinstance(stmt, ir.VectorDecl):
-            expect(ctx, stmt.value, VECTOR, "a vector declaration needs a vector value")
+            _poison_if(ctx, stmt, expect(ctx, stmt.value, VECTOR, "a vector declaration needs a vector value"))
         elif isinstance(stmt, ir.ProbeDecl):
             _readout(ctx, stmt)
         elif isinstance(stmt, ir.InterventionDecl):
@@ -87,7 +87,10 @@ def _gate(ctx: CheckContext, g) -> bool:
             return False
         if sorted((left, right)) == [PROBE, SCALAR]:
             return True
-        if PROBE not in (left, right):
+        if PROBE in (left, right) and VECTOR in (left, right):
+            ctx.error("type-error", "compare a probe with a number, not with a vector", g.span,
+                      help="a probe is one number per sequence (or per token); compare it with a threshold")
+        elif PROBE not in (left, right):
             found = " and ".join(sorted({_ARTICLE[left], _ARTICLE[right]}))
             ctx.error(
                 "type-error",

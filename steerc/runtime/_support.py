@@ -91,7 +91,7 @@ def select(mask, new, old):
 
 
 def readout(kind: str, h, vector, bias: float):
-    """A probe's value at each position: [B, T].
+    """A probe's value for each row of ``h`` ([..., d] -> [...]).
 
     ``vector`` is the probe's vector ([d]) for ``dot`` and ``cosine``, the
     orthonormal basis ([k, d]) for ``projected_cosine``, None for ``norm``.
@@ -198,25 +198,28 @@ class Context:
         raise ValueError(f"unknown scope {kind}")
 
     # probes and gates -----------------------------------------------------
-    def record_probe(self, name: str, pool: str, values) -> None:
-        """Store a probe's [B, T] values: per token, or pooled over this forward's prompt part."""
+    def record_probe(self, name: str, pool: str, kind: str, h, vector, bias: float) -> None:
+        """Read a probe at its site: per token, or on the hidden state pooled over the prompt.
+
+        A pooled probe is decided by the forward pass whose chunk holds the
+        prompt's last position (HF processes the whole prompt in that pass),
+        then held for the rest of the sequence.
+        """
         if pool == "token":
-            self.values[name] = values
+            self.values[name] = readout(kind, h, vector, bias)
             return
         in_prompt = self.real & (self.pos < self.plen)
+        last = in_prompt & (self.pos == self.plen - 1)
         if pool == "prompt.last":
-            last = in_prompt & (self.pos == self.plen - 1)
-            has = last.any(dim=1)
-            pooled = (values * last).sum(dim=1)
+            pooled = (h * last.unsqueeze(-1)).sum(dim=1)
         else:
-            has = in_prompt.any(dim=1)
-            total = (values * in_prompt).sum(dim=1)
-            pooled = total / in_prompt.sum(dim=1).clamp_min(1)
-            # A prompt.mean is decided when the chunk holds the whole prompt (its last position).
-            has = has & (in_prompt & (self.pos == self.plen - 1)).any(dim=1)
+            count = in_prompt.sum(dim=1, keepdim=True).clamp_min(1)
+            pooled = (h * in_prompt.unsqueeze(-1)).sum(dim=1) / count
+        value = readout(kind, pooled, vector, bias)
         prev = self.held.get(name)
-        nan = torch.full_like(pooled, float("nan"))
-        self.held[name] = torch.where(has, pooled, prev if prev is not None else nan)
+        if prev is None:
+            prev = torch.full_like(value, float("nan"))
+        self.held[name] = torch.where(last.any(dim=1), value, prev)
 
     def probe_value(self, name: str):
         """[B, T] values of a probe for gating: per token, or the held pooled value."""

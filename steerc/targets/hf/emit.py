@@ -90,8 +90,7 @@ def _site_lines(site: SiteCode, scopes: _Names, gates: _Names) -> list[str]:
         lines.append(f"part = x[..., {lo}:{hi}]")
     for p in site.probes:
         lines.append(f"# probe {p.name}: {p.kind}, pool {p.pool}")
-        lines.append(f"ctx.record_probe({p.name!r}, {p.pool!r}, "
-                     f"S.readout({p.kind!r}, {v}, {_tensor(p.tensor, v)}, {p.bias!r}))")
+        lines.append(f"ctx.record_probe({p.name!r}, {p.pool!r}, {p.kind!r}, {v}, {_tensor(p.tensor, v)}, {p.bias!r})")
     for k in site.kernels:
         lines.extend(_kernel_lines(k, scopes, gates, v))
     if site.columns is not None:
