@@ -64,7 +64,7 @@ def main() -> int:
     model, tokenizer = load_model(path)
     diff = mean_states(model, tokenizer, POSITIVE) - mean_states(model, tokenizer, NEGATIVE)
     bank = diff / diff.norm(dim=-1, keepdim=True)  # unit direction per layer
-    layer = int(os.environ.get("LAYER", "10"))
+    layer = int(os.environ.get("LAYER", "8"))
     out = os.path.join(HERE, "vectors", "joy.safetensors")
     os.makedirs(os.path.dirname(out), exist_ok=True)
     save_file({"joy": bank[layer].clone().contiguous(), "joy_bank": bank.clone().contiguous()}, out,

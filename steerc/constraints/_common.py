@@ -99,7 +99,12 @@ def load_xgrammar():
 
 @contextlib.contextmanager
 def quiet_stderr() -> Iterator[None]:
-    """Silence file descriptor 2 (xgrammar's C++ logs warnings there) for a moment."""
+    """Silence file descriptor 2 (xgrammar's C++ logs warnings there) for a moment.
+
+    >>> with quiet_stderr():
+    ...     print("stdout still works")
+    stdout still works
+    """
     try:
         saved = os.dup(2)
         devnull = os.open(os.devnull, os.O_WRONLY)
@@ -148,5 +153,9 @@ def clean_xgrammar_message(raw: str) -> str:
 
 
 def xgrammar_problem(message: str, offset: int | None) -> Problem:
-    """The Problem for an error only xgrammar found."""
+    """The Problem for an error only xgrammar found.
+
+    >>> xgrammar_problem("Unmatched ')'", 2).message
+    "xgrammar rejects this: Unmatched ')'"
+    """
     return Problem(INVALID, f"xgrammar rejects this: {message}", offset)

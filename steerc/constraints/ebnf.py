@@ -55,6 +55,7 @@ def check_grammar(text: str, use_xgrammar: bool = False) -> list[Problem]:
         parser.grammar()
         parser.resolve()
     except Fail as failure:
+        problems.extend(failure.earlier)
         problems.append(failure.problem)
     except RecursionError:
         problems.append(Problem(INVALID, "the grammar is nested too deeply to check", None))

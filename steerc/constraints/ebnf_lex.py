@@ -33,10 +33,13 @@ _CLASS_HELP = {"d": "[0-9]", "D": "[^0-9]", "w": "[a-zA-Z0-9_]", "W": "[^a-zA-Z0
 
 @frozen
 class Token:
-    """One token: ``kind``, its text span, a decoded ``value`` and whether a line break precedes it.
+    r"""One token: ``kind``, its text span, a decoded ``value`` and whether a line break precedes it.
 
     For ``STRING`` the value is the decoded text and ``chars`` holds the source
     offset of each decoded character.
+
+    >>> tokenize(r'x ::= "\tb"')[0][2]
+    Token(kind='STRING', start=6, end=11, value='\tb', newline=False, chars=(7, 9, 10))
     """
 
     kind: str
@@ -53,9 +56,18 @@ class Fail(Exception):
     def __init__(self, problem: Problem):
         super().__init__(problem.message)
         self.problem = problem
+        self.earlier: list[Problem] = []  # recoverable problems the lexer had found before
 
 
 def fail(message: str, start: int | None, end: int | None = None, help: str | None = None):
+    """Stop lexing or parsing with one problem.
+
+    >>> try:
+    ...     fail("unexpected character `;`", 3, 4)
+    ... except Fail as stop:
+    ...     print(stop.problem.offset)
+    3
+    """
     raise Fail(Problem(INVALID, message, start, end, help))
 
 
@@ -67,8 +79,12 @@ def tokenize(text: str) -> tuple[list[Token], list[Problem]]:
     ('invalid escape `\\\\q` in a string literal', 10)
     """
     lexer = _Lexer(text)
-    tokens = lexer.run()
-    _mark_rules(tokens)
+    try:
+        tokens = lexer.run()
+        _mark_rules(tokens)
+    except Fail as failure:
+        failure.earlier = lexer.problems
+        raise
     return tokens, lexer.problems
 
 

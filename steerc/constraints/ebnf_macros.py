@@ -31,7 +31,17 @@ class Value:
 
 
 def parse_arguments(parser) -> tuple[list[Value], dict[str, Value], Token]:
-    """Parse ``( ... )`` after a macro name; return positional and named arguments and the ``)``."""
+    """Parse ``( ... )`` after a macro name; return positional and named arguments and the ``)``.
+
+    Called by the grammar parser with the ``(`` as its next token:
+
+    >>> from steerc.constraints.ebnf import _Parser
+    >>> from steerc.constraints.ebnf_lex import tokenize
+    >>> tokens, _ = tokenize('("a", (b, 1,), flag=true)')
+    >>> positional, named, closing = parse_arguments(_Parser("", tokens, []))
+    >>> [v.kind for v in positional], named["flag"].value, closing.kind
+    (['string', 'tuple'], True, 'RPAREN')
+    """
     parser.take()  # (
     positional: list[Value] = []
     named: dict[str, Value] = {}
@@ -81,7 +91,12 @@ def _tuple(parser, opening: Token) -> Value:
 
 
 def check_macro(parser, name: Token, positional: list[Value], named: dict[str, Value]) -> None:
-    """Check the arguments of ``TagDispatch``, ``Regex`` or ``Substring``."""
+    """Check the arguments of ``TagDispatch``, ``Regex`` or ``Substring``.
+
+    >>> from steerc.constraints.ebnf import check_grammar
+    >>> check_grammar('root ::= Substring(x)')[0].message
+    '`Substring` arguments must be strings'
+    """
     {"TagDispatch": _tag_dispatch, "Regex": _regex, "Substring": _substring}[name.value](
         parser, name, positional, named)
 

@@ -39,7 +39,13 @@ _LEGACY = {
 
 @define
 class Context:
-    """The document being checked, the text it came from, and the problems found."""
+    """The document being checked, the text it came from, and the problems found.
+
+    >>> from steerc.constraints.jsonpos import parse_json
+    >>> ctx = Context(parse_json('{"a": 1}')[0], '{"a": 1}')
+    >>> ctx.span("/a"), ctx.span("/a", key=True)
+    ((6, 7), (1, 4))
+    """
 
     doc: Located
     text: str
@@ -77,12 +83,24 @@ def kind(value: object) -> str:
 
 
 def name_of(ptr: str) -> str:
-    """The last reference token of a pointer, unescaped."""
+    """The last reference token of a pointer, unescaped.
+
+    >>> name_of("/properties/a~1b")
+    'a/b'
+    """
     return ptr.rsplit("/", 1)[-1].replace("~1", "/").replace("~0", "~")
 
 
 def check_schema(ctx: Context, value: object, ptr: str) -> None:
-    """Check that ``value`` (at ``ptr``) is a schema, then each of its keywords."""
+    """Check that ``value`` (at ``ptr``) is a schema, then each of its keywords.
+
+    >>> from steerc.constraints.jsonpos import parse_json
+    >>> doc, _ = parse_json('{"items": {"minItems": -1}}')
+    >>> ctx = Context(doc, "")
+    >>> check_schema(ctx, doc.value, "")
+    >>> ctx.problems[0].message
+    '`minItems` must be a non-negative integer, not -1'
+    """
     if isinstance(value, bool):
         return
     if not isinstance(value, dict):
@@ -98,7 +116,7 @@ def check_schema(ctx: Context, value: object, ptr: str) -> None:
             ctx.warn(here, f"`{key}` is not a draft 2020-12 keyword; structured decoding ignores it",
                      help=_LEGACY[key])
             if key == "definitions" and isinstance(sub, dict):
-                schema_map(ctx, sub, here)
+                _schema_map(ctx, sub, here)
         else:
             ctx.warn(here, f"unknown keyword {show(key)}; structured decoding ignores it",
                      help=did_you_mean(key, KEYWORDS))
@@ -107,44 +125,44 @@ def check_schema(ctx: Context, value: object, ptr: str) -> None:
 # ------------------------------------------------------------- value shapes
 
 
-def expect(ctx: Context, value: object, ptr: str, ok: bool, what: str, help: str | None = None) -> bool:
+def _expect(ctx: Context, value: object, ptr: str, ok: bool, what: str, help: str | None = None) -> bool:
     if not ok:
         ctx.error(ptr, f"`{name_of(ptr)}` must be {what}, not {kind(value)}", help=help)
     return ok
 
 
-def string(ctx, value, ptr):
-    expect(ctx, value, ptr, isinstance(value, str), "a string")
+def _string(ctx, value, ptr):
+    _expect(ctx, value, ptr, isinstance(value, str), "a string")
 
 
-def boolean(ctx, value, ptr):
-    expect(ctx, value, ptr, isinstance(value, bool), "a boolean")
+def _boolean(ctx, value, ptr):
+    _expect(ctx, value, ptr, isinstance(value, bool), "a boolean")
 
 
-def number(ctx, value, ptr) -> bool:
+def _number(ctx, value, ptr) -> bool:
     ok = isinstance(value, (int, float)) and not isinstance(value, bool)
     help = None
     if isinstance(value, bool) and ptr.endswith(("/exclusiveMinimum", "/exclusiveMaximum")):
         help = f"draft 2020-12 takes the bound itself, e.g. `\"{name_of(ptr)}\": 0`"
-    return expect(ctx, value, ptr, ok, "a number", help)
+    return _expect(ctx, value, ptr, ok, "a number", help)
 
 
-def anything(ctx, value, ptr):
+def _anything(ctx, value, ptr):
     """``const``, ``default``: any JSON value."""
 
 
-def array(ctx, value, ptr):
-    expect(ctx, value, ptr, isinstance(value, list), "an array")
+def _array(ctx, value, ptr):
+    _expect(ctx, value, ptr, isinstance(value, list), "an array")
 
 
-def enum(ctx, value, ptr):
-    if expect(ctx, value, ptr, isinstance(value, list), "an array of the allowed values") and not value:
+def _enum(ctx, value, ptr):
+    if _expect(ctx, value, ptr, isinstance(value, list), "an array of the allowed values") and not value:
         ctx.error(ptr, "`enum` is empty, so no value could match", help="list at least one value")
 
 
-def count(ctx, value, ptr):
+def _count(ctx, value, ptr):
     """A non-negative integer small enough for structured decoding."""
-    if not number(ctx, value, ptr):
+    if not _number(ctx, value, ptr):
         return
     if value < 0:
         ctx.error(ptr, f"`{name_of(ptr)}` must be a non-negative integer, not {value}")
@@ -157,15 +175,15 @@ def count(ctx, value, ptr):
         ctx.error(ptr, f"`{name_of(ptr)}` is too large for structured decoding (at most {INT32_MAX})")
 
 
-def positive(ctx, value, ptr):
+def _positive(ctx, value, ptr):
     """``multipleOf``: a number greater than zero."""
-    if number(ctx, value, ptr) and not (value > 0 and math.isfinite(value)):
+    if _number(ctx, value, ptr) and not (value > 0 and math.isfinite(value)):
         ctx.error(ptr, f"`multipleOf` must be greater than 0, not {value}")
 
 
-def unique_strings(ctx, value, ptr):
+def _unique_strings(ctx, value, ptr):
     """``required`` and the lists in ``dependentRequired``."""
-    if not expect(ctx, value, ptr, isinstance(value, list), "an array of strings"):
+    if not _expect(ctx, value, ptr, isinstance(value, list), "an array of strings"):
         return
     seen = set()
     for index, item in enumerate(value):
@@ -178,9 +196,9 @@ def unique_strings(ctx, value, ptr):
             seen.add(item)
 
 
-def type_keyword(ctx, value, ptr):
+def _type_keyword(ctx, value, ptr):
     if isinstance(value, str):
-        type_name(ctx, value, ptr)
+        _type_name(ctx, value, ptr)
     elif isinstance(value, list):
         if not value:
             ctx.error(ptr, "`type` must not be an empty array", help=f"use one of {_type_list()}")
@@ -191,13 +209,13 @@ def type_keyword(ctx, value, ptr):
             elif item in value[:index]:
                 ctx.error(here, f"`type` lists `{item}` twice")
             else:
-                type_name(ctx, item, here)
+                _type_name(ctx, item, here)
     else:
         ctx.error(ptr, f"`type` must be a type name or an array of them, not {kind(value)}",
                   help=f"use one of {_type_list()}")
 
 
-def type_name(ctx, name: str, ptr: str) -> None:
+def _type_name(ctx, name: str, ptr: str) -> None:
     if name in TYPES:
         return
     alias = _TYPE_ALIASES.get(name.casefold())
@@ -209,20 +227,20 @@ def _type_list() -> str:
     return ", ".join(f"`{t}`" for t in TYPES)
 
 
-def schema(ctx, value, ptr):
+def _schema(ctx, value, ptr):
     check_schema(ctx, value, ptr)
 
 
-def schema_map(ctx, value, ptr):
+def _schema_map(ctx, value, ptr):
     """``properties``, ``$defs``, ``dependentSchemas``: an object whose values are schemas."""
-    if expect(ctx, value, ptr, isinstance(value, dict), "an object mapping names to schemas"):
+    if _expect(ctx, value, ptr, isinstance(value, dict), "an object mapping names to schemas"):
         for key, sub in value.items():
             check_schema(ctx, sub, pointer(ptr, key))
 
 
-def schema_list(ctx, value, ptr):
+def _schema_list(ctx, value, ptr):
     """``allOf``/``anyOf``/``oneOf``/``prefixItems``: a non-empty array of schemas."""
-    if not expect(ctx, value, ptr, isinstance(value, list), "a non-empty array of schemas"):
+    if not _expect(ctx, value, ptr, isinstance(value, list), "a non-empty array of schemas"):
         return
     if not value:
         ctx.error(ptr, f"`{name_of(ptr)}` must not be empty")
@@ -230,76 +248,76 @@ def schema_list(ctx, value, ptr):
         check_schema(ctx, sub, pointer(ptr, index))
 
 
-def items(ctx, value, ptr):
+def _items(ctx, value, ptr):
     help = "draft 2020-12 uses `prefixItems` for a list of per-position schemas" if isinstance(value, list) else None
-    if expect(ctx, value, ptr, isinstance(value, (dict, bool)), "a schema (an object or a boolean)", help):
+    if _expect(ctx, value, ptr, isinstance(value, (dict, bool)), "a schema (an object or a boolean)", help):
         check_schema(ctx, value, ptr)
 
 
-def dependent_required(ctx, value, ptr):
-    if expect(ctx, value, ptr, isinstance(value, dict), "an object mapping names to arrays of names"):
+def _dependent_required(ctx, value, ptr):
+    if _expect(ctx, value, ptr, isinstance(value, dict), "an object mapping names to arrays of names"):
         for key, sub in value.items():
-            unique_strings(ctx, sub, pointer(ptr, key))
+            _unique_strings(ctx, sub, pointer(ptr, key))
 
 
-def vocabulary(ctx, value, ptr):
-    if expect(ctx, value, ptr, isinstance(value, dict), "an object mapping URIs to booleans"):
+def _vocabulary(ctx, value, ptr):
+    if _expect(ctx, value, ptr, isinstance(value, dict), "an object mapping URIs to booleans"):
         for key, sub in value.items():
-            boolean(ctx, sub, pointer(ptr, key))
+            _boolean(ctx, sub, pointer(ptr, key))
 
 
-def anchor(ctx, value, ptr):
-    if expect(ctx, value, ptr, isinstance(value, str), "a string") and not re.fullmatch(
+def _anchor(ctx, value, ptr):
+    if _expect(ctx, value, ptr, isinstance(value, str), "a string") and not re.fullmatch(
             r"[A-Za-z_][-A-Za-z0-9._]*", value):
         ctx.error(ptr, f"`{name_of(ptr)}` must be a plain name like `node`, not {show(value)}")
 
 
-def pattern(ctx, value, ptr):
+def _pattern(ctx, value, ptr):
     from steerc.constraints.schema import check_pattern  # noqa: PLC0415  (avoids an import cycle)
 
-    if expect(ctx, value, ptr, isinstance(value, str), "a string holding a regular expression"):
+    if _expect(ctx, value, ptr, isinstance(value, str), "a string holding a regular expression"):
         check_pattern(ctx, value, ptr, key=False)
 
 
-def pattern_properties(ctx, value, ptr):
+def _pattern_properties(ctx, value, ptr):
     from steerc.constraints.schema import check_pattern  # noqa: PLC0415
 
-    if expect(ctx, value, ptr, isinstance(value, dict), "an object mapping regexes to schemas"):
+    if _expect(ctx, value, ptr, isinstance(value, dict), "an object mapping regexes to schemas"):
         for key, sub in value.items():
             check_pattern(ctx, key, pointer(ptr, key), key=True)
             check_schema(ctx, sub, pointer(ptr, key))
 
 
-def ref(ctx, value, ptr):
+def _ref(ctx, value, ptr):
     from steerc.constraints.schema import check_ref  # noqa: PLC0415
 
-    if expect(ctx, value, ptr, isinstance(value, str), "a string"):
+    if _expect(ctx, value, ptr, isinstance(value, str), "a string"):
         check_ref(ctx, value, ptr)
 
 
 KEYWORDS = {
     # core
-    "$schema": string, "$id": string, "$ref": ref, "$anchor": anchor, "$dynamicRef": string,
-    "$dynamicAnchor": anchor, "$vocabulary": vocabulary, "$comment": string, "$defs": schema_map,
+    "$schema": _string, "$id": _string, "$ref": _ref, "$anchor": _anchor, "$dynamicRef": _string,
+    "$dynamicAnchor": _anchor, "$vocabulary": _vocabulary, "$comment": _string, "$defs": _schema_map,
     # applicator
-    "prefixItems": schema_list, "items": items, "contains": schema, "additionalProperties": schema,
-    "properties": schema_map, "patternProperties": pattern_properties, "dependentSchemas": schema_map,
-    "propertyNames": schema, "if": schema, "then": schema, "else": schema,
-    "allOf": schema_list, "anyOf": schema_list, "oneOf": schema_list, "not": schema,
+    "prefixItems": _schema_list, "items": _items, "contains": _schema, "additionalProperties": _schema,
+    "properties": _schema_map, "patternProperties": _pattern_properties, "dependentSchemas": _schema_map,
+    "propertyNames": _schema, "if": _schema, "then": _schema, "else": _schema,
+    "allOf": _schema_list, "anyOf": _schema_list, "oneOf": _schema_list, "not": _schema,
     # unevaluated
-    "unevaluatedItems": schema, "unevaluatedProperties": schema,
+    "unevaluatedItems": _schema, "unevaluatedProperties": _schema,
     # validation
-    "type": type_keyword, "const": anything, "enum": enum, "multipleOf": positive,
-    "maximum": number, "exclusiveMaximum": number, "minimum": number, "exclusiveMinimum": number,
-    "maxLength": count, "minLength": count, "pattern": pattern,
-    "maxItems": count, "minItems": count, "uniqueItems": boolean, "maxContains": count, "minContains": count,
-    "maxProperties": count, "minProperties": count, "required": unique_strings,
-    "dependentRequired": dependent_required,
+    "type": _type_keyword, "const": _anything, "enum": _enum, "multipleOf": _positive,
+    "maximum": _number, "exclusiveMaximum": _number, "minimum": _number, "exclusiveMinimum": _number,
+    "maxLength": _count, "minLength": _count, "pattern": _pattern,
+    "maxItems": _count, "minItems": _count, "uniqueItems": _boolean, "maxContains": _count, "minContains": _count,
+    "maxProperties": _count, "minProperties": _count, "required": _unique_strings,
+    "dependentRequired": _dependent_required,
     # meta-data
-    "title": string, "description": string, "default": anything, "deprecated": boolean,
-    "readOnly": boolean, "writeOnly": boolean, "examples": array,
+    "title": _string, "description": _string, "default": _anything, "deprecated": _boolean,
+    "readOnly": _boolean, "writeOnly": _boolean, "examples": _array,
     # format-annotation
-    "format": string,
+    "format": _string,
     # content
-    "contentEncoding": string, "contentMediaType": string, "contentSchema": schema,
+    "contentEncoding": _string, "contentMediaType": _string, "contentSchema": _schema,
 }

@@ -25,10 +25,10 @@ import re
 
 from steerc.constraints import INVALID, Problem
 from steerc.constraints._common import show, xgrammar_error, xgrammar_problem
+from steerc.constraints.regex_anchors import check_anchors
 
 MAX_GROUP_DEPTH = 64
 MAX_COUNT = 10**15  # the largest integer xgrammar's grammar parser takes
-_HEX = "0123456789abcdefABCDEF"
 _CLASS_ESCAPES = "dDwWsS"
 _CHAR_ESCAPES = {"t": 9, "n": 10, "r": 13, "f": 12, "v": 11, "0": 0, "a": 7, "e": 27}
 _NO_ENFORCE = "structured decoding cannot enforce it"
@@ -53,7 +53,7 @@ def check_regex(pattern: str, use_xgrammar: bool = False) -> list[Problem]:
     except RecursionError:
         return [Problem(INVALID, "the pattern is nested too deeply to check", None)]
     if not parser.problems:
-        _check_anchors(tree, True, True, parser.problems)
+        parser.problems.extend(check_anchors(tree))
     if use_xgrammar and not parser.problems:
         parser.problems.extend(_xgrammar_problems(pattern))
     return parser.problems
@@ -75,9 +75,9 @@ class _Fail(Exception):
         self.problem = problem
 
 
-# Parse tree: an alternation is a list of sequences; a sequence is a list of
-# items: ("atom",), ("anchor", char, offset), ("group", alternation),
-# ("repeat", item, max_or_None).
+# Parse tree (see regex_anchors): an alternation is a list of sequences; a
+# sequence is a list of items: ("atom",), ("anchor", char, offset),
+# ("group", alternation), ("repeat", item, max_or_None).
 
 
 class _Parser:
@@ -306,12 +306,12 @@ class _Parser:
 
     def bad_escape(self, start: int, c: str, in_class: bool) -> None:
         end = self.i
-        if c.isdigit() or c == "k":
+        if (c.isdigit() or c == "k") and not in_class:
             m = re.compile(r"<[^>]*>|" if c == "k" else "[0-9]*").match(self.t, end)
             self.i = m.end()
             self.note(f"backreference {show(self.t[start:self.i])} is not supported: {_NO_ENFORCE}",
                       start, self.i)
-        elif c in "bB":
+        elif c in "bB" and not in_class:
             self.note(f"word boundary `\\{c}` is not supported: {_NO_ENFORCE}", start, end)
         elif c in "pP":
             m = re.compile(r"\{[^}]*\}").match(self.t, end)
@@ -327,30 +327,3 @@ def _printable(code: int) -> str:
     """A code point as it could be written inside a class."""
     ch = chr(code)
     return ch if ch.isprintable() and ch not in "\\]-^" else f"\\u{{{code:x}}}"
-
-
-def _check_anchors(branches: list, at_start: bool, at_end: bool, problems: list[Problem]) -> None:
-    """Report ``^`` not at the start and ``$`` not at the end of the whole pattern."""
-    for seq in branches:
-        for index, item in enumerate(seq):
-            first = at_start and all(x[0] == "anchor" for x in seq[:index])
-            last = at_end and all(x[0] == "anchor" for x in seq[index + 1:])
-            _check_item_anchors(item, first, last, problems)
-
-
-def _check_item_anchors(item: tuple, first: bool, last: bool, problems: list[Problem]) -> None:
-    kind = item[0]
-    if kind == "anchor":
-        ok = first if item[1] == "^" else last
-        if not ok:
-            where = "start" if item[1] == "^" else "end"
-            problems.append(Problem(
-                INVALID, f"`{item[1]}` away from the {where} of the pattern cannot be enforced by "
-                         "structured decoding", item[2], item[2] + 1,
-                help=f"the whole output must match, so `{item[1]}` only means something at the {where}; "
-                     f"write `\\{item[1]}` for a literal `{item[1]}`"))
-    elif kind == "group":
-        _check_anchors(item[1], first, last, problems)
-    elif kind == "repeat":
-        once = item[2] == 1
-        _check_item_anchors(item[1], first and once, last and once, problems)

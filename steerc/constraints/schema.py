@@ -5,7 +5,7 @@ every keyword's shape (:mod:`.metaschema`), then walks the subschemas that
 structured decoding actually compiles and warns (``unsupported-schema-keyword``)
 about keywords xgrammar ignores, per :data:`XGRAMMAR_SUPPORT`.
 
->>> schema, problems = check_json_schema('{"type": "array", "uniqueItems": true}')
+>>> schema, problems = check_json_schema('{"type": "array", "items": {}, "uniqueItems": true}')
 >>> [(p.severity, p.message) for p in problems]
 [('warning', '`uniqueItems` is ignored by structured decoding: duplicate items are not prevented')]
 """
@@ -14,21 +14,30 @@ from __future__ import annotations
 
 import urllib.parse
 
-from steerc.constraints import Problem
+from steerc.constraints import INVALID, Problem
 from steerc.constraints._common import did_you_mean, show, xgrammar_error, xgrammar_problem
 from steerc.constraints.jsonpos import char_offsets, parse_json, pointer
-from steerc.constraints.metaschema import TYPES, Context, check_schema, kind
+from steerc.constraints.metaschema import Context, check_schema, kind
 from steerc.constraints.regex import check_regex
 
 # How xgrammar's JSON-schema-to-grammar conversion treats each draft 2020-12 keyword.
 #
-# Determined for xgrammar 0.2.9 (CPU wheel) by reading its converter and by
-# experiment: for each keyword, a schema using it plus one instance the keyword
-# must reject and one it must accept were given to
-# ``xgrammar.Grammar.from_json_schema`` (default options) and matched with
-# ``xgrammar.testing._is_grammar_accept_string``; a keyword is "ignored" when
-# the instance it must reject is accepted. tests/constraints/
-# test_constraints_xgrammar_table.py re-runs those experiments.
+# Determined for xgrammar 0.2.9 (the CPU wheel in steerc's venv). The wheel
+# ships no C++ source, so the upstream json_schema_converter.cc was read for
+# the structure (dispatch order, type inference, annotation keys), and every
+# verdict was then settled by experiment on the installed 0.2.9: for each
+# keyword, a schema using it plus one instance the keyword must reject and one
+# it must accept were given to ``xgrammar.Grammar.from_json_schema`` (default
+# options: any_whitespace, strict_mode) and matched with
+# ``xgrammar.testing._is_grammar_accept_string``. A keyword is "ignored" when
+# the instance it must reject is still accepted. The same experiments showed
+# what 0.2.9 refuses outright (a ``false`` subschema under properties,
+# patternProperties, prefixItems or anyOf/oneOf; min above max; fractional
+# bounds for ``integer``; counts written as 2.0; an unresolvable local $ref);
+# support.py reports those as errors; strict.py covers what the default
+# strict_mode (undeclared properties/items not allowed) does to a schema.
+# tests/constraints/test_constraints_xgrammar.py
+# (test_support_table_matches_xgrammar) re-runs the experiments.
 #
 #   enforced   - compiled into the grammar
 #   partial    - enforced only in some forms (see the note; the walk checks the form)
@@ -51,9 +60,10 @@ XGRAMMAR_SUPPORT: dict[str, tuple[str, str]] = {
     "minLength": ("enforced", ""), "maxLength": ("enforced", ""),
     "pattern": ("partial", "matched against the whole string, not searched for"),
     "format": ("partial", "only the formats in SUPPORTED_FORMATS"),
-    "items": ("enforced", ""), "prefixItems": ("enforced", ""), "unevaluatedItems": ("enforced", ""),
+    "items": ("enforced", "absent means no items beyond `prefixItems` (strict mode)"), "prefixItems": ("enforced", ""), "unevaluatedItems": ("enforced", ""),
     "minItems": ("enforced", ""), "maxItems": ("enforced", ""),
-    "properties": ("enforced", ""), "required": ("enforced", ""), "additionalProperties": ("enforced", ""),
+    "properties": ("enforced", ""), "required": ("enforced", "only names declared in `properties` (strict mode)"),
+    "additionalProperties": ("enforced", "absent means no others are allowed (strict mode)"),
     "patternProperties": ("partial", "keys must match the whole pattern"),
     "propertyNames": ("enforced", "must describe strings"),
     "minProperties": ("enforced", ""), "maxProperties": ("enforced", ""), "unevaluatedProperties": ("enforced", ""),
@@ -76,8 +86,12 @@ XGRAMMAR_SUPPORT: dict[str, tuple[str, str]] = {
 SUPPORTED_FORMATS = frozenset({
     "date-time", "date", "time", "duration", "email", "hostname", "ipv4", "ipv6", "uri", "uri-reference",
     "uuid", "uri-template", "json-pointer", "relative-json-pointer"})  # not: idn-*, iri*, regex
-_DISPATCH = ("$ref", "const", "enum", "anyOf", "oneOf", "allOf")  # the first present wins
-_BY_TYPE = {
+# A schema object is compiled by the first of these it has; the keywords beside it are ignored.
+DISPATCH_ORDER = ("$ref", "const", "enum", "anyOf", "oneOf", "allOf")
+# Otherwise by its `type`; these keywords only count for their type. Without a `type`, xgrammar
+# infers `object` from properties/additionalProperties/unevaluatedProperties and `array` from
+# items/prefixItems/unevaluatedItems, and ignores the rest.
+KEYWORDS_BY_TYPE = {
     "string": ("minLength", "maxLength", "pattern", "format"),
     "number": ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf"),
     "array": ("items", "prefixItems", "unevaluatedItems", "minItems", "maxItems", "uniqueItems",
@@ -86,7 +100,6 @@ _BY_TYPE = {
                "propertyNames", "required", "minProperties", "maxProperties", "dependentRequired",
                "dependentSchemas"),
 }
-_TYPE_OF = {kw: t for t, kws in _BY_TYPE.items() for kw in kws}
 
 
 def check_json_schema(text: str, use_xgrammar: bool = False) -> tuple[dict | bool | None, list[Problem]]:
@@ -110,7 +123,7 @@ def check_json_schema(text: str, use_xgrammar: bool = False) -> tuple[dict | boo
 
         walk(ctx, doc.value, "", None)
     except RecursionError:
-        ctx.problems.append(Problem("invalid-constraint", "the schema is nested too deeply to check", None))
+        ctx.problems.append(Problem(INVALID, "the schema is nested too deeply to check", None))
     if use_xgrammar and not any(p.severity == "error" for p in ctx.problems):
         message = xgrammar_error(lambda xgr: xgr.Grammar.from_json_schema(text))
         if message is not None:
@@ -121,7 +134,15 @@ def check_json_schema(text: str, use_xgrammar: bool = False) -> tuple[dict | boo
 
 
 def check_pattern(ctx: Context, pattern: str, ptr: str, key: bool) -> None:
-    """Report the regex problems of a ``pattern`` value or ``patternProperties`` key at their offsets."""
+    """Report the regex problems of a ``pattern`` value or ``patternProperties`` key at their offsets.
+
+    >>> from steerc.constraints.jsonpos import parse_json
+    >>> text = '{"pattern": "ab)"}'
+    >>> ctx = Context(parse_json(text)[0], text)
+    >>> check_pattern(ctx, "ab)", "/pattern", key=False)
+    >>> [(p.message, p.offset) for p in ctx.problems]
+    [('in `pattern`: unmatched `)`', 15)]
+    """
     start, _ = ctx.span(ptr, key)
     where = "`patternProperties` key" if key else "`pattern`"
     offsets = char_offsets(ctx.text, start) if start is not None else None
@@ -137,7 +158,15 @@ def _at(offsets: list[int] | None, index: int | None) -> int | None:
 
 
 def check_ref(ctx: Context, ref: str, ptr: str) -> None:
-    """A ``$ref`` must resolve when it is local; other forms structured decoding cannot follow."""
+    """A ``$ref`` must resolve when it is local; other forms structured decoding cannot follow.
+
+    >>> from steerc.constraints.jsonpos import parse_json
+    >>> text = '{"$ref": "#/$defs/b", "$defs": {"a": {}}}'
+    >>> ctx = Context(parse_json(text)[0], text)
+    >>> check_ref(ctx, "#/$defs/b", "/$ref")
+    >>> ctx.problems[0].message
+    '`$ref` `#/$defs/b` does not resolve: there is no `b` in `#/$defs`'
+    """
     if ref == "#" or ref.startswith("#/"):
         _check_local_ref(ctx, ref, ptr)
     elif ref.startswith("#"):
@@ -161,6 +190,32 @@ def _check_local_ref(ctx: Context, ref: str, ptr: str) -> None:
                        "cannot compile")
     elif not isinstance(target, (dict, bool)):
         ctx.error(ptr, f"`$ref` {show(ref)} points at {kind(target)}, not a schema")
+    elif _ref_cycle(ctx.doc.value, ptr.rsplit("/", 1)[0], target):
+        ctx.error(ptr, f"`$ref` {show(ref)} only leads back to itself through other `$ref`s, so there is no "
+                       "schema to follow", help="point it at a schema with content")
+
+
+def _ref_cycle(root: object, here: str, target: object) -> bool:
+    """Whether following ``$ref`` from the schema at ``here`` only ever meets more ``$ref``s and comes back."""
+    seen = {here}
+    while isinstance(target, dict) and isinstance(target.get("$ref"), str):
+        ref = target["$ref"]
+        if not (ref == "#" or ref.startswith("#/")):
+            return False
+        place = _as_pointer(ref)
+        if place in seen:
+            return True
+        seen.add(place)
+        target = resolve(root, ref)
+    return False
+
+
+def _as_pointer(ref: str) -> str:
+    """A local ``$ref`` as the JSON pointer of what it names (``#/$defs/a%20b`` -> ``/$defs/a b``)."""
+    if ref == "#":
+        return ""
+    tokens = [urllib.parse.unquote(t).replace("~1", "/").replace("~0", "~") for t in ref[2:].split("/")]
+    return "".join(pointer("", t) for t in tokens)
 
 
 class _Missing:
@@ -207,8 +262,7 @@ def local_ref_targets(node: object, out: set[str] | None = None) -> set[str]:
     if isinstance(node, dict):
         ref = node.get("$ref")
         if isinstance(ref, str) and (ref == "#" or ref.startswith("#/")):
-            tokens = [urllib.parse.unquote(t).replace("~1", "/").replace("~0", "~") for t in ref[2:].split("/")]
-            out.add("".join(pointer("", t) for t in tokens) if ref != "#" else "")
+            out.add(_as_pointer(ref))
         for value in node.values():
             local_ref_targets(value, out)
     elif isinstance(node, list):
@@ -217,4 +271,5 @@ def local_ref_targets(node: object, out: set[str] | None = None) -> set[str]:
     return out
 
 
-__all__ = ["SUPPORTED_FORMATS", "TYPES", "XGRAMMAR_SUPPORT", "XGRAMMAR_VERSION", "check_json_schema"]
+__all__ = ["DISPATCH_ORDER", "KEYWORDS_BY_TYPE", "SUPPORTED_FORMATS", "XGRAMMAR_SUPPORT", "XGRAMMAR_VERSION",
+           "check_json_schema"]

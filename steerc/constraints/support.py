@@ -23,7 +23,8 @@ from steerc.constraints.jsonpos import pointer
 from steerc.constraints.metaschema import TYPES, Context
 from steerc.constraints.regex import check_regex
 from steerc.constraints.schema import (
-    _DISPATCH, _TYPE_OF, SUPPORTED_FORMATS, XGRAMMAR_SUPPORT, local_ref_targets)
+    DISPATCH_ORDER, KEYWORDS_BY_TYPE, SUPPORTED_FORMATS, XGRAMMAR_SUPPORT, local_ref_targets)
+from steerc.constraints.strict import strict_array, strict_object
 
 _BESIDE_HELP = {
     "$ref": "structured decoding only follows the `$ref`; move the keyword into the referenced schema",
@@ -35,11 +36,20 @@ _BESIDE_HELP = {
 }
 _PAIRS = (("minLength", "maxLength", "string"), ("minItems", "maxItems", "array"),
           ("minProperties", "maxProperties", "object"), ("minimum", "maximum", "number"))
+_TYPE_OF = {kw: t for t, kws in KEYWORDS_BY_TYPE.items() for kw in kws}
 _ROUND = {"minimum": math.ceil, "exclusiveMinimum": math.floor, "maximum": math.floor, "exclusiveMaximum": math.ceil}
 
 
 def walk(ctx: Context, node: object, ptr: str, default_type: str | None) -> None:
-    """Check the schema at ``ptr`` and every subschema xgrammar would compile from it."""
+    """Check the schema at ``ptr`` and every subschema xgrammar would compile from it.
+
+    >>> from steerc.constraints.jsonpos import parse_json
+    >>> text = '{"type": "array", "items": {"not": {}}}'
+    >>> ctx = Context(parse_json(text)[0], text)
+    >>> walk(ctx, ctx.doc.value, "", None)
+    >>> [(p.severity, text[p.offset:p.end]) for p in ctx.problems]
+    [('warning', '"not"')]
+    """
     _Walker(ctx).schema(node, ptr, default_type)
 
 
@@ -81,7 +91,7 @@ class _Walker:
         if not isinstance(node, dict):
             return
         self.defs(node, ptr)
-        dispatch = next((k for k in _DISPATCH if k in node), None)
+        dispatch = next((k for k in DISPATCH_ORDER if k in node), None)
         if dispatch is not None:
             self.dispatched(node, ptr, dispatch)
             return
@@ -89,6 +99,10 @@ class _Walker:
         for key, value in node.items():
             self.keyword(key, value, pointer(ptr, key), types)
         self.consistency(node, ptr, types)
+        if _applies("object", types):
+            strict_object(self.ctx, node, ptr)
+        if _applies("array", types):
+            strict_array(self.ctx, node, ptr)
         self.children(node, ptr, types)
 
     def false_schema(self, ptr: str) -> None:
@@ -128,6 +142,14 @@ class _Walker:
             elif len(branches) > 1:
                 self.ctx.warn(pointer(ptr, "allOf"), "`allOf` with more than one schema is ignored by structured "
                               "decoding: the value is left unconstrained", help="merge the schemas into one")
+                self.errors_only(branches, pointer(ptr, "allOf"))
+
+    def errors_only(self, branches: list, ptr: str) -> None:
+        """xgrammar still compiles every ``allOf`` branch it then ignores: keep their errors, not warnings."""
+        inner = _Walker(Context(self.ctx.doc, self.ctx.text))
+        for index, sub in enumerate(branches):
+            inner.schema(sub, pointer(ptr, index), None)
+        self.ctx.problems.extend(p for p in inner.ctx.problems if p.severity == "error")
 
     @staticmethod
     def values_fit_type(node: dict, dispatch: str, declared: object) -> bool:
@@ -140,10 +162,9 @@ class _Walker:
     @staticmethod
     def types(node: dict, default_type: str | None) -> set[str]:
         declared = node.get("type")
-        if isinstance(declared, str):
-            return {declared} & set(TYPES)
-        if isinstance(declared, list):
-            return {t for t in declared if isinstance(t, str)} & set(TYPES)
+        if "type" in node:  # a malformed `type` is an error already: assume any type, warn no further
+            listed = declared if isinstance(declared, list) else [declared]
+            return {t for t in listed if isinstance(t, str) and t in TYPES} or set(TYPES)
         if default_type is not None:
             return {default_type}
         if any(k in node for k in ("properties", "additionalProperties", "unevaluatedProperties")):
@@ -189,10 +210,14 @@ class _Walker:
                                                   "can match")
         for key, rounding in _ROUND.items():
             value = node.get(key)
-            if types == {"integer"} and isinstance(value, float) and math.isfinite(value) and not value.is_integer():
+            if "integer" in types and isinstance(value, float) and math.isfinite(value) and not value.is_integer():
                 self.ctx.error(pointer(ptr, key), f"structured decoding needs a whole-number `{key}` for an "
                                                   f"`integer`, not {value}", help=f"write `{rounding(value)}`")
         names = node.get("propertyNames")
+        if _applies("object", types) and isinstance(names, bool):
+            self.ctx.error(pointer(ptr, "propertyNames"), f"structured decoding needs `propertyNames` as an object "
+                                                          f"schema, not `{str(names).lower()}`",
+                           help="remove it: `true` allows any name" if names else "use `\"maxProperties\": 0`")
         if _applies("object", types) and isinstance(names, dict) and names.get("type", "string") != "string":
             self.ctx.error(pointer(pointer(ptr, "propertyNames"), "type"),
                            "`propertyNames` must describe strings: property names are always strings")

@@ -1,6 +1,6 @@
 """Parse tree to program IR.
 
-:class:`ToIR` is a Lark transformer that builds :mod:`steerc.ir.nodes` from
+:class:`ToIR` walks the Lark tree and builds :mod:`steerc.ir.nodes` from
 the tree, attaching a span to every node. The only diagnostics it reports
 are those the IR cannot represent: a block line given twice
 (``duplicate-field``) and bad string escapes (``syntax-error``). Everything
@@ -10,7 +10,7 @@ semantic is the checker's job.
 from __future__ import annotations
 
 from attrs import evolve
-from lark import Token, Transformer, v_args
+from lark import Token, Tree
 
 from steerc.diagnostics import Diagnostics, Note
 from steerc.ir import nodes as ir
@@ -23,12 +23,24 @@ def _number(text: str):
     return int(text) if text.isdigit() else float(text)
 
 
-@v_args(meta=True)
-class ToIR(Transformer):
+class ToIR:
+    """Builds IR bottom-up: one method per rule (or alias), called as ``method(meta, children)``."""
+
     def __init__(self, source: Source, diagnostics: Diagnostics):
-        super().__init__(visit_tokens=False)
         self.source = source
         self.diagnostics = diagnostics
+
+    def transform(self, tree: Tree):
+        dispatch: dict = {}
+
+        def visit(t: Tree):
+            children = [visit(c) if isinstance(c, Tree) else c for c in t.children]
+            method = dispatch.get(t.data)
+            if method is None:
+                method = dispatch[t.data] = getattr(self, t.data)
+            return method(t.meta, children)
+
+        return visit(tree)
 
     # -------------------------------------------------------------- helpers
 

@@ -83,17 +83,10 @@ class _Layout(PostLex):
 
 @functools.lru_cache(maxsize=1)
 def get_parser() -> Lark:
-    """The one parser instance (the LALR tables are built on first use)."""
-    with open(GRAMMAR_PATH, encoding="utf-8") as fh:
-        grammar = fh.read()
-    return Lark(
-        grammar,
-        parser="lalr",
-        lexer="contextual",
-        propagate_positions=True,
-        maybe_placeholders=True,
-        postlex=_Layout(),
-    )
+    """The one parser instance, from the precomputed tables (see :mod:`steerc.frontend.tables`)."""
+    from steerc.frontend.tables import load
+
+    return load(_Layout())
 
 
 class SyntaxDiagnostic(Exception):

@@ -12,14 +12,13 @@ from __future__ import annotations
 
 from typing import Union
 
-import numpy as np
 from attrs import field, frozen
 
 from steerc.ir import nodes as ir
 from steerc.ir.values import PerLayer
 from steerc.source import Span
 
-Operand = Union[np.ndarray, PerLayer]
+Operand = Union["numpy.ndarray", PerLayer]
 
 SITE_KINDS = ("resid_pre", "resid_post", "attn_out", "mlp_out", "head")
 

@@ -14,8 +14,6 @@ from __future__ import annotations
 
 import hashlib
 
-import numpy as np
-
 
 class Vec:
     """A vector value: float32, 1-D, immutable, compared by content."""
@@ -23,6 +21,8 @@ class Vec:
     __slots__ = ("array", "_digest")
 
     def __init__(self, array):
+        import numpy as np
+
         arr = np.array(array, dtype=np.float32, copy=True).reshape(-1)
         arr.setflags(write=False)
         self.array = arr
@@ -60,7 +60,7 @@ class PerLayer:
 
     __slots__ = ("rows", "n_rows", "label")
 
-    def __init__(self, rows: dict[int, np.ndarray], n_rows: int | None, label: str):
+    def __init__(self, rows: dict, n_rows: int | None, label: str):
         self.rows = rows
         self.n_rows = n_rows
         self.label = label
@@ -74,7 +74,7 @@ class PerLayer:
     def map(self, fn) -> PerLayer:
         return PerLayer({i: fn(r) for i, r in self.rows.items()}, self.n_rows, self.label)
 
-    def row(self, layer: int) -> np.ndarray | None:
+    def row(self, layer: int):
         return self.rows.get(layer)
 
     def __repr__(self) -> str:

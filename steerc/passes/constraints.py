@@ -18,7 +18,7 @@ from steerc.ir import checked as ck
 from steerc.ir import nodes as ir
 from steerc.passes.context import CheckContext, Fault
 from steerc.passes.fold import with_constraint
-from steerc.passes.loading import resolve_path
+from steerc.passes.files import resolve_path
 from steerc.source import Source
 
 name = "constraints"

@@ -18,21 +18,41 @@ from steerc.ir.plan import Affine, Change, Kernel, Plan, SitePlan
 name = "drop-dead"
 
 
-def _kills(later: Kernel, earlier: Kernel) -> bool:
-    if later.preserve_norm or not isinstance(later.op, Affine) or not later.op.kills:
-        return False
-    scope_covers = later.scope == (ir.ScopeAll(),) or later.scope == earlier.scope
-    gate_covers = later.gate is None or later.gate == earlier.gate
-    return scope_covers and gate_covers
+_ALL = (ir.ScopeAll(),)
+
+
+def _is_killer(k: Kernel) -> bool:
+    return not k.preserve_norm and isinstance(k.op, Affine) and k.op.kills
+
+
+def _dead(kernels) -> dict[int, Kernel]:
+    """Index of each dead kernel -> a later kernel that overwrites it.
+
+    One pass from the end, remembering the nearest killer per (scope, gate)
+    it covers (``None`` scope: all positions; ``None`` gate: always), so the
+    pass is linear in the number of kernels at the site.
+    """
+    by_key: dict[tuple, Kernel] = {}
+    dead: dict[int, Kernel] = {}
+    for i in range(len(kernels) - 1, -1, -1):
+        k = kernels[i]
+        scope = None if k.scope == _ALL else k.scope
+        for key in ((None, None), (scope, None), (None, k.gate), (scope, k.gate)):
+            if key in by_key:
+                dead[i] = by_key[key]
+                break
+        if _is_killer(k):
+            by_key[(scope, k.gate)] = k
+    return dead
 
 
 def run(plan: Plan) -> Plan:
     sites, changes = [], list(plan.changes)
     for sp in plan.sites:
-        ks = sp.kernels
+        dead = _dead(sp.kernels)
         kept = []
-        for i, k in enumerate(ks):
-            killer = next((later for later in ks[i + 1 :] if _kills(later, k)), None)
+        for i, k in enumerate(sp.kernels):
+            killer = dead.get(i)
             if killer is None:
                 kept.append(k)
             else:

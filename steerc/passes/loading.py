@@ -14,31 +14,8 @@ import numpy as np
 from steerc.ir import nodes as ir
 from steerc.ir.values import PerLayer
 from steerc.passes.context import CheckContext, Fault, did_you_mean
-from steerc.paths import resolve
+from steerc.passes.files import resolve_path
 from steerc.vectorio import FORMATS, VectorFile, VectorFileError, open_vector_file
-
-
-def resolve_path(ctx: CheckContext, path: ir.Str, what: str = "file") -> str:
-    """The real path of a file named in the program; faults outside the root or missing."""
-    resolved = resolve(path.value, ctx.base_dir, ctx.root)
-    if resolved.escapes:
-        ctx.error(
-            "path-escape",
-            f"`{path.value}` leaves the project root",
-            path.span,
-            help=f"the project root is {ctx.root} (the nearest folder with a steer.toml); "
-            "move the file inside it, or pass --root",
-        )
-        raise Fault
-    if not os.path.isfile(resolved.path):
-        ctx.error(
-            "file-not-found",
-            f"{what} `{path.value}` does not exist",
-            path.span,
-            help=f"paths are relative to the .steer file's folder ({ctx.base_dir})",
-        )
-        raise Fault
-    return resolved.path
 
 
 def open_file(ctx: CheckContext, path: ir.Str) -> VectorFile:

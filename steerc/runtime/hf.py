@@ -1,10 +1,11 @@
 """Steer a live transformers model with a compiled plan, in process.
 
->>> # doctest: +SKIP
->>> from steerc.runtime.hf import compile_for, install
->>> plan = compile_for("cheer.steer", model)      # check against the live model's facts
->>> with install(model, plan, tokenizer):
-...     out = model.generate(**inputs, max_new_tokens=20)
+Use::
+
+    from steerc.runtime.hf import compile_for, install
+    plan = compile_for("cheer.steer", model)      # checked against the live model's facts
+    with install(model, plan, tokenizer):
+        out = model.generate(**inputs, max_new_tokens=20)
 
 Semantics are those of :mod:`steerc.runtime._support`, shared with the
 emitted package (``steerc compile --target hf``): the two give identical

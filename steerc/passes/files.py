@@ -1,0 +1,32 @@
+"""Files named in a program: resolved under the path policy (see :mod:`steerc.paths`)."""
+
+from __future__ import annotations
+
+import os
+
+from steerc.ir import nodes as ir
+from steerc.passes.context import CheckContext, Fault
+from steerc.paths import resolve
+
+
+def resolve_path(ctx: CheckContext, path: ir.Str, what: str = "file") -> str:
+    """The real path of a file named in the program; faults outside the root or missing."""
+    resolved = resolve(path.value, ctx.base_dir, ctx.root)
+    if resolved.escapes:
+        ctx.error(
+            "path-escape",
+            f"`{path.value}` leaves the project root",
+            path.span,
+            help=f"the project root is {ctx.root} (the nearest folder with a steer.toml); "
+            "move the file inside it, or pass --root",
+        )
+        raise Fault
+    if not os.path.isfile(resolved.path):
+        ctx.error(
+            "file-not-found",
+            f"{what} `{path.value}` does not exist",
+            path.span,
+            help=f"paths are relative to the .steer file's folder ({ctx.base_dir})",
+        )
+        raise Fault
+    return resolved.path

@@ -1,0 +1,120 @@
+"""Vector folding for the `fold` pass (numpy is imported here, on first use)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from steerc.ir import nodes as ir
+from steerc.ir.values import PerLayer
+from steerc.passes import types as ty
+from steerc.passes.loading import load_vector
+
+
+class VectorFolder:
+    """The vector half of :class:`steerc.passes.fold.Evaluator`."""
+
+    def __init__(self, evaluator):
+        self.ev = evaluator
+
+
+    def vector(self, e):
+        """A folded vector: a float64 array, or a PerLayer bank."""
+        if isinstance(e, ir.Name):
+            return self.ev._lookup(e)
+        if isinstance(e, ir.VectorLit):
+            return np.array([self.ev.scalar(i) for i in e.items], dtype=np.float64)
+        if isinstance(e, ir.Neg):
+            return _map(self.vector(e.operand), np.negative)
+        if isinstance(e, ir.Call):
+            if e.func == "load":
+                return load_vector(self.ev.ctx, e)
+            v = self.vector(e.args[0])
+            return _map(v, lambda r: self._normalized(r, e.span))
+        return self._binop(e)
+
+    def _normalized(self, row: np.ndarray, span) -> np.ndarray:
+        n = float(np.linalg.norm(row))
+        if n == 0.0:
+            self.ev.fail("invalid-value", "cannot normalize a zero vector", span)
+        return row / n
+
+    def _binop(self, e: ir.BinOp):
+        types = self.ev.ctx.types
+        lt, rt = types.get(id(e.left)), types.get(id(e.right))
+        if lt == ty.SCALAR or rt == ty.SCALAR:
+            vec = self.vector(e.right if lt == ty.SCALAR else e.left)
+            s = self.ev.scalar(e.left if lt == ty.SCALAR else e.right)
+            if e.op == "*":
+                return _map(vec, lambda r: r * s)
+            if s == 0:
+                self.ev.fail("invalid-value", "division by zero", e.right.span)
+            return _map(vec, lambda r: r / s)
+        a, b = self.vector(e.left), self.vector(e.right)
+        self.same_width((a, b), e.span, "vectors added or subtracted")
+        fn = np.add if e.op == "+" else np.subtract
+        return _combine(a, b, fn)
+
+    def direction(self, e):
+        """A vector used as a direction: it must not be zero."""
+        v = self.vector(e)
+        for row in _rows(v):
+            if not np.any(row):
+                self.ev.fail("invalid-value", "a direction cannot be the zero vector", e.span)
+        return v
+
+    def plane(self, b1, b2, span) -> None:
+        for r1, r2 in _paired_rows(b1, b2):
+            e1 = r1 / np.linalg.norm(r1)
+            rest = r2 - (e1 @ r2) * e1
+            if np.linalg.norm(rest) <= 1e-6 * max(np.linalg.norm(r2), 1e-30):
+                self.ev.fail(
+                    "invalid-value",
+                    "the two vectors are parallel (or the second is zero): they span no plane to rotate in",
+                    span,
+                )
+
+    def same_width(self, values, span, what: str) -> None:
+        widths = sorted({w for w in (_width(v) for v in values) if w is not None})
+        if len(widths) > 1:
+            self.ev.fail(
+                "shape-mismatch",
+                f"{what} have different lengths ({', '.join(map(str, widths))})",
+                span,
+            )
+
+
+
+def _rows(v):
+    return v.rows.values() if isinstance(v, PerLayer) else (v,)
+
+
+def _paired_rows(a, b):
+    if isinstance(a, PerLayer) or isinstance(b, PerLayer):
+        keys = (a.rows.keys() if isinstance(a, PerLayer) else None, b.rows.keys() if isinstance(b, PerLayer) else None)
+        common = set.intersection(*(set(k) for k in keys if k is not None))
+        for i in sorted(common):
+            yield (a.rows[i] if isinstance(a, PerLayer) else a), (b.rows[i] if isinstance(b, PerLayer) else b)
+    else:
+        yield a, b
+
+
+def _width(v) -> int | None:
+    return v.width if isinstance(v, PerLayer) else int(v.shape[0])
+
+
+def _map(v, fn):
+    return v.map(fn) if isinstance(v, PerLayer) else fn(v)
+
+
+def _combine(a, b, fn):
+    if isinstance(a, PerLayer) and isinstance(b, PerLayer):
+        rows = {i: fn(a.rows[i], b.rows[i]) for i in a.rows.keys() & b.rows.keys()}
+        n_rows = None if a.n_rows is None or b.n_rows is None else min(a.n_rows, b.n_rows)
+        return PerLayer(rows, n_rows, f"{a.label}, {b.label}")
+    if isinstance(a, PerLayer):
+        return a.map(lambda r: fn(r, b))
+    if isinstance(b, PerLayer):
+        return b.map(lambda r: fn(a, r))
+    return fn(a, b)
+
+
