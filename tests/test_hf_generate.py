@@ -14,7 +14,7 @@ from tiny_models import CharTokenizer, tiny_model  # noqa: E402
 
 from steerc.runtime.hf import facts_from_model, install  # noqa: E402
 from steerc.targets.hf.emit import emit  # noqa: E402
-from steerc.targets.hf.program import lower_hf  # noqa: E402
+from steerc.targets.hooks import lower_hf  # noqa: E402
 
 PROMPTS = [[5, 2, 7, 8, 9, 10], [11, 12, 2], [20, 21, 22, 23], [30, 2, 31, 32, 33]]
 NEW = 6
@@ -74,13 +74,13 @@ def test_batch_of_one_equals_batch_of_four(family):
 
 
 def _probe_values(model, rows):
-    """prompt.mean of cosine(v) at resid_pre[1], computed directly from hidden states."""
+    """cosine(v) of the prompt-mean hidden state at resid_pre[1], computed directly."""
     v = torch.tensor(eval(vec(64, 33)), dtype=torch.float64)
     values = []
     for r in rows:
         hs = model(input_ids=torch.tensor([r]), output_hidden_states=True).hidden_states[1][0].double()
-        cos = (hs @ v) / (hs.norm(dim=-1) * v.norm())
-        values.append(cos.mean().item())
+        mean = hs.mean(dim=0)
+        values.append(((mean @ v) / (mean.norm() * v.norm())).item())
     return values
 
 

@@ -65,7 +65,7 @@ def _emit(result, args, command: str) -> list[str]:
     try:
         if args.target == "hf":
             from steerc.targets.hf.emit import emit
-            from steerc.targets.hf.program import lower_hf
+            from steerc.targets.hooks import lower_hf
 
             return emit(lower_hf(result.plan, result.facts), args.output, command)
         if args.target == "vllm":

@@ -42,15 +42,22 @@ def project(h, basis, target):
     return h - coeff @ basis
 
 
-def rotate(h, e1, e2, angle: float, mode: str):
-    """Angular steering in the plane (e1, e2); the rest of ``h`` and its norm are kept."""
+def rotate(h, e1, e2, angle, mode: str):
+    """Angular steering in the plane (e1, e2); the rest of ``h`` and its norm are kept.
+
+    ``angle`` in radians: a number, or a one-element tensor (a buffer that can
+    change without re-tracing a compiled graph).
+    """
     a = h @ e1
     b = h @ e2
-    if mode == "to":
-        rho = torch.sqrt(a * a + b * b)
-        a2, b2 = rho * math.cos(angle), rho * math.sin(angle)
+    if torch.is_tensor(angle):
+        c, s = torch.cos(angle), torch.sin(angle)
     else:
         c, s = math.cos(angle), math.sin(angle)
+    if mode == "to":
+        rho = torch.sqrt(a * a + b * b)
+        a2, b2 = rho * c, rho * s
+    else:
         a2, b2 = a * c - b * s, a * s + b * c
     return h + (a2 - a).unsqueeze(-1) * e1 + (b2 - b).unsqueeze(-1) * e2
 
@@ -104,6 +111,57 @@ def readout(kind: str, h, vector, bias: float):
         return (h @ vector) / (h.norm(dim=-1) * vector.norm()).clamp_min(1e-30)
     ph = (h @ vector.T) @ vector  # projected_cosine: cos(h, P h)
     return (h * ph).sum(-1) / (h.norm(dim=-1) * ph.norm(dim=-1)).clamp_min(1e-30)
+
+
+# ------------------------------------------------------------------ positions
+
+
+def position_mask(item: tuple, pos, plen):
+    """Which positions a scope item selects: ``pos`` and ``plen`` broadcast together.
+
+    Items: ("all",), ("prompt", start, stop), ("generated", start, stop) with
+    Python slice rules over the prompt and over the generated positions,
+    ("positions", (i, ...)). ``plen`` is each position's prompt length.
+    """
+    kind = item[0]
+    if kind == "all":
+        return torch.ones_like(pos, dtype=torch.bool)
+    if kind == "prompt":
+        start, stop = item[1], item[2]
+        if start is None:
+            lo = torch.zeros_like(plen)
+        elif start < 0:
+            lo = (plen + start).clamp_min(0)
+        else:
+            lo = torch.full_like(plen, start)
+        if stop is None:
+            hi = plen
+        elif stop < 0:
+            hi = (plen + stop).clamp_min(0)
+        else:
+            hi = torch.minimum(torch.full_like(plen, stop), plen)
+        return (pos >= lo) & (pos < hi)
+    if kind == "generated":
+        g = pos - plen
+        start, stop = item[1] or 0, item[2]
+        inside = g >= start
+        return inside if stop is None else inside & (g < stop)
+    if kind == "positions":
+        return torch.isin(pos, torch.tensor(item[1], device=pos.device))
+    raise ValueError(f"unknown scope {kind}")
+
+
+def compare(values, op: str, threshold):
+    """``values OP threshold``; NaN (a probe not decided yet) compares false."""
+    if op == "<":
+        out = values < threshold
+    elif op == "<=":
+        out = values <= threshold
+    elif op == ">":
+        out = values > threshold
+    else:
+        out = values >= threshold
+    return out & ~torch.isnan(values)
 
 
 # -------------------------------------------------------------------- context
@@ -177,25 +235,9 @@ class Context:
         return mask
 
     def _item_mask(self, item):
-        kind = item[0]
-        pos, plen = self.pos, self.plen
-        if kind == "all":
-            return torch.ones_like(self.real)
-        if kind == "prompt":
-            start, stop = item[1], item[2]
-            lo = torch.zeros_like(plen) if start is None else (plen + start).clamp_min(0) if start < 0 else torch.full_like(plen, start)
-            hi = plen if stop is None else (plen + stop).clamp_min(0) if stop < 0 else torch.minimum(torch.full_like(plen, stop), plen)
-            return (pos >= lo) & (pos < hi)
-        if kind == "generated":
-            g = pos - plen
-            start, stop = item[1] or 0, item[2]
-            m = g >= start
-            return m if stop is None else m & (g < stop)
-        if kind == "positions":
-            return torch.isin(pos, torch.tensor(item[1], device=pos.device))
-        if kind == "after":
-            return pos >= self.after_start[item[1]]
-        raise ValueError(f"unknown scope {kind}")
+        if item[0] == "after":
+            return self.pos >= self.after_start[item[1]]
+        return position_mask(item, self.pos, self.plen)
 
     # probes and gates -----------------------------------------------------
     def record_probe(self, name: str, pool: str, kind: str, h, vector, bias: float) -> None:
@@ -234,10 +276,7 @@ class Context:
         """[B, T] bool of a gate expression: ("cmp", probe, op, x), ("and"|"or", parts), ("not", g)."""
         kind = gate[0]
         if kind == "cmp":
-            v = self.probe_value(gate[1])
-            op, x = gate[2], gate[3]
-            out = v < x if op == "<" else v <= x if op == "<=" else v > x if op == ">" else v >= x
-            return out & ~torch.isnan(v)
+            return compare(self.probe_value(gate[1]), gate[2], gate[3])
         if kind == "not":
             return ~self.gate_mask(gate[1])
         parts = [self.gate_mask(g) for g in gate[1]]

@@ -17,7 +17,7 @@ from __future__ import annotations
 import torch
 
 from steerc.runtime import _support as S
-from steerc.targets.hf.program import HFProgram, HookCode, KernelCall, lower_hf
+from steerc.targets.hooks import HookProgram, HookCode, KernelCall, lower_hf
 
 
 class SteerInstallError(RuntimeError):
@@ -136,7 +136,7 @@ def check_model(model, fingerprint: str, facts: dict) -> None:
         raise SteerInstallError("this steering was compiled for another model (" + "; ".join(diff) + ")")
 
 
-def install_program(model, program: HFProgram, tokenizer=None, *, check: bool = True) -> S.Handle:
+def install_program(model, program: HookProgram, tokenizer=None, *, check: bool = True) -> S.Handle:
     if check:
         check_model(model, program.fingerprint, program.facts)
     tensors = S.Tensors({k: torch.from_numpy(v.copy()) for k, v in program.tensors.items()})

@@ -22,7 +22,7 @@ from safetensors.numpy import save as save_safetensors
 
 from steerc import __version__
 from steerc.facts.families import FAMILIES
-from steerc.targets.hf.program import HFProgram, HookCode, KernelCall, SiteCode
+from steerc.targets.hooks import HookProgram, HookCode, KernelCall, SiteCode
 
 SUPPORT = os.path.join(os.path.dirname(__file__), "..", "..", "runtime", "_support.py")
 
@@ -109,7 +109,7 @@ def _hook_function(hook: HookCode, scopes: _Names, gates: _Names) -> str:
     return f"def {hook.name}(h, ctx):\n" + "\n".join("    " + line for line in body) + "\n"
 
 
-def render_init(program: HFProgram, command: str) -> str:
+def render_init(program: HookProgram, command: str) -> str:
     scopes, gates = _Names("SCOPE"), _Names("GATE")
     functions = [_hook_function(h, scopes, gates) for h in program.hooks]
     facts = program.facts
@@ -173,7 +173,7 @@ def render_init(program: HFProgram, command: str) -> str:
     return "\n".join(out)
 
 
-def emit(program: HFProgram, out_dir: str, command: str) -> list[str]:
+def emit(program: HookProgram, out_dir: str, command: str) -> list[str]:
     """Write the package; returns the files written (relative to ``out_dir``)."""
     os.makedirs(out_dir, exist_ok=True)
     init = render_init(program, command)

@@ -1,9 +1,11 @@
-"""The HF lowering of a plan: hooks, per-site kernel calls and named tensors, as data.
+"""A plan grouped by the module hooks that realise it, as data: the shared lowering of hook targets.
 
-Both the emitter (:mod:`steerc.targets.hf.emit`, which writes Python) and the
-in-process runtime (:mod:`steerc.runtime.hf`, which interprets) start from
-the same :class:`HFProgram`, and both compute with
-:mod:`steerc.runtime._support`, so their outputs are identical.
+For the ``hf`` backend, both the emitter (:mod:`steerc.targets.hf.emit`,
+which writes Python) and the in-process runtime (:mod:`steerc.runtime.hf`,
+which interprets) start from the same :class:`HookProgram` and compute with
+:mod:`steerc.runtime._support`, so their outputs are identical. The ``vllm``
+backend (:mod:`steerc.targets.vllm`) serialises the same structure, with
+vLLM's module names, into ``plan.msgpack``.
 
 >>> from steerc.ir import nodes as ir
 >>> scope_data((ir.ScopePrompt(ir.PosSlice(-3, None)), ir.ScopeGenerated()))
@@ -96,7 +98,7 @@ class HookCode:
 
 
 @frozen(eq=False)
-class HFProgram:
+class HookProgram:
     hooks: tuple[HookCode, ...]
     tensors: dict  # name -> float32 numpy array
     base_path: str
@@ -162,9 +164,13 @@ def _hook_name(site: Site) -> str:
     return f"heads_{site.layer}" if site.kind == "head" else f"{site.kind}_{site.layer}"
 
 
-def lower_hf(plan: Plan, facts) -> HFProgram:
+def lower_hf(plan: Plan, facts) -> HookProgram:
+    return lower_hooks(plan, facts, "hf")
+
+
+def lower_hooks(plan: Plan, facts, backend: str) -> HookProgram:
     """Group the plan's sites (and probe sites) by the module hook that realises them."""
-    table = site_table(facts.family, "hf")
+    table = site_table(facts.family, backend)
     by_site = {sp.site: sp.kernels for sp in plan.sites}
     probe_sites = {p.site for p in plan.probes}
     all_sites = sorted(set(by_site) | probe_sites, key=lambda s: s.order)
@@ -187,7 +193,7 @@ def lower_hf(plan: Plan, facts) -> HFProgram:
     )
     after = tuple(sorted({item[1] for h in hooks for s in h.sites for k in s.kernels
                           for item in k.scope if item[0] == "after"}))
-    return HFProgram(
+    return HookProgram(
         hooks=hooks,
         tensors=tensors,
         base_path=_base_path(table.layers),

@@ -1,0 +1,1 @@
+"""The vLLM target: ``plan.msgpack`` (see :mod:`steerc.targets.vllm.wire`)."""

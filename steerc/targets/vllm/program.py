@@ -1,0 +1,121 @@
+"""Lowering a plan to the vLLM buffer normal form: ``boot`` (structure) + tensors (values).
+
+Every number a user can change — vectors, scales, angles, clamp targets,
+probe biases, gate thresholds — is a buffer, so a new plan with the same
+structure updates a running engine in place.
+
+>>> from steerc.ir import nodes as ir
+>>> from steerc.ir.checked import GateCompare
+>>> numbered_gate(("cmp", "p", ">", 0.5), [])
+['cmp', 'p', '>', 0]
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from steerc import __version__
+from steerc.facts.sites import VLLM_BAND, VLLM_READ_FROM
+from steerc.targets.hooks import HookProgram, KernelCall, lower_hooks
+from steerc.targets.vllm.wire import FORMAT, boot_sha256, tensor_wire
+
+
+def numbered_gate(gate, thresholds: list) -> list:
+    """A gate with each comparison's threshold replaced by its index in ``thresholds``."""
+    kind = gate[0]
+    if kind == "cmp":
+        thresholds.append(float(gate[3]))
+        return ["cmp", gate[1], gate[2], len(thresholds) - 1]
+    if kind == "not":
+        return ["not", numbered_gate(gate[1], thresholds)]
+    return [kind, [numbered_gate(g, thresholds) for g in gate[1]]]
+
+
+def _kernel(k: KernelCall, prefix: str, tensors: dict, scopes: list, gates: list, thresholds: list) -> dict:
+    named = dict(k.tensors)
+    if k.kind == "affine" and "scale" not in named:
+        tensors[f"{prefix}.scale"] = np.asarray([k.scale], dtype=np.float32)
+        named["scale"] = f"{prefix}.scale"
+    if k.kind == "rotate":
+        tensors[f"{prefix}.angle"] = np.asarray([k.angle], dtype=np.float32)
+        named["angle"] = f"{prefix}.angle"
+    scope = list(map(list, k.scope))
+    if scope not in scopes:
+        scopes.append(scope)
+    gate = None
+    if k.gate is not None:
+        gates.append(numbered_gate(k.gate, thresholds))
+        gate = len(gates) - 1
+    return {
+        "kind": k.kind,
+        "tensors": {role: named[role] for role in sorted(named)},
+        "mode": k.mode,
+        "scope": scopes.index(scope),
+        "gate": gate,
+        "preserve_norm": k.preserve_norm,
+        "label": k.label,
+    }
+
+
+def build(plan, facts) -> tuple[dict, dict]:
+    """(boot, {buffer name: float32 array}) for ``plan`` on ``facts``."""
+    program: HookProgram = lower_hooks(plan, facts, "vllm")
+    tensors = dict(program.tensors)
+    scopes: list = []
+    gates: list = []
+    thresholds: list = []
+    hooks = []
+    probes = []
+    for h in program.hooks:
+        sites = []
+        for sc in h.sites:
+            probe_rows = []
+            for p in sc.probes:
+                bias_name = f"{h.name}.probe.{p.name}.bias"
+                tensors[bias_name] = np.asarray([p.bias], dtype=np.float32)
+                probe_rows.append({"name": p.name, "kind": p.kind, "pool": p.pool, "tensor": p.tensor,
+                                   "bias": bias_name})
+                probes.append({"name": p.name, "pool": p.pool, "layer": sc.site.layer, "site": sc.site.text})
+            prefix = f"{h.name}.h{sc.site.head}" if sc.site.head is not None else h.name
+            kernels = [_kernel(k, f"{prefix}.k{i}", tensors, scopes, gates, thresholds)
+                       for i, k in enumerate(sc.kernels)]
+            sites.append({"site": sc.site.text, "layer": sc.site.layer, "head": sc.site.head,
+                          "columns": list(sc.columns) if sc.columns else None,
+                          "probes": probe_rows, "kernels": kernels})
+        hooks.append({"name": h.name, "module": h.module, "kind": h.kind, "tensor": h.tensor,
+                      "layer": h.sites[0].site.layer, "sites": sites})
+    tensors["gates.thresholds"] = np.asarray(thresholds or [0.0], dtype=np.float32)
+    boot = {
+        "hooks": hooks,
+        "scopes": scopes,
+        "gates": gates,
+        "probes": probes,
+        "buffers": {name: {"shape": list(np.shape(a)), "dtype": "float32"} for name, a in sorted(tensors.items())},
+    }
+    return boot, tensors
+
+
+def plan_document(plan, facts) -> dict:
+    boot, tensors = build(plan, facts)
+    header = {
+        "steerc_version": __version__,
+        "source_name": program_name(plan.source_name),
+        "source_sha256": plan.source_sha256,
+        "facts": {k: v for k, v in facts.to_json().items() if k != "fingerprint"},
+        "facts_fingerprint": facts.fingerprint,
+        "family": facts.family,
+        "vllm": {"read_from": VLLM_READ_FROM, "band": VLLM_BAND},
+        "boot_sha256": boot_sha256(boot),
+    }
+    return {
+        "format": FORMAT,
+        "header": header,
+        "boot": boot,
+        "state": {"tensors": {name: tensor_wire(a) for name, a in tensors.items()}},
+    }
+
+
+def program_name(path: str) -> str:
+    import os
+
+    return os.path.basename(path)
