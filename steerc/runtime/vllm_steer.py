@@ -48,7 +48,7 @@ class SteerState(torch.nn.Module):
         self.register_buffer("valid", torch.zeros(max_tokens, dtype=torch.bool, device=device), persistent=False)
         self.register_buffer("enabled", torch.ones(1, dtype=torch.bool, device=device), persistent=False)
         for name, value in tensors.items():
-            self.register_buffer(buffer_name(name), torch.as_tensor(value).to(device=device, dtype=dtype),
+            self.register_buffer(buffer_name(name), torch.tensor(value).to(device=device, dtype=dtype),
                                  persistent=False)
         self.pooled = sorted({p["name"] for p in boot["probes"] if p["pool"] != "token"})
         self.per_token = sorted({p["name"] for p in boot["probes"] if p["pool"] == "token"})
@@ -71,7 +71,7 @@ class SteerState(torch.nn.Module):
     def write_state(self, tensors: dict) -> None:
         """Copy new values into the installed buffers, in place (same shapes)."""
         for name, value in tensors.items():
-            self.buffer(name).copy_(torch.as_tensor(value))
+            self.buffer(name).copy_(torch.tensor(value))
 
     @torch.no_grad()
     def write_metadata(self, pos, plen, slot, valid) -> None:
