@@ -40,7 +40,10 @@ def _positions(scope) -> tuple[str, bool | None]:
         a, b = scope.sel.start, scope.sel.stop
         lo = "0" if a is None else (str(a) if a >= 0 else f"P{a}")
         hi = "P-1" if b is None else (f"{b - 1}" if b > 0 else f"P{b - 1}")
-        covers = True if b is None else (False if b <= 0 else None)
+        if b is None:
+            covers = True if a is None or a < 0 else None  # prompt[5:] misses P-1 when P <= 5
+        else:
+            covers = False if b <= 0 else None
         return f"prompt positions {lo} .. {hi}", covers
     if isinstance(scope, ir.ScopeGenerated):
         if scope.sel is None:
@@ -52,7 +55,8 @@ def _positions(scope) -> tuple[str, bool | None]:
         return f"generated positions P+{a} {hi}".replace("P+0", "P"), False
     if isinstance(scope, ir.ScopePositions):
         return "absolute positions " + ", ".join(map(str, scope.positions)), None
-    return f"positions after the first {scope_text(scope)[6:]} in the prompt (found with the tokenizer)", True
+    # P-1 is steered only when the text ends before the prompt's last token.
+    return f"positions after the first {scope_text(scope)[6:]} in the prompt (found with the tokenizer)", None
 
 
 def positions_of(scopes) -> dict:
@@ -157,6 +161,8 @@ def explain(result, target: str = "hf") -> dict:
 
     plan: Plan = result.plan
     facts = result.facts
+    if plan is None or facts is None:
+        raise ValueError("explain needs a result checked against a model without errors (check_source(..., facts=...))")
     table = site_table(facts.family, BACKEND_OF[target])
     sites = []
     for sp in plan.sites:

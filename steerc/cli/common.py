@@ -101,9 +101,21 @@ def load_facts_or_diagnostic(path: str):
         if exc.file and exc.text is not None:
             src = Source(exc.file, exc.text)
             sources[src.name] = src
-            at = exc.text.find(exc.needle) if exc.needle else -1
-            span = src.span(at, at + len(exc.needle)) if at >= 0 else None
+            span = _needle_span(src, exc.text, exc.needle)
         return None, Diagnostic.error(exc.code, exc.message, span), sources
+
+
+def _needle_span(src, text: str, needle: str | None):
+    """The span of ``needle`` in a config; for ``"model_type"``, of its value."""
+    import re
+
+    if not needle:
+        return None
+    match = re.search(re.escape(needle) + r'\s*:\s*("[^"]*")', text) if needle == '"model_type"' else None
+    if match:
+        return src.span(match.start(1), match.end(1))
+    at = text.find(needle)
+    return src.span(at, at + len(needle)) if at >= 0 else None
 
 
 def print_json(obj) -> None:

@@ -107,7 +107,7 @@ def facts_from_config(config: dict, origin: str = "config") -> ModelFacts:
         raise FactsError(
             f"unknown model family `{model_type}`; steerc knows the layout of: {known}",
             code="unknown-family",
-            needle=f'"{model_type}"' if model_type else '"model_type"',
+            needle='"model_type"',
         )
     fam = FAMILIES[family_name]
     try:
@@ -116,8 +116,8 @@ def facts_from_config(config: dict, origin: str = "config") -> ModelFacts:
         heads = int(_first(config, fam.heads))
     except (TypeError, ValueError):
         raise FactsError(f"the {family_name} config lacks layers, hidden size or heads") from None
-    kv_heads = int(_first(config, fam.kv_heads, heads))
-    explicit_hd = config.get("head_dim") if fam.head_dim_from_config else None
+    kv_heads = int(_first(config, fam.kv_heads, fam.kv_heads_default or heads))
+    explicit_hd = config.get("head_dim", fam.head_dim_default) if fam.head_dim_from_config else None
     head_dim = int(explicit_hd) if explicit_hd else hidden // heads
     intermediate = int(_first(config, fam.intermediate, 4 * hidden) or 4 * hidden)
     vocab = int(_first(config, fam.vocab, 0))

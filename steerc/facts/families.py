@@ -26,19 +26,25 @@ class Family:
     parallel_residual_key: str | None = None
     parallel_residual_default: bool = False
     sandwich_norms: bool = False  # Gemma-2/3: attn and MLP outputs are normed before the add
+    # transformers' configuration-class defaults, for configs that leave a key out
+    # (None: head_dim = hidden // heads, kv_heads = heads).
+    head_dim_default: int | None = None
+    kv_heads_default: int | None = None
 
 
 FAMILIES: dict[str, Family] = {
     f.name: f
     for f in (
         Family("llama", ("llama",)),
-        Family("mistral", ("mistral",)),
+        Family("mistral", ("mistral",), kv_heads_default=8),
         # Qwen2's attention always uses hidden // heads (vLLM qwen2.py:150, HF modeling_qwen2).
-        Family("qwen2", ("qwen2",), head_dim_from_config=False),
-        Family("qwen3", ("qwen3",)),
-        Family("gemma", ("gemma",), tied_default=True),
-        Family("gemma2", ("gemma2",), tied_default=True, sandwich_norms=True),
-        Family("gemma3_text", ("gemma3_text", "gemma3"), tied_default=True, sandwich_norms=True),
+        Family("qwen2", ("qwen2",), head_dim_from_config=False, kv_heads_default=32),
+        Family("qwen3", ("qwen3",), head_dim_default=128, kv_heads_default=32),
+        Family("gemma", ("gemma",), tied_default=True, head_dim_default=256, kv_heads_default=16),
+        Family("gemma2", ("gemma2",), tied_default=True, sandwich_norms=True, head_dim_default=256,
+               kv_heads_default=4),
+        Family("gemma3_text", ("gemma3_text", "gemma3"), tied_default=True, sandwich_norms=True,
+               head_dim_default=256, kv_heads_default=4),
         Family("phi3", ("phi3",)),
         Family(
             "gpt2",

@@ -26,7 +26,8 @@ def resolve_path(ctx: CheckContext, path: ir.Str, what: str = "file") -> str:
             "file-not-found",
             f"{what} `{path.value}` does not exist",
             path.span,
-            help=f"paths are relative to the .steer file's folder ({ctx.base_dir})",
+            help=f"paths are relative to the .steer file's folder ({ctx.base_dir})" if ctx.source.path
+            else f"paths are relative to {ctx.base_dir} (Options.base_dir)",
         )
         raise Fault
     return resolved.path

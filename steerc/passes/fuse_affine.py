@@ -46,16 +46,32 @@ def fusable(a: Kernel, b: Kernel) -> bool:
     )
 
 
+def _names(kernels) -> tuple[str, ...]:
+    return tuple(dict.fromkeys(p.intervention for k in kernels for p in k.provenance))
+
+
 def run(plan: Plan) -> Plan:
     sites, changes = [], list(plan.changes)
     for sp in plan.sites:
         out: list[Kernel] = []
+        run_: list[Kernel] = []  # a maximal run of fusable kernels, fused once (linear time)
+
+        def flush():
+            if len(run_) > 1:
+                op = run_[0].op
+                for k in run_[1:]:
+                    op = compose(op, k.op)
+                provenance = tuple(p for k in run_ for p in k.provenance)
+                out.append(evolve(run_[0], op=op, provenance=provenance))
+                changes.append(Change(name, sp.site, f"fused {len(run_)} affine kernels into one", _names(run_)))
+            elif run_:
+                out.append(run_[0])
+            run_.clear()
+
         for k in sp.kernels:
-            if out and fusable(out[-1], k):
-                prev = out.pop()
-                out.append(evolve(prev, op=compose(prev.op, k.op), provenance=prev.provenance + k.provenance))
-                changes.append(Change(name, sp.site, "fused two affine kernels into one", prev.names + k.names))
-            else:
-                out.append(k)
+            if run_ and not fusable(run_[-1], k):
+                flush()
+            run_.append(k)
+        flush()
         sites.append(SitePlan(sp.site, tuple(out)))
     return evolve(plan, sites=tuple(sites), changes=tuple(changes))

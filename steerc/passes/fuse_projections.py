@@ -57,23 +57,35 @@ def merge(a: Project, b: Project) -> Project:
     return Project(a.basis + b.basis, None if not any(targets) else targets)
 
 
+def _names(provenance) -> tuple[str, ...]:
+    return tuple(dict.fromkeys(p.intervention for p in provenance))
+
+
 def run(plan: Plan) -> Plan:
     sites, changes = [], list(plan.changes)
     for sp in plan.sites:
         out: list[Kernel] = []
+        provenance: list = []  # of out[-1], gathered in a list so merging stays linear
         for k in sp.kernels:
             prev = out[-1] if out else None
             if prev is not None and _same_context(prev, k):
                 if contained(prev.op, k.op):
-                    out[-1] = evolve(k, provenance=prev.provenance + k.provenance)
+                    out[-1] = k
+                    provenance.extend(k.provenance)
                     changes.append(Change(name, sp.site, "dropped a projection the next one subsumes",
-                                          prev.names + k.names))
+                                          _names(prev.provenance + k.provenance)))
                     continue
                 if orthogonal(prev.op, k.op):
-                    out[-1] = evolve(prev, op=merge(prev.op, k.op), provenance=prev.provenance + k.provenance)
+                    out[-1] = evolve(prev, op=merge(prev.op, k.op))
+                    provenance.extend(k.provenance)
                     changes.append(Change(name, sp.site, "fused two orthogonal projections into one",
-                                          prev.names + k.names))
+                                          _names(prev.provenance + k.provenance)))
                     continue
+            if out:
+                out[-1] = evolve(out[-1], provenance=tuple(provenance))
             out.append(k)
+            provenance = list(k.provenance)
+        if out:
+            out[-1] = evolve(out[-1], provenance=tuple(provenance))
         sites.append(SitePlan(sp.site, tuple(out)))
     return evolve(plan, sites=tuple(sites), changes=tuple(changes))

@@ -1,0 +1,70 @@
+"""Client side of the serve target: a compiled plan as request fields.
+
+A steered request to a vLLM server running the steerc plugin carries the
+plan JSON and its artifacts (base64, verified against their sha256 by the
+server) in ``vllm_xargs`` — which vLLM copies into
+``SamplingParams.extra_args`` — plus a ``cache_salt`` derived from the plan,
+so the prefix cache never reuses KV computed under other steering. A JSON
+Schema, regex, grammar or choice constraint adds the structured-output
+fields.
+
+With the ``openai`` client::
+
+    from steerc.serve_client import request_fields
+    fields = request_fields("out/")          # the folder `steerc compile --target serve` wrote
+    client.chat.completions.create(model=..., messages=..., **fields)
+
+``fields`` is ``{"extra_body": {...}}`` (and ``response_format`` for a
+schema). Offline, :func:`offline_request` gives the prompt dict and the
+``extra_args`` for ``vllm.SamplingParams``. Needs neither torch nor vLLM.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+
+PLAN_KEY = "steerc_plan"
+ARTIFACTS_KEY = "steerc_artifacts"
+
+
+def read_compiled(folder: str) -> tuple[dict, dict[str, bytes]]:
+    """(plan JSON, {artifact id: bytes}) from a compile output folder."""
+    with open(os.path.join(folder, "plan.json"), encoding="utf-8") as fh:
+        plan = json.load(fh)
+    artifacts = {}
+    for key in plan["artifacts"]:
+        with open(os.path.join(folder, "artifacts", f"{key}.safetensors"), "rb") as fh:
+            artifacts[key] = fh.read()
+    return plan, artifacts
+
+
+def extra_args(plan: dict, artifacts: dict[str, bytes], *, inline: bool = True) -> dict:
+    """``SamplingParams.extra_args`` for a steered request (strings only: ``vllm_xargs`` takes no maps)."""
+    out = {PLAN_KEY: json.dumps(plan, sort_keys=True, separators=(",", ":"))}
+    if inline:
+        encoded = {k: base64.b64encode(v).decode("ascii") for k, v in sorted(artifacts.items())}
+        out[ARTIFACTS_KEY] = json.dumps(encoded, sort_keys=True, separators=(",", ":"))
+    return out
+
+
+def request_fields(folder: str, *, inline: bool = True) -> dict:
+    """Keyword arguments for the OpenAI client's ``create(...)`` call."""
+    plan, artifacts = read_compiled(folder)
+    body = {"vllm_xargs": extra_args(plan, artifacts, inline=inline), "cache_salt": plan["cache_salt"]}
+    request = plan.get("request") or {}
+    if "structured_outputs" in request:
+        body["structured_outputs"] = request["structured_outputs"]
+    fields = {"extra_body": body}
+    if "response_format" in request:
+        fields["response_format"] = request["response_format"]
+    return fields
+
+
+def offline_request(folder: str, prompt, *, inline: bool = True) -> tuple[dict, dict]:
+    """(prompt dict with ``cache_salt``, ``extra_args``) for ``LLM.generate`` with ``SamplingParams``."""
+    plan, artifacts = read_compiled(folder)
+    prompt_dict = {"prompt": prompt} if isinstance(prompt, str) else {"prompt_token_ids": list(prompt)}
+    prompt_dict["cache_salt"] = plan["cache_salt"]
+    return prompt_dict, extra_args(plan, artifacts, inline=inline)

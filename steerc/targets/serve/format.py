@@ -1,0 +1,281 @@
+"""``steerc.serve/1``: a plan as JSON data plus content-addressed tensors.
+
+The JSON is the site plan (:mod:`steerc.ir.plan`) written out as data —
+sites, kernels, scopes, gates, probes — with every tensor replaced by the
+sha256 of its artifact: a safetensors file holding one float32 tensor named
+``value`` (no metadata, so the same tensor always has the same bytes and
+the same name). Nothing in it is executable. Canonical JSON: sorted keys,
+compact separators, floats written so they round-trip.
+
+``to_serve`` and ``from_serve`` are inverses: plan → JSON → plan gives the
+same plan, and the JSON of that plan is byte-identical.
+
+>>> from steerc.ir.plan import Affine, Kernel, Plan, Site, SitePlan
+>>> from steerc.ir import nodes as ir
+>>> from steerc.ir.values import Vec
+>>> plan = Plan("a.steer", "0" * 64, "f" * 64, "llama",
+...             (SitePlan(Site("resid_post", 1), (Kernel(Affine(1.0, Vec([1.0, 2.0])), (ir.ScopeAll(),)),)),))
+>>> doc, artifacts = to_serve(plan, facts={"family": "llama"})
+>>> again = from_serve(doc, artifacts.__getitem__)
+>>> again == plan and dumps(to_serve(again, facts={"family": "llama"})[0]) == dumps(doc)
+True
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+
+from steerc import __version__
+from steerc.ir import checked as ck
+from steerc.ir import nodes as ir
+from steerc.ir.plan import Affine, Kernel, Plan, ProbePlan, Project, Provenance, Rotate, Site, SitePlan
+from steerc.source import Span
+from steerc.targets.constraints import constraint_from_json, constraint_json, request_fields
+
+FORMAT = "steerc.serve/1"
+TENSOR_NAME = "value"
+
+
+# ---------------------------------------------------------------- artifacts
+
+
+def artifact_bytes(array) -> bytes:
+    """The canonical safetensors encoding of one float32 tensor."""
+    import numpy as np
+    from safetensors.numpy import save
+
+    return save({TENSOR_NAME: np.ascontiguousarray(array, dtype="<f4")})
+
+
+def artifact_id(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def read_artifact(data: bytes, expected_id: str | None = None):
+    """The tensor of an artifact; refuses bytes that do not hash to ``expected_id``."""
+    import numpy as np
+    from safetensors.numpy import load
+
+    if expected_id is not None and artifact_id(data) != expected_id:
+        raise ValueError(f"artifact {expected_id[:16]}... does not hash to its name (tampered or corrupt)")
+    tensors = load(data)
+    if set(tensors) != {TENSOR_NAME}:
+        raise ValueError(f"an artifact holds exactly one tensor named {TENSOR_NAME!r}")
+    value = tensors[TENSOR_NAME]
+    if value.dtype != np.float32 or not np.isfinite(value).all():
+        raise ValueError("an artifact holds finite float32 values")
+    return value
+
+
+class _Artifacts:
+    def __init__(self):
+        self.blobs: dict[str, bytes] = {}
+
+    def put(self, array) -> dict:
+        data = artifact_bytes(array)
+        key = artifact_id(data)
+        self.blobs[key] = data
+        return {"artifact": key}
+
+
+# ------------------------------------------------------------------- to JSON
+
+
+def _scope(s) -> dict:
+    if isinstance(s, ir.ScopeAll):
+        return {"kind": "all"}
+    if isinstance(s, (ir.ScopePrompt, ir.ScopeGenerated)):
+        kind = "prompt" if isinstance(s, ir.ScopePrompt) else "generated"
+        if s.sel is None:
+            return {"kind": kind}
+        if isinstance(s.sel, ir.PosIndex):
+            return {"kind": kind, "index": s.sel.index}
+        return {"kind": kind, "start": s.sel.start, "stop": s.sel.stop}
+    if isinstance(s, ir.ScopePositions):
+        return {"kind": "positions", "positions": list(s.positions)}
+    return {"kind": "after", "text": s.text.value}
+
+
+def _gate(g) -> dict:
+    if isinstance(g, ck.GateCompare):
+        return {"probe": g.probe, "op": g.op, "threshold": g.threshold}
+    if isinstance(g, ck.GateNegate):
+        return {"not": _gate(g.operand)}
+    key = "all" if isinstance(g, ck.GateAll) else "any"
+    return {key: [_gate(p) for p in g.parts]}
+
+
+def _op(op, arts: _Artifacts) -> dict:
+    import numpy as np
+
+    if isinstance(op, Affine):
+        scale = {"value": op.scale} if isinstance(op.scale, float) else arts.put(op.scale.array)
+        return {"kind": "affine", "scale": scale, "bias": arts.put(op.bias.array) if op.bias is not None else None}
+    if isinstance(op, Project):
+        return {"kind": "project", "basis": arts.put(np.stack([b.array for b in op.basis])),
+                "target": list(op.target) if op.target is not None else None}
+    return {"kind": "rotate", "e1": arts.put(op.e1.array), "e2": arts.put(op.e2.array), "angle": op.angle,
+            "mode": op.mode}
+
+
+def _site(site: Site) -> dict:
+    return {"kind": site.kind, "layer": site.layer, "head": site.head}
+
+
+def _kernel(k: Kernel, arts: _Artifacts) -> dict:
+    return {
+        "op": _op(k.op, arts),
+        "scope": [_scope(s) for s in k.scope],
+        "gate": _gate(k.gate) if k.gate is not None else None,
+        "preserve_norm": k.preserve_norm,
+        "provenance": [{"intervention": p.intervention, "line": p.span.line if p.span else None, "source": p.note}
+                       for p in k.provenance],
+    }
+
+
+def _probe(p: ProbePlan, arts: _Artifacts) -> dict:
+    import numpy as np
+
+    vectors = None
+    if p.vectors:
+        vectors = arts.put(np.stack([v.array for v in p.vectors]))
+    return {"name": p.name, "site": _site(p.site), "readout": p.kind, "vectors": vectors, "bias": p.bias,
+            "pool": p.pool}
+
+
+def to_serve(plan: Plan, facts: dict) -> tuple[dict, dict[str, bytes]]:
+    """(plan JSON object, {artifact id: bytes})."""
+    arts = _Artifacts()
+    doc = {
+        "format": FORMAT,
+        "steerc_version": __version__,
+        "source": {"name": plan.source_name.rsplit("/", 1)[-1], "sha256": plan.source_sha256},
+        "model": {"family": plan.family, "fingerprint": plan.facts_fingerprint,
+                  "facts": {k: v for k, v in facts.items() if k != "fingerprint"}},
+        "sites": [{"site": _site(sp.site), "kernels": [_kernel(k, arts) for k in sp.kernels]} for sp in plan.sites],
+        "probes": [_probe(p, arts) for p in plan.probes],
+        "constraint": constraint_json(plan.constraint),
+        "request": request_fields(plan.constraint) if plan.constraint is not None else {},
+    }
+    doc["artifacts"] = sorted(arts.blobs)
+    doc["cache_salt"] = cache_salt(doc)
+    _check_floats(doc)
+    return doc, arts.blobs
+
+
+def cache_salt(doc: dict) -> str:
+    """The prefix-cache salt of a steered request: a hash of the plan and its artifacts."""
+    body = {k: v for k, v in doc.items() if k not in ("cache_salt", "request")}
+    return "steerc-" + hashlib.sha256(dumps(body).encode("utf-8")).hexdigest()[:32]
+
+
+def dumps(doc: dict) -> str:
+    return json.dumps(doc, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+
+
+def _check_floats(obj) -> None:
+    if isinstance(obj, float):
+        if not math.isfinite(obj) or float(repr(obj)) != obj:
+            raise ValueError(f"{obj!r} does not round-trip through JSON")
+    elif isinstance(obj, dict):
+        for v in obj.values():
+            _check_floats(v)
+    elif isinstance(obj, list):
+        for v in obj:
+            _check_floats(v)
+
+
+# ----------------------------------------------------------------- from JSON
+
+
+def _scope_from(d: dict):
+    kind = d["kind"]
+    if kind == "all":
+        return ir.ScopeAll()
+    if kind in ("prompt", "generated"):
+        cls = ir.ScopePrompt if kind == "prompt" else ir.ScopeGenerated
+        if "index" in d:
+            return cls(ir.PosIndex(d["index"]))
+        if "start" in d or "stop" in d:
+            return cls(ir.PosSlice(d.get("start"), d.get("stop")))
+        return cls()
+    if kind == "positions":
+        return ir.ScopePositions(tuple(d["positions"]))
+    return ir.ScopeAfter(ir.Str(d["text"]))
+
+
+def _gate_from(d: dict):
+    if "probe" in d:
+        return ck.GateCompare(d["probe"], d["op"], float(d["threshold"]))
+    if "not" in d:
+        return ck.GateNegate(_gate_from(d["not"]))
+    if "all" in d:
+        return ck.GateAll(tuple(_gate_from(g) for g in d["all"]))
+    return ck.GateAny(tuple(_gate_from(g) for g in d["any"]))
+
+
+def _vec(ref: dict, load) -> "object":
+    from steerc.ir.values import Vec
+
+    return Vec(read_artifact(load(ref["artifact"]), ref["artifact"]))
+
+
+def _op_from(d: dict, load):
+    from steerc.ir.values import Vec
+
+    kind = d["kind"]
+    if kind == "affine":
+        scale = float(d["scale"]["value"]) if "value" in d["scale"] else _vec(d["scale"], load)
+        return Affine(scale, _vec(d["bias"], load) if d["bias"] is not None else None)
+    if kind == "project":
+        rows = read_artifact(load(d["basis"]["artifact"]), d["basis"]["artifact"])
+        target = tuple(float(t) for t in d["target"]) if d["target"] is not None else None
+        return Project(tuple(Vec(r) for r in rows), target)
+    return Rotate(_vec(d["e1"], load), _vec(d["e2"], load), float(d["angle"]), d["mode"])
+
+
+def from_serve(doc: dict, load) -> Plan:
+    """The plan of a serve document; ``load(artifact id) -> bytes`` (hashes are verified)."""
+    from steerc.ir.values import Vec
+
+    if doc.get("format") != FORMAT:
+        raise ValueError(f"not a {FORMAT} plan")
+    sites = []
+    for entry in doc["sites"]:
+        s = entry["site"]
+        kernels = tuple(
+            Kernel(
+                _op_from(k["op"], load),
+                tuple(_scope_from(x) for x in k["scope"]),
+                _gate_from(k["gate"]) if k["gate"] is not None else None,
+                bool(k["preserve_norm"]),
+                tuple(Provenance(p["intervention"], _line_span(doc, p["line"]), p["source"])
+                      for p in k["provenance"]),
+            )
+            for k in entry["kernels"]
+        )
+        sites.append(SitePlan(Site(s["kind"], s["layer"], s["head"]), kernels))
+    probes = []
+    for p in doc["probes"]:
+        vectors = ()
+        if p["vectors"] is not None:
+            rows = read_artifact(load(p["vectors"]["artifact"]), p["vectors"]["artifact"])
+            vectors = tuple(Vec(r) for r in rows)
+        s = p["site"]
+        probes.append(ProbePlan(p["name"], Site(s["kind"], s["layer"], s["head"]), p["readout"], vectors,
+                                float(p["bias"]), p["pool"]))
+    return Plan(
+        source_name=doc["source"]["name"],
+        source_sha256=doc["source"]["sha256"],
+        facts_fingerprint=doc["model"]["fingerprint"],
+        family=doc["model"]["family"],
+        sites=tuple(sites),
+        probes=tuple(probes),
+        constraint=constraint_from_json(doc.get("constraint")),
+    )
+
+
+def _line_span(doc: dict, line):
+    return Span(doc["source"]["name"], line, 1, line, 1) if line is not None else None
