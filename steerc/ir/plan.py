@@ -124,8 +124,8 @@ class Change:
 
 @frozen
 class Plan:
-    source_name: str
-    source_sha256: str
+    source_name: str = field(eq=False)  # where it came from, not what it means
+    source_sha256: str = field()
     facts_fingerprint: str
     family: str
     sites: tuple[SitePlan, ...]
