@@ -130,12 +130,18 @@ def _check_entry(name: str, entry, data_len: int) -> None:
     dtype, shape, offsets = entry.get("dtype"), entry.get("shape"), entry.get("data_offsets")
     if dtype not in _ST_ALL_DTYPES or not isinstance(shape, list) or not isinstance(offsets, list):
         raise bad
-    if not all(isinstance(s, int) and s >= 0 for s in shape) or len(offsets) != 2:
+    def is_int(x) -> bool:
+        return isinstance(x, int) and not isinstance(x, bool)
+
+    if not all(is_int(s) and s >= 0 for s in shape) or len(offsets) != 2:
         raise bad
     begin, end = offsets
-    if not (isinstance(begin, int) and isinstance(end, int) and 0 <= begin <= end <= data_len):
+    if not (is_int(begin) and is_int(end) and 0 <= begin <= end <= data_len):
         raise bad
-    if end - begin != int(np.prod(shape, dtype=np.int64)) * _ST_ALL_DTYPES[dtype]:
+    count = 1
+    for s in shape:  # Python ints: no overflow
+        count *= s
+    if end - begin != count * _ST_ALL_DTYPES[dtype]:
         raise bad
 
 
@@ -184,8 +190,9 @@ def _open_npy(path: str) -> VectorFile:
                 help="save a plain float array: np.save(path, vector.astype(np.float32))",
             ) from None
         raise VectorFileError("invalid-vector-file", f"not a readable .npy file ({msg})") from None
-    except (OSError, EOFError) as exc:
-        raise VectorFileError("invalid-vector-file", f"not a readable .npy file ({exc})") from None
+    except Exception as exc:  # noqa: BLE001 - numpy raises many kinds for malformed headers
+        raise VectorFileError("invalid-vector-file",
+                              f"not a readable .npy file ({type(exc).__name__}: {str(exc)[:120]})") from None
     if not isinstance(arr, np.ndarray):
         raise VectorFileError("invalid-vector-file", "a .npz archive is not a .npy file")
     if arr.dtype.kind != "f":

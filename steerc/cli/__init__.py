@@ -61,6 +61,8 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_USAGE
     try:
         return _module(COMMANDS[args.command][0]).run(args)
+    except SystemExit as exc:  # a subcommand that already printed its diagnostic
+        return exc.code if isinstance(exc.code, int) else EXIT_ERRORS
     except UsageError as exc:
         print(f"steerc {args.command}: error: {exc}", file=sys.stderr)
         return EXIT_USAGE

@@ -41,6 +41,10 @@ def run(args) -> int:
                           options=options, facts=facts)
     target_caps = "vllm-hook" if args.dialect == "vllm-hook" else args.target
     check_target(result, target_caps)
+    if args.dialect == "vllm-hook":
+        from steerc.targets.serve.vllm_hook import check_vllm_hook
+
+        check_vllm_hook(result)
     if result.diagnostics:
         print(result.render(), file=sys.stderr)
     if not result.ok:

@@ -96,11 +96,22 @@ def _text_config(config: dict) -> dict:
     return config
 
 
+def _count(config: dict, keys: tuple[str, ...], what: str, default=None, minimum: int = 1) -> int:
+    value = _first(config, keys, default)
+    if value is None:
+        raise FactsError(f"the config does not give {what} ({' or '.join(keys) or 'no key'})")
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise FactsError(f"{what} must be a whole number >= {minimum}, got {value!r} ({keys[0] if keys else ''})")
+    return value
+
+
 def facts_from_config(config: dict, origin: str = "config") -> ModelFacts:
     """Facts from a parsed ``config.json`` (raises FactsError)."""
     original_type = config.get("model_type")
     config = _text_config(config)
     model_type = config.get("model_type")
+    if model_type is not None and not isinstance(model_type, str):
+        raise FactsError(f"`model_type` must be a string, got {model_type!r}")
     family_name = MODEL_TYPES.get(model_type)
     if family_name is None:
         known = ", ".join(sorted(FAMILIES))
@@ -110,17 +121,14 @@ def facts_from_config(config: dict, origin: str = "config") -> ModelFacts:
             needle='"model_type"',
         )
     fam = FAMILIES[family_name]
-    try:
-        layers = int(_first(config, fam.layers))
-        hidden = int(_first(config, fam.hidden))
-        heads = int(_first(config, fam.heads))
-    except (TypeError, ValueError):
-        raise FactsError(f"the {family_name} config lacks layers, hidden size or heads") from None
-    kv_heads = int(_first(config, fam.kv_heads, fam.kv_heads_default or heads))
+    layers = _count(config, fam.layers, "the number of layers")
+    hidden = _count(config, fam.hidden, "the hidden size")
+    heads = _count(config, fam.heads, "the number of attention heads")
+    kv_heads = _count(config, fam.kv_heads, "the number of key-value heads", fam.kv_heads_default or heads)
     explicit_hd = config.get("head_dim", fam.head_dim_default) if fam.head_dim_from_config else None
-    head_dim = int(explicit_hd) if explicit_hd else hidden // heads
-    intermediate = int(_first(config, fam.intermediate, 4 * hidden) or 4 * hidden)
-    vocab = int(_first(config, fam.vocab, 0))
+    head_dim = _count({"head_dim": explicit_hd}, ("head_dim",), "head_dim") if explicit_hd else hidden // heads
+    intermediate = _count(config, fam.intermediate, "the intermediate size", 4 * hidden)
+    vocab = _count(config, fam.vocab, "the vocabulary size", 0, minimum=0)
     tied = config.get("tie_word_embeddings")
     tied = fam.tied_default if tied is None else bool(tied)
     parallel = False
@@ -144,7 +152,7 @@ def load_facts(path: str) -> ModelFacts:
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise FactsError(f"cannot read {file} as JSON ({exc})") from None
     if not isinstance(data, dict):
-        raise FactsError(f"{file} is not a JSON object")
+        raise FactsError("not a JSON object")
     if data.get("format") == FORMAT:
         return _from_facts_json(data, file)
     try:
@@ -157,13 +165,18 @@ def load_facts(path: str) -> ModelFacts:
 def _from_facts_json(data: dict, file: str) -> ModelFacts:
     facts = data.get("facts")
     if not isinstance(facts, dict) or any(k not in facts for k in FACT_FIELDS):
-        raise FactsError(f"{file} is a steerc facts file without all of: {', '.join(FACT_FIELDS)}")
+        raise FactsError(f"a steerc facts file needs all of: {', '.join(FACT_FIELDS)}")
     if facts["family"] not in FAMILIES:
         raise FactsError(f"unknown model family `{facts['family']}`", code="unknown-family",
                          file=file, needle=f'"{facts["family"]}"')
+    for key in FACT_FIELDS:
+        want = str if key == "family" else bool if key in ("tied_embeddings", "parallel_residual") else int
+        value = facts[key]
+        if not isinstance(value, want) or (want is int and (isinstance(value, bool) or value < 0)):
+            raise FactsError(f"fact `{key}` has the wrong type ({value!r})")
     out = ModelFacts(**{k: facts[k] for k in FACT_FIELDS}, origin=file)
     if facts.get("fingerprint") not in (None, out.fingerprint):
-        raise FactsError(f"{file}: its fingerprint does not match its facts (edited by hand?)")
+        raise FactsError("its fingerprint does not match its facts (edited by hand?)")
     return out
 
 

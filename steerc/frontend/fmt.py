@@ -228,17 +228,32 @@ def op(o) -> tuple[str, str]:
 
 
 class _Comments:
-    """Assigns each comment to the line it leads or trails."""
+    """Assigns each comment to the line it leads or trails.
 
-    def __init__(self, comments, anchor_lines: list[int]):
+    ``regions`` are (start line, end line, anchor line, depth): statements
+    (depth 0) and, inside blocks, block lines and closing braces (depth 1). A
+    comment at the end of a line trails the innermost region holding that
+    line (so it stays with a statement even when fmt joins its lines); a
+    comment on a line of its own leads the statement it sits inside, or else
+    the next anchor.
+    """
+
+    def __init__(self, comments, regions: list[tuple[int, int, int, int]]):
         self.leading: dict[int, list[str]] = {}
         self.trailing: dict[int, str] = {}
         self.tail: list[str] = []
-        anchors = sorted(set(anchor_lines))
-        anchor_set = set(anchors)
+        anchors = sorted({r[2] for r in regions})
         for c in comments:
-            if not c.own_line and c.line in anchor_set and c.line not in self.trailing:
-                self.trailing[c.line] = c.text
+            inside = [r for r in regions if r[0] <= c.line <= r[1]]
+            if not c.own_line and inside:
+                anchor = max(inside, key=lambda r: (r[3], r[0]))[2]
+                prev = self.trailing.get(anchor)
+                self.trailing[anchor] = c.text if prev is None else f"{prev}  {c.text}"
+                continue
+            within = [r for r in inside if r[3] == 0 and r[0] < c.line and r[1] > r[0]]
+            if within and not any(r[3] == 1 for r in regions if r[0] <= c.line <= r[1]) and \
+                    not self._in_block(within[0], regions):
+                self.leading.setdefault(within[0][2], []).append(c.text)
                 continue
             i = bisect.bisect_right(anchors, c.line)
             if i < len(anchors):
@@ -246,28 +261,53 @@ class _Comments:
             else:
                 self.tail.append(c.text)
 
+    @staticmethod
+    def _in_block(stmt_region, regions) -> bool:
+        start, end = stmt_region[0], stmt_region[1]
+        return any(r[3] == 1 and start <= r[0] <= end for r in regions)
+
 
 class _Printer:
     def __init__(self, program: ir.Program, source: Source | None):
         self.program = program
         self.source = source
         self.out: list[str] = []
-        self.comments = _Comments(program.comments, self._anchor_lines()) if program.comments else None
+        self.comments = _Comments(program.comments, self._regions()) if program.comments else None
 
-    # Anchors are the lines comments can attach to: statement heads, block
-    # lines and closing braces (only known when the program came from text).
-    def _anchor_lines(self) -> list[int]:
-        lines = []
+    # Regions comments can attach to: statements, block lines and closing
+    # braces (only known when the program came from text).
+    def _regions(self) -> list[tuple[int, int, int, int]]:
+        regions = []
         if self.program.version_span:
-            lines.append(self.program.version_span.line)
+            line = self.program.version_span.line
+            regions.append((line, line, line, 0))
         for stmt in self.program.statements:
             if stmt.span is None:
                 continue
-            lines.append(stmt.span.line)
+            start, end = stmt.span.line, stmt.span.end_line
             if isinstance(stmt, (ir.ProbeDecl, ir.InterventionDecl, ir.ModelBlock)):
-                lines.extend(line for line, _ in self._block_lines(stmt) if line)
-                lines.append(stmt.span.end_line)
-        return lines
+                regions.append((start, start, start, 0))
+                regions.extend((a, b, a, 1) for a, b in self._block_line_spans(stmt))
+                regions.append((end, end, end, 1))
+            else:
+                regions.append((start, end, start, 0))
+        return regions
+
+    def _block_line_spans(self, stmt) -> list[tuple[int, int]]:
+        if isinstance(stmt, ir.ModelBlock):
+            nodes = [[f] for f in stmt.fields]
+        else:
+            nodes = [[stmt.site]]
+            if isinstance(stmt, ir.ProbeDecl):
+                nodes += [[stmt.readout], [stmt.pool]]
+            else:
+                nodes += [[stmt.op], list(stmt.scopes or ()), [stmt.gate], [stmt.preserve]]
+        spans = []
+        for group in nodes:
+            group = [n for n in group if n is not None and n.span is not None]
+            if group:
+                spans.append((group[0].span.line, max(n.span.end_line for n in group)))
+        return spans
 
     def emit(self, text: str, line: int | None, indent: str = "") -> None:
         if self.comments and line is not None:
@@ -275,12 +315,11 @@ class _Printer:
                 self.out.append(indent + c)
         trailing = self.comments.trailing.pop(line, None) if self.comments and line else None
         first, *rest = text.split("\n")
-        if trailing and not rest:
-            first = f"{first}  {trailing}"
         self.out.append(indent + first)
-        for more in rest:
-            self.out.append(more if not more.strip() else indent + more)
-        if trailing and rest:
+        # Continuation lines come from multi-line strings (or wrapped top-level
+        # literals, which carry their own indent): never re-indent them.
+        self.out.extend(rest)
+        if trailing:
             self.out[-1] += f"  {trailing}"
 
     def blank(self) -> None:

@@ -27,17 +27,19 @@ from steerc.source import Source
 GRAMMAR_PATH = os.path.join(os.path.dirname(__file__), "steer.lark")
 
 _OPENERS = {"LPAR": "RPAR", "LSQB": "RSQB"}
+_STATEMENT_STARTS = {"MODEL", "PARAM", "VECTOR", "PROBE", "INTERVENTION", "CONSTRAIN", "$END", "STEER"}
 _CLOSERS = {"RPAR", "RSQB"}
 
 
 class _ParseState:
     """What the post-lexer learns during one parse."""
 
-    __slots__ = ("comments", "braces", "last_token")
+    __slots__ = ("comments", "braces", "brackets", "last_token")
 
     def __init__(self) -> None:
         self.comments: list[tuple[int, int, str]] = []
         self.braces: list[Token] = []  # open `{` tokens, innermost last
+        self.brackets: list[Token] = []  # open `(` and `[` tokens, innermost last
         self.last_token: Token | None = None
 
 
@@ -71,8 +73,11 @@ class _Layout(PostLex):
             after_newline = False
             if kind in _OPENERS:
                 depth += 1
+                state.brackets.append(tok)
             elif kind in _CLOSERS:
                 depth = max(depth - 1, 0)
+                if state.brackets:
+                    state.brackets.pop()
             elif kind == "LBRACE":
                 state.braces.append(tok)
             elif kind == "RBRACE" and state.braces:
@@ -142,7 +147,7 @@ def _describe_token(tok: Token) -> str:
     if tok.type == "_NL":
         return "the end of the line"
     if tok.type in ("STRING", "LONG_STRING"):
-        return "a string"
+        return "string"
     if tok.type in ("NUMBER", "INT", "SIGNED_INT", "PERCENT"):
         return f"the number `{tok.value}`"
     return f"`{tok.value}`"
@@ -199,15 +204,28 @@ def syntax_diagnostic(exc: UnexpectedInput, source: Source, state: _ParseState) 
             tok = Token("$END", "", len(source.text), *source.position(len(source.text)))
     span = _token_span(source, tok)
     message = f"unexpected {_describe_token(tok)}"
+    opener = state.brackets[-1] if state.brackets else None
+    if opener is not None and (tok.type == "$END" or (tok.line or 0) > opener.line):
+        close = ")" if opener.type == "LPAR" else "]"
+        message += f"; expected `{close}` to close the `{opener.value}` opened on line {opener.line}"
+        return Diagnostic.error(
+            "syntax-error", message, span,
+            notes=(Note("opened here", source.span(opener.start_pos, opener.end_pos)),),
+            help=f"close it with `{close}` (new lines inside brackets do not end a line)",
+        )
+    starts_statement = tok.type in _STATEMENT_STARTS
     if "RBRACE" in expected and len(expected) > 2 and state.braces:
         rest = _expected_phrase(expected - {"RBRACE", "_NL"})
         message += f"; expected `}}` or a line of the block ({rest.replace(' or ', ', ')})"
     elif expected:
         message += f"; expected {_expected_phrase(expected)}"
-    if "RBRACE" in expected and state.braces:
-        opener = state.braces[-1]
-        notes.append(Note("this block is not closed", source.span(opener.start_pos, opener.end_pos)))
+    if "RBRACE" in expected and state.braces and starts_statement:
+        brace = state.braces[-1]
+        notes.append(Note("this block is not closed", source.span(brace.start_pos, brace.end_pos)))
         help_line = "add `}` to close the block before this line"
+    elif "RBRACE" in expected and state.braces and state.last_token is not None and \
+            state.last_token.line == tok.line:
+        help_line = "each line of a block goes on its own line"
     elif expected == {"INT"} or (tok.line == 1 and "STEER" in expected):
         help_line = "a program starts with the header `steer 1`"
     return Diagnostic.error("syntax-error", message, span, notes=tuple(notes), help=help_line)

@@ -96,6 +96,7 @@ class Probe:
     pool: str  # prompt.mean | prompt.last | token
     span: Span | None = _span()
     pool_span: Span | None = _span()
+    read_span: Span | None = _span()
 
     @property
     def per_token(self) -> bool:

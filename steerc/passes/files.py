@@ -11,14 +11,17 @@ from steerc.paths import resolve
 
 def resolve_path(ctx: CheckContext, path: ir.Str, what: str = "file") -> str:
     """The real path of a file named in the program; faults outside the root or missing."""
+    if "\0" in path.value:
+        ctx.error("invalid-value", "a path cannot contain a NUL character", path.span)
+        raise Fault
     resolved = resolve(path.value, ctx.base_dir, ctx.root)
     if resolved.escapes:
+        where = "given by --root" if ctx.options.root else "the nearest folder with a steer.toml"
         ctx.error(
             "path-escape",
             f"`{path.value}` leaves the project root",
             path.span,
-            help=f"the project root is {ctx.root} (the nearest folder with a steer.toml); "
-            "move the file inside it, or pass --root",
+            help=f"the project root is {ctx.root} ({where}); move the file inside it, or pass --root",
         )
         raise Fault
     if not os.path.isfile(resolved.path):

@@ -124,7 +124,7 @@ def _probe(ev: Evaluator, p: ir.ProbeDecl) -> ck.Probe:
     site = site_pattern(p.site)
     for v, expr in zip(readout.vectors, _readout_exprs(r)):
         ev.rows_available(v, site, expr.span)
-    return ck.Probe(p.name, site, readout, p.pool.kind, span=p.span, pool_span=p.pool.span)
+    return ck.Probe(p.name, site, readout, p.pool.kind, span=p.span, pool_span=p.pool.span, read_span=r.span)
 
 
 def _readout_exprs(r):

@@ -32,7 +32,7 @@ def run(ctx: CheckContext) -> None:
     for probe in program.probes.values():
         layers = site_layers(ctx, probe.site, facts)
         for vec in probe.readout.vectors:
-            _fits(ctx, vec, probe.site, layers, facts, probe.span)
+            _fits(ctx, vec, probe.site, layers, facts, probe.read_span or probe.span)
     for iv in program.interventions:
         layers = site_layers(ctx, iv.site, facts)
         for vec in iv.op.vectors:

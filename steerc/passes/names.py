@@ -3,8 +3,8 @@
 All declared names (params, vectors, probes, interventions) share one
 namespace; a name is visible from its declaration on. Reports
 ``duplicate-name`` (at the second declaration), ``undefined-name`` (with a
-suggestion, or a note when the name is declared further down), unknown
-functions, and ``unused-name`` warnings.
+suggestion, or a note when the name is declared further down) and unknown
+functions. Unused names are reported last (:mod:`steerc.passes.unused`).
 """
 
 from __future__ import annotations
@@ -63,8 +63,6 @@ def run(ctx: CheckContext) -> None:
         if kind is not None and declared.get(stmt.name, (None, None))[1] is stmt:
             symbols[stmt.name] = Symbol(stmt.name, kind, stmt, order)
 
-    _report_unused(ctx, statements)
-
 
 def _poison(ctx: CheckContext, stmt) -> None:
     if hasattr(stmt, "name"):
@@ -106,18 +104,3 @@ def _declare_hint(ident: str) -> str:
         f"declare it before this line, e.g. `vector {ident} = load(\"...\", key=\"{ident}\")` "
         f"or `param {ident} = 1.0`"
     )
-
-
-def _report_unused(ctx: CheckContext, statements) -> None:
-    for stmt in statements:
-        kind = _KINDS.get(type(stmt))
-        if kind in (None, "intervention"):
-            continue
-        sym = ctx.symbols.get(stmt.name)
-        if sym is not None and sym.decl is stmt and not sym.used:
-            ctx.warning(
-                "unused-name",
-                f"{kind} `{stmt.name}` is never used",
-                stmt.name_span,
-                help="remove it, or use it in an intervention",
-            )

@@ -121,8 +121,8 @@ def _missing(ctx, decl, what: str, example: str) -> None:
 def _probe(ctx: CheckContext, probe: ir.ProbeDecl) -> None:
     if probe.site is None:
         _missing(ctx, probe, "`at` line", "at resid_pre[1]")
-    elif check_site(ctx, probe.site):
-        _single_site(ctx, probe.site)
+    elif not check_site(ctx, probe.site) or not _single_site(ctx, probe.site):
+        ctx.poisoned.add(probe.name)
     if probe.readout is None:
         _missing(ctx, probe, "`read` line", "read cosine(v)")
     if probe.pool is None:
@@ -212,12 +212,18 @@ def check_site(ctx: CheckContext, site: ir.SiteRef) -> bool:
                 "type-error",
                 "parentheses group an axis of `head[...]` only",
                 item.span,
-                help=f"list the layers directly: `{site.name}[1, 3]`",
+                help=f"list the layers directly: `{site.name}[{', '.join(_sel_text(a) for a in item.items)}]`",
             )
             ok = False
         else:
             ok &= _percent_ok(ctx, item)
     return ok
+
+
+def _sel_text(atom) -> str:
+    from steerc.frontend.fmt import _sel
+
+    return _sel(atom)
 
 
 def _percent_ok(ctx: CheckContext, atom, code: str = "layer-out-of-range") -> bool:
@@ -229,7 +235,7 @@ def _percent_ok(ctx: CheckContext, atom, code: str = "layer-out-of-range") -> bo
     return True
 
 
-def _single_site(ctx: CheckContext, site: ir.SiteRef) -> None:
+def _single_site(ctx: CheckContext, site: ir.SiteRef) -> bool:
     axes = site.items if site.name == "head" else (site.items,)
     for axis in axes:
         atoms = axis if isinstance(axis, tuple) else (axis.items if isinstance(axis, ir.SelGroup) else (axis,))
@@ -240,4 +246,5 @@ def _single_site(ctx: CheckContext, site: ir.SiteRef) -> None:
                 site.span,
                 help="pick one layer (and one head), e.g. `at resid_pre[1]`",
             )
-            return
+            return False
+    return True

@@ -87,14 +87,13 @@ def _gate(ctx: CheckContext, g) -> bool:
             return False
         if sorted((left, right)) == [PROBE, SCALAR]:
             return True
-        if PROBE in (left, right) and VECTOR in (left, right):
+        if PROBE in (left, right) and VECTOR in (left, right):  # noqa: SIM114
             ctx.error("type-error", "compare a probe with a number, not with a vector", g.span,
                       help="a probe is one number per sequence (or per token); compare it with a threshold")
         elif PROBE not in (left, right):
-            found = " and ".join(sorted({_ARTICLE[left], _ARTICLE[right]}))
             ctx.error(
                 "type-error",
-                f"a condition compares a probe with a number; this compares {found}",
+                f"a condition compares a probe with a number; this compares {_ARTICLE[left]} with {_ARTICLE[right]}",
                 g.span,
                 help="declare a `probe` that reads a site, and compare it: `when my_probe > 0.2`",
             )

@@ -170,9 +170,10 @@ def compare(values, op: str, threshold):
 class Context:
     """What one forward pass knows about its tokens, plus state held across a generation."""
 
-    def __init__(self, tokenizer=None, after_texts=()):
+    def __init__(self, tokenizer=None, after_texts=(), constraint=None):
         self.tokenizer = tokenizer
         self.after_texts = tuple(after_texts)
+        self.constraint = constraint  # a factory of logits processors, or None
         self.generating = False
         self.expect_prompt = False
         self.prompt_len = None  # [B] held during generate
@@ -435,11 +436,61 @@ def _register(module, kind: str, tensor: str, fn, context: Context):
     return module.register_forward_hook(post, prepend=True)
 
 
+# ---------------------------------------------------------------- constraints
+
+
+def choice_grammar(options) -> str:
+    import json
+
+    return "root ::= " + " | ".join(json.dumps(o, ensure_ascii=False) for o in options) + "\n"
+
+
+def constraint_factory(tokenizer, vocab_size: int, constraint: tuple):
+    """A function making a fresh xgrammar logits processor for each ``generate`` call.
+
+    ``constraint`` is (kind, value): ("json_schema", schema JSON text), ("regex",
+    pattern), ("grammar", EBNF) or ("choice", options). JSON comes out compact
+    (no free whitespace), as on every steerc target.
+    """
+    try:
+        import xgrammar as xgr
+        from xgrammar.contrib.hf import LogitsProcessor
+    except ImportError:
+        raise ImportError("this steering constrains its output: install xgrammar (pip install 'steerc[guided]')") \
+            from None
+    if tokenizer is None:
+        raise ValueError("an output constraint needs the tokenizer: install(model, tokenizer)")
+    info = xgr.TokenizerInfo.from_huggingface(tokenizer, vocab_size=vocab_size)
+    compiler = xgr.GrammarCompiler(info)
+    kind, value = constraint
+    if kind == "json_schema":
+        compiled = compiler.compile_json_schema(value, any_whitespace=False, separators=(",", ":"))
+    elif kind == "regex":
+        compiled = compiler.compile_regex(value)
+    elif kind == "grammar":
+        compiled = compiler.compile_grammar(value)
+    else:
+        compiled = compiler.compile_grammar(choice_grammar(value))
+    return lambda: LogitsProcessor(compiled)
+
+
+def _with_processor(kwargs: dict, processor) -> dict:
+    existing = kwargs.get("logits_processor")
+    if existing is None:
+        from transformers import LogitsProcessorList
+
+        existing = LogitsProcessorList()
+    merged = type(existing)(list(existing) + [processor])
+    return dict(kwargs, logits_processor=merged)
+
+
 def _wrap_generate(model, handle: Handle) -> None:
     original = model.generate
     context = handle.context
 
     def generate(*args, **kwargs):
+        if context.constraint is not None:
+            kwargs = _with_processor(kwargs, context.constraint())
         context.generating = True
         context.expect_prompt = True
         try:

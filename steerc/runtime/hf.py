@@ -141,9 +141,13 @@ def install_program(model, program: HookProgram, tokenizer=None, *, check: bool 
         check_model(model, program.fingerprint, program.facts)
     tensors = S.Tensors({k: torch.from_numpy(v.copy()) for k, v in program.tensors.items()})
     hooks = [(h.module, h.kind, h.tensor, _site_fn(h, tensors)) for h in program.hooks]
-    context = S.Context(tokenizer, program.after_texts)
-    if program.after_texts and tokenizer is None:
-        raise SteerInstallError('this program scopes tokens `after "..."`: pass the tokenizer to install()')
+    if (program.after_texts or program.constraint is not None) and tokenizer is None:
+        what = 'scopes tokens `after "..."`' if program.after_texts else "constrains its output"
+        raise SteerInstallError(f"this program {what}: pass the tokenizer to install()")
+    constraint = None
+    if program.constraint_data is not None:
+        constraint = S.constraint_factory(tokenizer, model.config.vocab_size, program.constraint_data)
+    context = S.Context(tokenizer, program.after_texts, constraint)
     try:
         return S.install(model, program.base_path, hooks, context)
     except AttributeError as exc:

@@ -325,6 +325,33 @@ def load(model: str, plan, **engine_kwargs):
     return llm
 
 
+def sampling_params(plan, **kwargs):
+    """``vllm.SamplingParams`` carrying the plan's output constraint (compact JSON for schemas).
+
+    Uses ``StructuredOutputsParams`` (vLLM >= 0.11), or the older
+    ``GuidedDecodingParams`` where that is what the installed vLLM has.
+    """
+    import dataclasses
+
+    from steerc.targets.constraints import constraint_from_json, structured_outputs
+
+    vllm = _vllm()
+    constraint = unpack(read_plan(plan))["header"].get("constraint")
+    if constraint is None:
+        return vllm.SamplingParams(**kwargs)
+    fields = structured_outputs(constraint_from_json(constraint))
+    try:
+        from vllm.sampling_params import StructuredOutputsParams
+
+        return vllm.SamplingParams(structured_outputs=StructuredOutputsParams(**fields), **kwargs)
+    except ImportError:
+        from vllm.sampling_params import GuidedDecodingParams
+
+        known = {f.name for f in dataclasses.fields(GuidedDecodingParams)}
+        return vllm.SamplingParams(guided_decoding=GuidedDecodingParams(
+            **{k: v for k, v in fields.items() if k in known}), **kwargs)
+
+
 def swap(llm, plan) -> list[dict]:
     """Write a new plan's values into a running engine (same structure), in place."""
     return llm.collective_rpc("steerc_update", args=(read_plan(plan),))

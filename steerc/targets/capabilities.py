@@ -115,16 +115,70 @@ TARGETS: dict[str, Target] = {
             {
                 **{k: _no(k, "vLLM-Hook has no such construct", "use the steerc serve format (--target serve)")
                    for k in ALL_KEYS},
-                **{k: Feature(k, True) for k in (
-                    "op:add", "op:ablate", "op:rotate", "op:preserve-norm", "site:resid_post", "site:resid_pre",
-                    "site:head", "scope:all", "scope:generated", "scope:positions", "gate:prompt.mean",
-                    "gate:prompt.last", "readout:cosine", "readout:projected_cosine", "readout:dot",
-                    "dtype:float32", "dtype:float16", "dtype:bfloat16", "dtype:float64", "parallel:pipeline")},
+                **{k: Feature(k, True) for k in ("dtype:float32", "dtype:float16", "dtype:bfloat16", "dtype:float64")},
             },
+            add=_yes("op:add", "`additive` with strength 1.0 at resid_post; `head_additive` (the head's row set, "
+                               "other rows zero) at head sites"),
+            scale=_no("op:scale", "vLLM-Hook's transforms add, project out or rotate; none multiplies the stream",
+                      "use the steerc serve format (--target serve)"),
+            scale_vector=_no("op:scale-vector", "vLLM-Hook's transforms add, project out or rotate; none "
+                             "multiplies the stream", "use the steerc serve format (--target serve)"),
+            set=_no("op:set", "no vLLM-Hook transform replaces the stream",
+                    "use the steerc serve format (--target serve)"),
+            suppress=_no("op:suppress", "no vLLM-Hook transform zeroes the stream",
+                         "use the steerc serve format (--target serve)"),
+            ablate=_yes("op:ablate", "one `projection` op per orthonormal direction (exact: the directions are "
+                                     "orthonormal)"),
             clamp=_no("op:clamp", "vLLM-Hook's projection removes a component; it cannot pin it to a value",
                       "use the steerc serve format (--target serve), which carries clamps"),
-            tensor=_no("parallel:tensor", "vLLM-Hook applies head_additive only with tensor parallel size 1",
-                       "use the steerc serve format"),
+            rotate=_yes("op:rotate", "`rotation`, mode `target` (`to`) or `offset` (`by`), basis [e1, e2]"),
+            preserve_norm=_no("op:preserve-norm", "vLLM-Hook's norm_preserving modifier only scales back rows whose "
+                              "norm grew; steerc rescales every selected row to its input norm",
+                              "drop `preserve norm` (rotation keeps the norm anyway), or use the steerc serve "
+                              "format (--target serve)"),
+            resid_pre=_yes("site:resid_pre", "resid_pre[l] for l >= 1 is layer l-1's output; resid_pre[0] (the "
+                                             "embeddings) can be probed (condition layer 0) but not steered"),
+            resid_post=_yes("site:resid_post", "layer l's output (`layers: [l]`, 0-based); probed as condition "
+                                               "layer l+1, so the last layer's output cannot be probed"),
+            attn_out=_no("site:attn_out", "vLLM-Hook hooks decoder-layer boundaries and o_proj's per-head input "
+                         "only", "steer resid_post[l], or use the steerc serve format (--target serve)"),
+            mlp_out=_no("site:mlp_out", "vLLM-Hook hooks decoder-layer boundaries and o_proj's per-head input only",
+                        "steer resid_post[l], or use the steerc serve format (--target serve)"),
+            head=_yes("site:head", "`head_additive` at o_proj's input, `add` only; tensor parallel size 1"),
+            all=_yes("scope:all", "`all`"),
+            prompt=_no("scope:prompt", "vLLM-Hook's scopes are all, after_prompt, last_k and from_position; none "
+                       "selects the prompt alone", "use `prompt[-k:], generated`, `generated` or `all`, or the "
+                       "steerc serve format (--target serve)"),
+            generated=_yes("scope:generated", "`after_prompt`"),
+            prompt_slice=_yes("scope:prompt-slice", "only as `prompt[-k:], generated`, which is `last_k`"),
+            generated_slice=_no("scope:generated-slice", "no vLLM-Hook scope ends, or starts inside the generated "
+                                "tokens", "use `generated`, or the steerc serve format (--target serve)"),
+            positions=_no("scope:positions", "vLLM-Hook's `from_position` selects every position from p on, not a "
+                          "list", "use the steerc serve format (--target serve)"),
+            after=_no("scope:after", "vLLM-Hook has no scope that searches the prompt text",
+                      "use the steerc serve format (--target serve), whose client resolves `after`"),
+            union=_yes("scope:union", "only `prompt[-k:], generated`, which is `last_k`"),
+            mean=_yes("gate:prompt.mean", "`pooling: mean`, one `>=` / `<=` comparison (per_key_threshold); "
+                                          "vLLM-Hook pools the positions it computes, so run without prefix caching"),
+            last=_yes("gate:prompt.last", "`pooling: last`, one `>=` / `<=` comparison (per_key_threshold)"),
+            token=_no("gate:token", "vLLM-Hook gates freeze once per request, at the end of the prompt",
+                      "pool the probe with prompt.mean or prompt.last, or use the steerc serve format "
+                      "(--target serve)"),
+            cosine=_yes("readout:cosine", "`cosine` (vLLM-Hook adds 1e-8 to the denominator: a rounding-level "
+                                          "difference)"),
+            projected_cosine=_no("readout:projected_cosine", "vLLM-Hook's projected_cosine squashes the projection "
+                                 "with tanh: cos(h, tanh(h P))", "read cosine or dot, or use the steerc serve "
+                                 "format (--target serve)"),
+            dot=_yes("readout:dot", "`affine` readout; the offset moves into the threshold"),
+            norm=_no("readout:norm", "vLLM-Hook has no norm readout",
+                     "read dot or cosine, or use the steerc serve format (--target serve)"),
+            **{c.replace(":", "_"): _no(c, "a vLLM-Hook intervention spec carries no output constraint",
+                                        "use the steerc serve format (--target serve), which sends it as "
+                                        "vLLM's structured-outputs fields")
+               for c in ("constraint:json_schema", "constraint:regex", "constraint:grammar", "constraint:choice")},
+            tensor=_yes("parallel:tensor", "residual ops run on every rank; head sites need tensor parallel size 1 "
+                                           "(vLLM-Hook refuses head_additive otherwise)"),
+            pipeline=_yes("parallel:pipeline", "each stage hooks the layers it owns"),
         ),
     )
 }

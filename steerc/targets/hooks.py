@@ -107,7 +107,19 @@ class HookProgram:
     fingerprint: str
     source_name: str
     source_sha256: str
-    constraint: object = None
+    constraint: object = None  # steerc.ir.checked.Constraint
+
+    @property
+    def constraint_data(self) -> tuple | None:
+        """(kind, value) with a schema as compact JSON text: what _support.constraint_factory takes."""
+        c = self.constraint
+        if c is None:
+            return None
+        if c.kind == "json_schema":
+            import json
+
+            return ("json_schema", json.dumps(c.value, sort_keys=True, separators=(",", ":")))
+        return (c.kind, tuple(c.value) if c.kind == "choice" else c.value)
 
 
 def _base_path(layers_path: str) -> str:

@@ -138,6 +138,7 @@ def render_init(program: HookProgram, command: str) -> str:
         f"MODEL_TYPES = {tuple(model_types)!r}",
         f"BASE_MODEL = {program.base_path!r}",
         f"AFTER_TEXTS = {program.after_texts!r}",
+        f"CONSTRAINT = {program.constraint_data!r}  # (kind, value) for xgrammar, imported only when set",
         "",
         '_T = S.Tensors(load_file(os.path.join(os.path.dirname(__file__), "tensors.safetensors")))',
         "",
@@ -161,14 +162,16 @@ def render_init(program: HookProgram, command: str) -> str:
     out.append('''def install(model, tokenizer=None, check=True):
     """Install the steering on ``model``; returns a handle with ``remove()`` (also a context manager).
 
-    ``tokenizer`` is needed when a scope uses `after "..."`. ``check`` refuses
+    ``tokenizer`` is needed when a scope uses `after "..."` or the output is
+    constrained (then ``model.generate`` is constrained too). ``check`` refuses
     a model whose layout differs from the one these hooks were compiled for.
     """
     if check:
         S.check_facts(model, FACTS, MODEL_TYPES)
-    if AFTER_TEXTS and tokenizer is None:
-        raise ValueError('this steering scopes tokens after a text: pass the tokenizer to install()')
-    return S.install(model, BASE_MODEL, HOOKS, S.Context(tokenizer, AFTER_TEXTS))
+    if (AFTER_TEXTS or CONSTRAINT) and tokenizer is None:
+        raise ValueError("this steering needs the tokenizer (a scope after a text, or an output constraint)")
+    constraint = S.constraint_factory(tokenizer, model.config.vocab_size, CONSTRAINT) if CONSTRAINT else None
+    return S.install(model, BASE_MODEL, HOOKS, S.Context(tokenizer, AFTER_TEXTS, constraint))
 ''')
     return "\n".join(out)
 

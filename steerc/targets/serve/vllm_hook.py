@@ -34,7 +34,13 @@ readout ``cosine(v)``              readout ``cosine`` (``directions`` [1, d] = v
 Every op is ``{"layers": [l], "transform": {..., "modifiers": []}, "scope":
 {...}, "gate": <gate> | null}`` (``modifiers`` and ``gate`` always written,
 floats always with a decimal point, as aisteer360 writes them: the spec is
-hashed as raw JSON). One op per (kernel, layer), in plan order.
+hashed as raw JSON). One op per (kernel, layer) — per direction for an
+``ablate`` — in plan order (sites in forward order, kernels in order).
+
+A gate's probe at ``resid_post[l]`` reads that site before its kernels;
+vLLM-Hook reads condition layer l+1's input, after layer l's ops. So a gate
+is refused when a kernel at its probe's site touches prompt positions (the
+only positions its evidence comes from).
 
 A runtime caveat the spec cannot carry: vLLM-Hook pools gate evidence over
 the prompt positions the engine *computes*; with prefix caching on, prompt
@@ -64,6 +70,7 @@ __all__ = [
     "artifact_bytes",
     "artifact_id",
     "canonical_bytes",
+    "check_vllm_hook",
     "emit_vllm_hook",
     "lower_vllm_hook",
     "request_salt",
@@ -131,9 +138,18 @@ class VllmHookError(ValueError):
 
 
 class _Refused(Exception):
+    """Something vLLM-Hook cannot express; ``.all`` lists every such thing found together."""
+
     def __init__(self, what: str, why: str, help: str, notes: tuple = ()):
         super().__init__(what)
         self.what, self.why, self.help, self.notes = what, why, help, notes
+        self.all = (self,)
+
+    @classmethod
+    def many(cls, problems) -> _Refused:
+        first = problems[0]
+        first.all = tuple(problems)
+        return first
 
 
 def _f(x) -> float:
@@ -168,6 +184,7 @@ class _Lowering:
                 "unsupported-by-target", f"the {TARGET} target cannot express {what}{where}: {why}", span,
                 help=help, notes=notes))
         self._refusals.clear()
+        self.diagnostics.sort(key=Diagnostic.sort_key)
 
     def put(self, tensors: dict) -> str:
         data = artifact_bytes(tensors)
@@ -182,15 +199,15 @@ class _Lowering:
             return site.layer
         if site.kind == "resid_pre":
             raise _Refused(
-                "`resid_pre[0]` (the embeddings)",
+                "the embeddings",
                 "vLLM-Hook edits the residual stream at decoder-layer outputs (and per-head inputs of o_proj); "
                 "the embeddings entering layer 0 have no such hook",
                 "steer resid_post[0] (= resid_pre[1]) or a later layer, or " + _SERVE)
         raise _Refused(
-            f"`{site.kind}` sites",
+            f"the site kind `{site.kind}`",
             "vLLM-Hook hooks decoder-layer boundaries and o_proj's per-head input only; it has no hook on "
             "what the attention or MLP block adds to the residual stream",
-            f"steer the residual stream (resid_post[{site.layer}]) instead, or " + _SERVE)
+            "steer the residual stream (resid_post[l]) instead, or " + _SERVE)
 
     # -- transforms: a list of (transform without artifact, tensors)
 
@@ -200,7 +217,7 @@ class _Lowering:
         if site.kind == "head":
             if not (isinstance(op, Affine) and isinstance(op.scale, float) and op.scale == 1.0):
                 raise _Refused(
-                    f"{text} at a head site",
+                    text,
                     "vLLM-Hook's only head transform is `head_additive` (add a vector to a head's output)",
                     "use `add` at head sites, or " + _SERVE)
             vector = np.zeros((self.facts.heads, self.facts.head_dim), dtype=np.float32)
@@ -283,21 +300,26 @@ class _Lowering:
                 "condition layers, not comparisons",
                 "gate on a single comparison, or " + _SERVE)
         notes = (Note("the comparison is here", g.span),) if g.span is not None else ()
+        problems: list[_Refused] = []
         comparator = {">=": "ge", "<=": "le"}.get(g.op)
         if comparator is None:
-            raise _Refused(
-                f"the strict comparison `{g.probe} {g.op} ...`",
+            problems.append(_Refused(
+                f"the strict comparison `{g.probe} {g.op} {g.threshold!r}`",
                 "vLLM-Hook's threshold rules are inclusive (`ge` / `le`), so a value equal to the threshold "
                 "would open the gate",
-                "use >= or <=", notes)
+                "use >= or <=", notes))
         probe = self.plan.probe(g.probe)
         pooling = {"prompt.mean": "mean", "prompt.last": "last"}.get(probe.pool)
         if pooling is None:
-            raise _Refused(
+            problems.append(_Refused(
                 f"the `{probe.pool}` pool of probe `{probe.name}`",
                 "vLLM-Hook gates decide once per request from readings pooled over the prompt",
-                "pool the probe with prompt.mean or prompt.last, or " + _SERVE, notes)
-        condition_layer = self._condition_layer(probe, kernel, notes)
+                "pool the probe with prompt.mean or prompt.last, or " + _SERVE, notes))
+        try:
+            condition_layer = self._condition_layer(probe, notes)
+        except _Refused as r:
+            problems.append(r)
+        readout = tensors = threshold = None
         if probe.kind == "dot":
             (w,) = probe.vectors
             readout, tensors = "affine", {"weights": w.array[None, :]}
@@ -315,19 +337,22 @@ class _Lowering:
             # for any pooled hidden state with |p| >= 1, i.e. a floating-point-level
             # difference, not a different function. Accepted.
         elif probe.kind == "projected_cosine":
-            raise _Refused(
+            problems.append(_Refused(
                 f"the `projected_cosine` readout of probe `{probe.name}`",
                 "vLLM-Hook's projected_cosine is cos(p, tanh(p P)) — it squashes the projection with tanh "
                 "(and takes a single direction); steerc's is cos(p, P p)",
-                "read cosine(...) or dot(...) instead, or " + _SERVE, notes)
+                "read cosine(...) or dot(...) instead, or " + _SERVE, notes))
         else:
-            raise _Refused(
+            problems.append(_Refused(
                 f"the `{probe.kind}` readout of probe `{probe.name}`",
                 "vLLM-Hook's readouts are affine (a dot product), cosine and projected_cosine",
-                "read dot(...) or cosine(...) instead, or " + _SERVE, notes)
-        if not math.isfinite(threshold):
-            raise _Refused(f"the gate threshold of probe `{probe.name}`", "t - b overflows a float",
-                           "use a smaller threshold or offset", notes)
+                "read dot(...) or cosine(...) instead, or " + _SERVE, notes))
+        if threshold is not None and not math.isfinite(threshold):
+            problems.append(_Refused(
+                f"the gate threshold of probe `{probe.name}`", "threshold minus offset overflows a float",
+                "use a smaller threshold or offset", notes))
+        if problems:
+            raise _Refused.many(problems)
         return {
             "layers": [condition_layer],
             "pooling": pooling,
@@ -336,18 +361,18 @@ class _Lowering:
                      "aggregate": "any"},
         }
 
-    def _condition_layer(self, probe, kernel: Kernel, notes: tuple) -> int:
+    def _condition_layer(self, probe, notes: tuple) -> int:
         site = probe.site
         if site.kind == "resid_pre":  # only resid_pre[0] survives canonicalisation
             return 0
         if site.kind != "resid_post":
             raise _Refused(
-                f"a gate on probe `{probe.name}` at {site.text}",
+                f"a gate on probe `{probe.name}` (read at {site.text})",
                 "vLLM-Hook reads gate evidence only at decoder-layer inputs (the residual stream)",
                 "probe the residual stream (resid_pre / resid_post), or " + _SERVE, notes)
         if site.layer + 1 >= self.facts.layers:
             raise _Refused(
-                f"a gate on probe `{probe.name}` at {site.text}",
+                f"a gate on probe `{probe.name}` (read at {site.text})",
                 "vLLM-Hook reads gate evidence at a decoder layer's input, and no layer follows the last one",
                 "probe an earlier layer, or " + _SERVE, notes)
         # steerc's probe reads resid_post[l] before the kernels at that site; vLLM-Hook
@@ -361,7 +386,7 @@ class _Lowering:
             names = ", ".join(f"`{n}`" for n in other.names) or "another intervention"
             span = other.provenance[0].span if other.provenance else None
             raise _Refused(
-                f"a gate on probe `{probe.name}` at {site.text}",
+                f"a gate on probe `{probe.name}` (read at {site.text})",
                 f"{names} also steers prompt positions at {site.text}; steerc's probe reads that site before "
                 f"it, but vLLM-Hook's gate reads layer {site.layer + 1}'s input, after it",
                 f"move the probe to an earlier site, or restrict {names} to `tokens generated`",
@@ -390,8 +415,9 @@ class _Lowering:
                                  ("gate", lambda site, k=kernel: self.gate(k))):
                     try:
                         parts[part] = fn(sp.site)
-                    except _Refused as r:
-                        self.refuse(r.what, r.why, r.help, span, r.notes, sp.site, kernel.names)
+                    except _Refused as refused:
+                        for r in refused.all:
+                            self.refuse(r.what, r.why, r.help, span, r.notes, sp.site, kernel.names)
                 if kernel.preserve_norm:
                     self.refuse(
                         "`preserve norm`",
@@ -453,6 +479,16 @@ def lower_vllm_hook(plan: Plan, facts) -> tuple[dict | None, dict[str, bytes], l
     if spec is None:
         return None, {}, lowering.diagnostics
     return spec, dict(sorted(lowering.artifacts.items())), lowering.diagnostics
+
+
+def check_vllm_hook(result) -> None:
+    """Add the lowering's ``unsupported-by-target`` errors to a CheckResult (like ``check_target``),
+    so a driver can report them before emitting; no-op without a plan."""
+    if getattr(result, "plan", None) is None or result.facts is None:
+        return
+    _, _, diagnostics = lower_vllm_hook(result.plan, result.facts)
+    known = {(d.code, d.message, d.span) for d in result.diagnostics}
+    result.diagnostics.extend(d for d in diagnostics if (d.code, d.message, d.span) not in known)
 
 
 # ------------------------------------------------------------------ emitting

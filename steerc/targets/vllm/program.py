@@ -16,6 +16,7 @@ import numpy as np
 
 from steerc import __version__
 from steerc.facts.sites import VLLM_BAND, VLLM_READ_FROM
+from steerc.targets.constraints import constraint_json
 from steerc.targets.hooks import HookProgram, KernelCall, lower_hooks
 from steerc.targets.vllm.wire import FORMAT, boot_sha256, tensor_wire
 
@@ -106,6 +107,7 @@ def plan_document(plan, facts) -> dict:
         "family": facts.family,
         "vllm": {"read_from": VLLM_READ_FROM, "band": VLLM_BAND},
         "boot_sha256": boot_sha256(boot),
+        "constraint": constraint_json(plan.constraint),
     }
     return {
         "format": FORMAT,

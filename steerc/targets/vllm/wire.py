@@ -5,7 +5,7 @@ bytes)::
 
     {"format": "steerc.vllm/1",
      "header": {steerc_version, source_name, source_sha256, facts, facts_fingerprint,
-                family, vllm: {read_from, band}, boot_sha256},
+                family, vllm: {read_from, band}, boot_sha256, constraint},
      "boot":   {hooks: [...], scopes: [...], gates: [...], probes: [...],
                 buffers: {name: {shape, dtype}}},
      "state":  {tensors: {name: {dtype: "float32", shape: [...], data: <raw little-endian bytes>}}}}
@@ -33,7 +33,7 @@ MAX_BYTES = 256 * 1024 * 1024
 MAX_HOOKS = 100_000
 TOP_KEYS = {"format", "header", "boot", "state"}
 HEADER_KEYS = {"steerc_version", "source_name", "source_sha256", "facts", "facts_fingerprint", "family",
-               "vllm", "boot_sha256"}
+               "vllm", "boot_sha256", "constraint"}
 BOOT_KEYS = {"hooks", "scopes", "gates", "probes", "buffers"}
 
 

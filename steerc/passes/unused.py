@@ -1,0 +1,29 @@
+"""Pass `unused`: params, vectors and probes declared but never used (warnings).
+
+Runs last, so a declaration whose own error was reported (a vector whose
+file is missing, say) does not also draw an ``unused-name`` warning.
+"""
+
+from __future__ import annotations
+
+from steerc.ir import nodes as ir
+from steerc.passes.context import CheckContext
+
+name = "unused"
+
+_KINDS = {ir.ParamDecl: "param", ir.VectorDecl: "vector", ir.ProbeDecl: "probe"}
+
+
+def run(ctx: CheckContext) -> None:
+    for stmt in ctx.program.statements:
+        kind = _KINDS.get(type(stmt))
+        if kind is None or stmt.name in ctx.poisoned:
+            continue
+        sym = ctx.symbols.get(stmt.name)
+        if sym is not None and sym.decl is stmt and not sym.used:
+            ctx.warning(
+                "unused-name",
+                f"{kind} `{stmt.name}` is never used",
+                stmt.name_span,
+                help="remove it, or use it in an intervention",
+            )

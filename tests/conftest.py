@@ -1,0 +1,60 @@
+"""Shared fixtures for the steerc test suite.
+
+* ``examples_dir``: the shared conformance programs (``$STEERC_EXAMPLES`` or
+  ``../shared/examples`` next to the repository); tests using it skip when
+  the folder is missing.
+* ``tiny_facts(name)``: the :class:`~steerc.facts.ModelFacts` of one of the
+  tiny model configs in ``examples/models`` (``"tiny-llama"``, ...).
+* ``update_golden``: true under ``pytest --update-golden``; golden-file
+  tests then rewrite their expectations instead of comparing.
+
+Helpers the test modules share (golden comparison, running the CLI
+in-process) live in ``tests/support.py``.
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ["HF_HUB_OFFLINE"] = "1"
+
+import pytest  # noqa: E402
+
+from support import examples_path  # noqa: E402
+
+
+def pytest_addoption(parser):
+    parser.addoption(
+        "--update-golden",
+        action="store_true",
+        default=False,
+        help="rewrite the golden files under tests/golden instead of comparing with them",
+    )
+
+
+@pytest.fixture(scope="session")
+def examples_dir() -> str:
+    path = examples_path()
+    if not os.path.isdir(path):
+        pytest.skip(f"shared examples not found at {path} (set STEERC_EXAMPLES)")
+    return path
+
+
+@pytest.fixture(scope="session")
+def tiny_facts(examples_dir):
+    """``tiny_facts("tiny-llama")``: facts of a tiny model config from the examples."""
+    from steerc.facts import load_facts
+
+    cache: dict[str, object] = {}
+
+    def get(name: str):
+        if name not in cache:
+            cache[name] = load_facts(os.path.join(examples_dir, "models", name))
+        return cache[name]
+
+    return get
+
+
+@pytest.fixture(scope="session")
+def update_golden(request) -> bool:
+    return bool(request.config.getoption("--update-golden"))

@@ -1,0 +1,64 @@
+"""Helpers shared by the test modules (fixtures live in conftest.py)."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import os
+import re
+
+import pytest
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TESTS = os.path.join(REPO, "tests")
+GOLDEN = os.path.join(TESTS, "golden")
+
+
+def examples_path() -> str:
+    """Where the shared examples are (whether or not the folder exists)."""
+    return os.path.abspath(os.environ.get("STEERC_EXAMPLES", os.path.join(REPO, "..", "shared", "examples")))
+
+
+def run_cli(argv: list[str], stdin: str | None = None) -> tuple[int, str, str]:
+    """Run ``steerc`` in-process: (exit code, stdout, stderr)."""
+    import sys
+
+    from steerc.cli import main
+
+    out, err = io.StringIO(), io.StringIO()
+    old_stdin = sys.stdin
+    if stdin is not None:
+        sys.stdin = io.StringIO(stdin)
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            try:
+                code = main(list(argv))
+            except SystemExit as exc:  # main() should return, but never let a test die of it
+                code = exc.code if isinstance(exc.code, int) else 1
+    finally:
+        sys.stdin = old_stdin
+    return code, out.getvalue(), err.getvalue()
+
+
+def needs_constraints():
+    """Skip the calling test while ``steerc.constraints`` cannot be imported."""
+    return pytest.importorskip("steerc.constraints", reason="steerc.constraints has not landed yet")
+
+
+def uses_constraint(text: str) -> bool:
+    """Whether a program has a ``constrain`` statement (and so needs steerc.constraints)."""
+    return re.search(r"^\s*constrain\b", text, re.M) is not None
+
+
+def compare_golden(path: str, actual: str, update: bool) -> None:
+    """Compare ``actual`` with the golden file at ``path`` (or rewrite it when ``update``)."""
+    if update:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(path, "w", encoding="utf-8", newline="") as fh:
+            fh.write(actual)
+        return
+    if not os.path.exists(path):
+        pytest.fail(f"golden file {os.path.relpath(path, REPO)} is missing; run pytest --update-golden")
+    with open(path, encoding="utf-8", newline="") as fh:
+        expected = fh.read()
+    assert actual == expected, f"output differs from {os.path.relpath(path, REPO)} (pytest --update-golden rewrites it)"
