@@ -19,13 +19,10 @@ import statistics
 import sys
 import time
 
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+from common import EXAMPLES, load_model  # noqa: E402  (sets the offline environment first)
 
 import torch  # noqa: E402
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-EXAMPLES = os.environ.get("STEERC_EXAMPLES", os.path.join(HERE, "..", "..", "shared", "examples"))
 STEER = "vector v = normalize({lit})\nintervention push {{\n  at resid_post[6:10]\n  add 4.0 * v\n}}\n"
 
 
@@ -43,22 +40,7 @@ def constraints() -> dict[str, str]:
 
 
 def load():
-    from steerc.runtime.models import encode_prompt, load_model, smollm2_path
-
-    path = smollm2_path()
-    if path is not None:
-        model, tok = load_model(path)
-        return model, tok, encode_prompt(tok, "Is it raining? Answer in JSON.", chat=True), "SmolLM2-135M-Instruct"
-    sys.path.insert(0, os.path.join(HERE, "..", "tests"))
-    from tokenizer_util import byte_bpe
-    from transformers import AutoConfig, AutoModelForCausalLM
-
-    torch.manual_seed(0)
-    cfg = AutoConfig.from_pretrained(os.path.join(EXAMPLES, "models", "real", "smollm2-135m-instruct"))
-    tok = byte_bpe(512)
-    cfg.vocab_size = 512
-    model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32).eval()
-    return model, tok, tok("Is it raining?", return_tensors="pt"), "random Llama 576x30, byte BPE 512"
+    return load_model("Is it raining? Answer in JSON.", byte_bpe=True)
 
 
 def generate(model, tok, inputs, new: int) -> tuple[int, float]:

@@ -20,37 +20,21 @@ median tokens/s over ROUNDS rounds and the ratio to unsteered.
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
 import sys
 import time
 
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+from common import load_model  # noqa: E402  (sets the offline environment first)
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-EXAMPLES = os.environ.get("STEERC_EXAMPLES", os.path.join(HERE, "..", "..", "shared", "examples"))
 PROMPT = "Write a short paragraph about the sea."
 LAYERS = (8, 9, 10, 11)
 
 
 def load():
-    from steerc.runtime.models import encode_prompt, load_model, smollm2_path
-
-    path = smollm2_path()
-    if path is not None:
-        model, tok = load_model(path)
-        return model, tok, encode_prompt(tok, PROMPT, chat=True), "SmolLM2-135M-Instruct (GGUF, float32)"
-    from transformers import AutoConfig, AutoModelForCausalLM
-
-    torch.manual_seed(0)
-    cfg = AutoConfig.from_pretrained(os.path.join(EXAMPLES, "models", "real", "smollm2-135m-instruct"))
-    model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32).eval()
-    ids = torch.randint(3, cfg.vocab_size, (1, 24))
-    return model, None, {"input_ids": ids, "attention_mask": torch.ones_like(ids)}, "random Llama 576x30"
+    return load_model(PROMPT)
 
 
 def direction(hidden: int) -> np.ndarray:

@@ -18,7 +18,7 @@ from steerc.ir import nodes as ir
 from steerc.ir.values import PerLayer
 from steerc.source import Span
 
-Operand = Union["numpy.ndarray", PerLayer]
+Operand = Union["numpy.ndarray", PerLayer]  # noqa: F821 - numpy is imported where operands are made
 
 SITE_KINDS = ("resid_pre", "resid_post", "attn_out", "mlp_out", "head")
 

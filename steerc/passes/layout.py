@@ -49,7 +49,7 @@ def site_layers(ctx: CheckContext, site: ck.SitePattern, facts: ModelFacts) -> t
             "layer-out-of-range",
             f"layer {atom.index} does not exist: the model has {facts.layers} layers (0 to {facts.layers - 1})",
             atom.span,
-            help=f"use -1 for the last layer, or a percentage such as 50% to stay portable",
+            help="use -1 for the last layer, or a percentage such as 50% to stay portable",
         )
     for sl in exp.empty:
         ctx.warning("no-effect", f"this slice selects no layer of a {facts.layers}-layer model", sl.span)
