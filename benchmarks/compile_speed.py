@@ -48,6 +48,17 @@ def program(n: int, n_vectors: int = 16) -> str:
     return "\n".join(lines) + "\n"
 
 
+def paused_gc(fn, *args):
+    """Run ``fn`` with the garbage collector paused, as ``steerc.api.check`` does."""
+    import gc
+
+    gc.disable()
+    try:
+        return fn(*args)
+    finally:
+        gc.enable()
+
+
 def best_of(runs: int, fn) -> float:
     times = []
     for _ in range(runs):
@@ -84,7 +95,7 @@ def main() -> int:
         text = program(n)
         result = check_source(text, "bench.steer", options=options, facts=facts)
         assert result.ok, result.render()[:2000]
-        parse = best_of(args.runs, lambda: parse_source(text, "bench.steer"))
+        parse = best_of(args.runs, lambda: paused_gc(parse_source, text, "bench.steer"))
         check = best_of(args.runs, lambda: check_source(text, "bench.steer", options=options, facts=facts))
         rows.append((n, parse, check, result.plan.kernel_count))
     print(f"compile speed (best of {args.runs}; check = parse + all passes + layout + plan, one core)")

@@ -105,7 +105,7 @@ def _repeng(model, v, ControlModel, ControlVector):
     return applied
 
 
-def tokens_per_second(model, inputs, new: int, ctx) -> float:
+def tokens_per_second(model, inputs, new: int, ctx) -> tuple[float, list[int]]:
     import contextlib
 
     with torch.inference_mode(), (ctx() if ctx else contextlib.nullcontext()):
@@ -114,7 +114,7 @@ def tokens_per_second(model, inputs, new: int, ctx) -> float:
                              pad_token_id=model.config.eos_token_id)
         took = time.perf_counter() - t
     assert out.shape[1] - inputs["input_ids"].shape[1] == new
-    return new / took
+    return new / took, out[0, inputs["input_ids"].shape[1]:].tolist()
 
 
 def main() -> int:
@@ -127,19 +127,24 @@ def main() -> int:
     conditions = {"unsteered": None, **steerc_conditions(model, tok, v), **peer_conditions(model, v)}
     tokens_per_second(model, inputs, 4, None)  # warm-up
     results: dict[str, list[float]] = {name: [] for name in conditions}
+    texts: dict[str, list[int]] = {}
     for _ in range(args.rounds):
         for name, ctx in conditions.items():
-            results[name].append(tokens_per_second(model, inputs, args.new, ctx))
+            tps, texts[name] = tokens_per_second(model, inputs, args.new, ctx)
+            results[name].append(tps)
     base = statistics.median(results["unsteered"])
     import transformers
 
     print(f"greedy generation on {label}, {args.new} new tokens, median of {args.rounds} interleaved rounds, "
           f"torch {torch.__version__}, transformers {transformers.__version__}, {torch.get_num_threads()} threads")
-    print("| condition | tokens/s | vs unsteered |")
-    print("|---|---:|---:|")
+    print("| condition | tokens/s | vs unsteered | same tokens as steerc add |")
+    print("|---|---:|---:|---|")
+    reference = texts["steerc add, 4 layers"]
     for name, values in results.items():
         tps = statistics.median(values)
-        print(f"| {name} | {tps:.1f} | {tps / base:.3f} |")
+        same = "yes" if texts[name] == reference else "no"
+        comparable = name.endswith("add, 4 layers") and "gated" not in name
+        print(f"| {name} | {tps:.1f} | {tps / base:.3f} | {same if comparable else '-'} |")
     return 0
 
 
