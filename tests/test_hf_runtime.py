@@ -170,3 +170,18 @@ def test_half_and_single_precision_models_run(dtype):
     with install(model, plan):
         out = model(input_ids=IDS, attention_mask=MASK).logits
     assert out.dtype == getattr(torch, dtype) and torch.isfinite(out.float()).all()
+
+
+def test_unknown_family_is_checked_from_discovered_facts_but_not_installed():
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from steerc.runtime.hf import compile_for, facts_from_model
+
+    cfg = AutoConfig.for_model("olmo", hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                               intermediate_size=64, vocab_size=64, pad_token_id=0, bos_token_id=1, eos_token_id=2)
+    model = AutoModelForCausalLM.from_config(cfg)
+    facts = facts_from_model(model)
+    assert facts.layers == 2 and facts.hidden == 32 and any("model.layers" in g for g in facts.guesses)
+    plan = compile_for("steer 1\nintervention x {\n  at resid_post[0]\n  scale 2\n}\n", model)
+    with pytest.raises(SteerInstallError, match="no hf site table for the `olmo` family"):
+        install(model, plan)

@@ -178,4 +178,12 @@ TABLES = {"hf": _HF_TABLES, "vllm": _VLLM_TABLES}
 
 
 def site_table(family: str, backend: str) -> SiteTable:
-    return TABLES[backend][family]
+    """The site table of a family on a backend; a clear error for a family without one."""
+    try:
+        return TABLES[backend][family]
+    except KeyError:
+        known = ", ".join(sorted(TABLES.get(backend, {})))
+        raise ValueError(
+            f"steerc has no {backend} site table for the `{family}` family, so it cannot place hooks; "
+            f"families with one: {known}"
+        ) from None

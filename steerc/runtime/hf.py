@@ -162,4 +162,9 @@ def install(model, plan, tokenizer=None, *, check: bool = True) -> S.Handle:
             f"this plan was compiled for a model with fingerprint {plan.facts_fingerprint[:12]}..., "
             f"not this {facts.family} model ({facts.fingerprint[:12]}...)"
         )
-    return install_program(model, lower_hf(plan, facts), tokenizer, check=False)
+    try:
+        program = lower_hf(plan, facts)
+    except ValueError as exc:
+        guesses = "; ".join(facts.guesses)
+        raise SteerInstallError(f"{exc}{' (discovered: ' + guesses + ')' if guesses else ''}") from None
+    return install_program(model, program, tokenizer, check=False)
