@@ -1,7 +1,7 @@
-"""Target capabilities: the data, the generated matrix in spec/capabilities.md, and the check.
+"""Target capabilities: the data, the matrix in spec/capabilities.md, and the check.
 
-``python tests/test_capabilities.py --write`` rewrites the generated block
-of ``spec/capabilities.md`` from :func:`capability_matrix`.
+The matrix is one of the generated blocks of ``spec/``, kept fresh by
+``tests/test_spec.py`` (``python tests/test_spec.py --write`` rewrites them).
 """
 
 from __future__ import annotations
@@ -9,50 +9,22 @@ from __future__ import annotations
 import glob
 import json
 import os
-import sys
 
 import pytest
 from support import REPO, examples_path, needs_constraints, run_cli, uses_constraint
 
 from steerc.api import check_file
 from steerc.targets import TARGETS, check_target
-from steerc.targets.capabilities import ALL_KEYS, FEATURE_GROUPS, GROUP_TITLES, capability_matrix
+from steerc.targets.capabilities import ALL_KEYS, FEATURE_GROUPS, GROUP_TITLES
 from steerc.targets.features import program_features
 
 SPEC = os.path.join(REPO, "spec", "capabilities.md")
-BEGIN, END = "<!-- BEGIN GENERATED: capabilities -->\n", "<!-- END GENERATED: capabilities -->"
-
-
 def _read() -> str:
     with open(SPEC, encoding="utf-8") as fh:
         return fh.read()
 
 
-def generated_block(text: str) -> str | None:
-    i = text.find(BEGIN)
-    j = text.find(END, i + len(BEGIN)) if i >= 0 else -1
-    return text[i + len(BEGIN):j] if i >= 0 and j >= 0 else None
-
-
-def write() -> None:
-    text = _read()
-    block = generated_block(text)
-    if block is None:
-        raise SystemExit(f"{SPEC}: no {BEGIN.strip()} ... {END} markers")
-    text = text.replace(BEGIN + block + END, BEGIN + capability_matrix() + END, 1)
-    with open(SPEC, "w", encoding="utf-8") as fh:
-        fh.write(text)
-    print(f"rewrote {os.path.relpath(SPEC, REPO)}")
-
-
 # ------------------------------------------------------------------ the matrix
-
-
-def test_committed_matrix_is_fresh():
-    block = generated_block(_read())
-    assert block is not None, "spec/capabilities.md lacks its generated block"
-    assert block == capability_matrix(), (
-        "spec/capabilities.md is stale: run `python tests/test_capabilities.py --write`")
 
 
 def test_spec_names_every_target():
@@ -224,8 +196,3 @@ def test_the_vllm_check_of_05_points_at_its_after_line(monkeypatch):
     assert d["code"] == "unsupported-by-target" and d["line"] == line
 
 
-if __name__ == "__main__":
-    if sys.argv[1:] == ["--write"]:
-        write()
-    else:
-        raise SystemExit("usage: python tests/test_capabilities.py --write   (or run it with pytest)")

@@ -130,10 +130,17 @@ def render_ir_nodes() -> str:
     return "\n".join(out) + "\n"
 
 
+def render_capabilities() -> str:
+    from steerc.targets.capabilities import capability_matrix
+
+    return capability_matrix()
+
+
 GENERATED = {
     ("models.md", "site-tables"): render_site_tables,
     ("models.md", "family-facts"): render_family_table,
     ("json.md", "ir-nodes"): render_ir_nodes,
+    ("capabilities.md", "capabilities"): render_capabilities,
 }
 
 
