@@ -15,7 +15,7 @@ from support import REPO, examples_path, needs_constraints, run_cli, uses_constr
 
 from steerc.api import check_file
 from steerc.targets import TARGETS, check_target
-from steerc.targets.capabilities import ALL_KEYS, FEATURE_GROUPS, GROUP_TITLES
+from steerc.targets.capabilities import ALL_KEYS, FEATURE_GROUPS, GROUP_TITLES, capability_matrix
 from steerc.targets.features import program_features
 
 SPEC = os.path.join(REPO, "spec", "capabilities.md")
