@@ -17,7 +17,7 @@ import hashlib
 import json
 import os
 
-from attrs import asdict, field, frozen
+from attrs import field, frozen
 
 from steerc.facts.families import FAMILIES, MODEL_TYPES, Family
 
@@ -193,4 +193,4 @@ def facts_document(facts: ModelFacts, backend: str) -> dict:
     }
 
 
-__all__ = ["FactsError", "ModelFacts", "facts_document", "facts_from_config", "load_facts", "FAMILIES", "asdict"]
+__all__ = ["FactsError", "ModelFacts", "facts_document", "facts_from_config", "load_facts", "FAMILIES"]

@@ -121,7 +121,6 @@ class Operation:
     mode: str | None = None
     text: str = ""  # the operation as written (canonical layout), for explain
     span: Span | None = _span()
-    operand_spans: tuple[Span | None, ...] = field(default=(), eq=False, repr=False, kw_only=True)
 
 
 @frozen(eq=False)

@@ -83,23 +83,9 @@ def _fits(ctx: CheckContext, vec, site: ck.SitePattern, layers, facts: ModelFact
                 return
 
 
-_ASSERTED = {
-    "family": "family",
-    "layers": "layers",
-    "hidden": "hidden",
-    "heads": "heads",
-    "kv_heads": "kv_heads",
-    "head_dim": "head_dim",
-    "intermediate": "intermediate",
-    "vocab": "vocab",
-    "tied_embeddings": "tied_embeddings",
-    "parallel_residual": "parallel_residual",
-}
-
-
 def _assertions(ctx: CheckContext, program: ck.CheckedProgram, facts: ModelFacts) -> None:
     for a in program.assertions:
-        actual = getattr(facts, _ASSERTED[a.key])
+        actual = getattr(facts, a.key)  # assertion keys are fact names
         expected = a.value
         if a.key == "family" and isinstance(expected, str):
             ok = expected == actual or expected == facts.model_type

@@ -38,7 +38,6 @@ import binascii
 import json
 import os
 import tempfile
-import time
 
 from steerc.serve_client import ARTIFACTS_KEY, PLAN_KEY
 from steerc.targets.serve.format import FORMAT, artifact_id, from_serve, read_artifact
@@ -363,7 +362,7 @@ class SteercServeExtension:
         return self._serve_store.put(bytes(data), expected=key)
 
     def steerc_requests(self) -> dict:
-        return {"steered": sorted(self._serve_requests), "hooks": len(self._serve_hooks), "time": time.time()}
+        return {"steered": sorted(self._serve_requests), "hooks": len(self._serve_hooks)}
 
 
 # -------------------------------------------------------------------- plugin

@@ -49,12 +49,8 @@ def constraint_from_json(d: dict | None):
 
     if d is None:
         return None
-    value = tuple(d["value"]) if d["kind"] == "choice" else d["value"]
-    text = json.dumps(value, sort_keys=True, separators=(",", ":")) if d["kind"] == "json_schema" else None
-    return Constraint(d["kind"], value, text=text if d["kind"] == "json_schema" else (value if d["kind"] in ("regex", "grammar") else None))
-
-
-def choice_grammar(options) -> str:
-    """An EBNF grammar accepting exactly one of ``options``."""
-    alts = " | ".join(json.dumps(o, ensure_ascii=False) for o in options)
-    return f"root ::= {alts}\n"
+    kind, value = d["kind"], d["value"]
+    if kind == "choice":
+        return Constraint(kind, tuple(value))
+    text = json.dumps(value, sort_keys=True, separators=(",", ":")) if kind == "json_schema" else value
+    return Constraint(kind, value, text=text)
