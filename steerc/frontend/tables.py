@@ -44,7 +44,16 @@ def load(postlex) -> Lark:
         return build(postlex)
     if _tables.GRAMMAR_SHA256 != grammar_sha256():
         return build(postlex)
-    return Lark._load_from_dict(_tables.DATA, _tables.MEMO, postlex=postlex)
+    # Tables written by one lark release name options another may not know (lark 1.3 added
+    # cache_grammar; vLLM pins lark 1.2): keep those this lark has, and build if it still refuses.
+    from lark.lark import LarkOptions
+
+    data = dict(_tables.DATA, options={k: v for k, v in _tables.DATA["options"].items()
+                                       if k in LarkOptions._defaults})
+    try:
+        return Lark._load_from_dict(data, _tables.MEMO, postlex=postlex)
+    except Exception:  # noqa: BLE001 - any incompatibility of the stored tables: the slow, sure path
+        return build(postlex)
 
 
 def render() -> str:

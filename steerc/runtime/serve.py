@@ -372,32 +372,16 @@ EXTENSION = "steerc.runtime.serve.SteercServeExtension"
 
 
 def register() -> None:
-    """``vllm.general_plugins`` entry point (runs in every vLLM process).
+    """``vllm.general_plugins`` entry point (vLLM runs it in every process it starts).
 
-    With ``STEERC_SERVE=1`` in the environment, engines get the steerc serve
-    worker extension and eager execution. Admission (:func:`admit`) runs in
-    the front end through :func:`validate_request`, which servers call on
-    each request's ``SamplingParams`` (see README).
+    It registers ``load_format="steerc"``, the model loader through which
+    both the vllm target and the serve plugin install their hooks. It
+    changes nothing else: an engine is steered only when it is started
+    with that load format (``steerc.runtime.vllm.load``, ``steerc serve``).
     """
-    if os.environ.get("STEERC_SERVE") != "1":
-        return
-    try:
-        from vllm.engine.arg_utils import EngineArgs
-    except ImportError:  # not inside vLLM
-        return
-    if getattr(EngineArgs.create_engine_config, "_steerc", False):
-        return
-    original = EngineArgs.create_engine_config
+    from steerc.runtime.vllm_engine import register_loader
 
-    def create_engine_config(self, *args, **kwargs):
-        if self.worker_extension_cls and self.worker_extension_cls != EXTENSION:
-            raise ValueError(f"steerc serve needs worker_extension_cls={EXTENSION}, got {self.worker_extension_cls}")
-        self.worker_extension_cls = EXTENSION
-        self.enforce_eager = True
-        return original(self, *args, **kwargs)
-
-    create_engine_config._steerc = True
-    EngineArgs.create_engine_config = create_engine_config
+    register_loader()
 
 
 def validate_request(sampling_params, store: ArtifactStore | None = None, fingerprint: str | None = None):

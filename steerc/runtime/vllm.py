@@ -1,22 +1,25 @@
-"""steerc on vLLM: a worker extension reached by name, and the driver-side helpers.
+"""steerc on vLLM: the vllm target's runtime (one plan for every request, compiled graphs kept).
 
 Use::
 
     from steerc.runtime.vllm import load, swap
-    llm = load("HuggingFaceTB/SmolLM2-135M-Instruct", "out/plan.msgpack")   # a steered vllm.LLM
+    llm = load("path/to/model", "out/plan.msgpack")   # a steered vllm.LLM
     llm.generate(prompts, params)
     swap(llm, "out2/plan.msgpack")   # same structure, new values: written in place
 
-How it stays exact and keeps CUDA graphs: :func:`load` passes the plan to
-every worker through ``additional_config`` and names
-:class:`SteercWorkerExtension` as ``worker_extension_cls``. The extension
-wraps the model runner's ``load_model`` so the hooks go in right after the
-weights load — before torch.compile traces the model and before CUDA graphs
-are captured — and its ``prepare_inputs`` so that each step's per-token
-metadata (position, prompt length, request slot) is written into fixed
-buffers outside the graph. Everything else happens through ``steerc_*``
-methods called by name with ``LLM.collective_rpc`` and msgpack-safe
-arguments (plan bytes): never pickle.
+How it stays exact and keeps compiled graphs (see :mod:`steerc.runtime.vllm_engine`):
+:func:`load` starts the engine with ``load_format="steerc"``, whose model
+loader installs the plan's hooks right after the weights load — before
+torch.compile traces the model and before any CUDA graph is captured —
+and a forward pre-hook that writes each step's per-token metadata
+(position, prompt length, request slot) into fixed buffers outside the
+graph. :class:`SteercWorkerExtension` (``worker_extension_cls``) adds the
+``steerc_*`` methods, called by name with ``LLM.collective_rpc`` and
+msgpack-safe arguments (plan bytes): never pickle.
+
+No silent no-op: every installed hook counts its runs inside the graph;
+after the first real step the worker checks that each one ran, and
+:func:`load` checks it again after warm-up.
 
 Tensor parallel: ``head[l, h]`` is applied on the rank holding head ``h``
 (query heads are split in contiguous blocks); residual, attention-output and
@@ -31,10 +34,10 @@ import os
 
 import numpy as np
 
+from steerc.runtime.vllm_engine import CONFIG_KEY, LOAD_FORMAT, EngineError, register_loader
 from steerc.targets.vllm.wire import PlanError, boot_sha256, unpack, validate_plan
 
 EXTENSION = "steerc.runtime.vllm.SteercWorkerExtension"
-CONFIG_KEY = "steerc"
 
 
 def _vllm():
@@ -48,15 +51,11 @@ def _vllm():
 # --------------------------------------------------------------------- worker
 
 
-def _parallel(worker) -> tuple[int, int]:
-    """(tensor-parallel rank, size) of this worker."""
-    try:
-        from vllm.distributed import get_tensor_model_parallel_rank, get_tensor_model_parallel_world_size
+def _parallel() -> tuple[int, int]:
+    """(tensor-parallel rank, size) of this worker process."""
+    from vllm.distributed import get_tensor_model_parallel_rank, get_tensor_model_parallel_world_size
 
-        return get_tensor_model_parallel_rank(), get_tensor_model_parallel_world_size()
-    except Exception:  # noqa: BLE001 - not inside vLLM: the worker says (stand-ins, tests)
-        pc = worker.vllm_config.parallel_config
-        return getattr(worker, "tp_rank", 0), getattr(pc, "tensor_parallel_size", 1)
+    return get_tensor_model_parallel_rank(), get_tensor_model_parallel_world_size()
 
 
 def _owns(model, module_path: str) -> bool:
@@ -114,10 +113,11 @@ class InstalledPlan:
         model.add_module("steerc", self.state)
         self.handles = []
         self.installed: list[str] = []
+        self.registered: dict[str, tuple[int, str]] = {}  # hook name -> (fired index, module)
         self.skipped: list[str] = []
         probe_layers = {p["name"]: p["layer"] for p in self.boot["probes"]}
         try:
-            for hook in self.boot["hooks"]:
+            for index, hook in enumerate(self.boot["hooks"]):
                 if not _owns(model, _layer_path(hook["module"])):
                     self.skipped.append(hook["name"])
                     continue
@@ -127,8 +127,9 @@ class InstalledPlan:
                     continue
                 self._check_probes_here(model, local, probe_layers)
                 module = model.get_submodule(hook["module"])
-                self.handles.append(register(module, hook, site_function(self.state, local["sites"])))
+                self.handles.append(register(module, hook, site_function(self.state, local["sites"], index)))
                 self.installed.append(hook["name"])
+                self.registered[hook["name"]] = (index, hook["module"])
         except Exception:
             self.remove(model)
             raise
@@ -146,6 +147,15 @@ class InstalledPlan:
                         raise PlanError("plan.boot.gates", f"probe `{name}` sits on another pipeline stage than "
                                                            f"the kernel it gates at {site['site']}")
 
+    def fired(self) -> dict[str, int]:
+        counts = self.state.fired.tolist()
+        return {name: int(counts[i]) for name, (i, _) in self.registered.items()}
+
+    def silent(self, before: dict[str, int]) -> list[str]:
+        """Registered hooks that did not run since ``before`` (as 'name (module)')."""
+        now = self.fired()
+        return [f"{name} ({self.registered[name][1]})" for name in self.registered if now[name] <= before[name]]
+
     def remove(self, model) -> None:
         for h in self.handles:
             h.remove()
@@ -162,125 +172,176 @@ def _gate_probes(gate) -> list[str]:
     return [n for g in gate[1] for n in _gate_probes(g)]
 
 
-def batch_metadata(runner, batch) -> tuple:
-    """(pos, plen, slot, valid, {slot: req_id}) per token of a vLLM V2 ``InputBatch``."""
-    n_req = batch.num_reqs
-    qsl = np.asarray(batch.query_start_loc_np[: n_req + 1], dtype=np.int64)
-    counts = np.diff(qsl)
-    slots = np.asarray(batch.idx_mapping_np[:n_req], dtype=np.int64)
-    total = int(batch.num_tokens_after_padding)
-    n = int(qsl[-1])
-    first = np.asarray(batch.num_computed_tokens_np[:n_req], dtype=np.int64)
-    offsets = np.arange(n, dtype=np.int64) - np.repeat(qsl[:-1], counts)
-    pos = np.zeros(total, dtype=np.int64)
-    plen = np.zeros(total, dtype=np.int64)
-    slot = np.full(total, -1, dtype=np.int64)
-    valid = np.zeros(total, dtype=bool)
-    pos[:n] = np.repeat(first, counts) + offsets
-    plen[:n] = np.repeat(np.asarray(runner.req_states.prompt_len.np, dtype=np.int64)[slots], counts)
-    slot[:n] = np.repeat(slots, counts)
-    valid[:n] = True
-    owners = {int(s): batch.req_ids[i] for i, s in enumerate(slots)}
-    return pos, plen, slot, valid, owners
+class PlanFeeder:
+    """Before each forward: the step's token metadata into the plan's buffers; after the first real one:
+    the check that every hook ran."""
+
+    def __init__(self, installed: InstalledPlan, view, family: str):
+        from steerc.runtime.vllm_engine import Slots
+
+        self.installed = installed
+        self.view = view
+        self.family = family
+        self.slots = Slots(installed.state.max_slots)
+        self.forwards = 0
+        self.real_steps = 0
+        self._pending: dict | None = None
+        self.verified = False
+
+    def before(self, positions) -> None:
+        from steerc.runtime.vllm_engine import token_metadata
+
+        state = self.installed.state
+        self.forwards += 1
+        layout = self.view.layout()
+        if layout is None:  # a dummy run (profiling, warm-up, capture): nothing is steered
+            state.write_metadata(np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64),
+                                 np.zeros(0, dtype=np.int64), np.zeros(0, dtype=bool))
+            return
+        pos, plen, row = token_metadata(layout, positions, "vllm target")
+        slots, fresh = self.slots.assign(layout.req_ids, self.view.live())
+        restarted = [int(slots[i]) for i in range(len(layout.req_ids)) if layout.first[i] == 0]
+        state.reset_slots(sorted(set(fresh) | set(restarted)))
+        state.write_metadata(pos, plen, slots[row], np.ones(len(pos), dtype=bool))
+        self.real_steps += 1
+        if not self.verified:
+            self._pending = self.installed.fired()
+
+    def after(self) -> None:
+        if self._pending is None:
+            return
+        before, self._pending = self._pending, None
+        silent = self.installed.silent(before)
+        self.verified = True
+        if silent:
+            raise EngineError(hooks_never_ran(silent, self.family))
+
+
+def hooks_never_ran(silent: list[str], family: str) -> str:
+    from steerc.runtime.vllm_engine import vllm_version
+
+    return (f"steerc: {len(silent)} planned hook(s) never ran on vLLM {vllm_version()} for family {family!r}: "
+            f"{', '.join(silent[:6])}; the model's forward does not go through these modules, so the plan "
+            "would silently not apply")
+
+
+def fingerprint_of(vllm_config) -> str:
+    from steerc.facts import facts_from_config
+
+    hf_config = vllm_config.model_config.hf_config
+    config = hf_config.to_dict() if hasattr(hf_config, "to_dict") else dict(hf_config)
+    return facts_from_config(config).fingerprint
+
+
+def attach_plan(model, runner, view, vllm_config, cfg: dict) -> InstalledPlan:
+    """Install the plan named by ``cfg`` on a freshly loaded model (called by steerc's model loader)."""
+    with open(cfg["plan"], "rb") as fh:
+        obj = unpack(fh.read())
+    tensors = validate_plan(obj, fingerprint=fingerprint_of(vllm_config))
+    return _install(model, view, vllm_config, obj, tensors)
+
+
+def _install(model, view, vllm_config, obj, tensors) -> InstalledPlan:
+    from steerc.runtime.vllm_engine import attach_step_hooks
+
+    tp_rank, tp_size = _parallel()
+    sched = vllm_config.scheduler_config
+    installed = InstalledPlan(model, obj, tensors, tp_rank=tp_rank, tp_size=tp_size,
+                              max_tokens=int(sched.max_num_batched_tokens), max_slots=int(sched.max_num_seqs))
+    installed.feeder = PlanFeeder(installed, view, obj["header"]["family"])
+    installed.handles += attach_step_hooks(model, installed.feeder.before, installed.feeder.after)
+    installed.view = view
+    object.__setattr__(model, "_steerc_plan", installed)
+    return installed
+
+
+def _compile_counts() -> dict:
+    """How much this worker has compiled: Dynamo frames traced and vLLM's compilation counters."""
+    out = {}
+    try:
+        from torch._dynamo.utils import counters
+
+        out["dynamo_frames"] = int(counters["frames"]["ok"])
+        out["dynamo_graphs"] = int(counters["stats"]["unique_graphs"])
+    except ImportError:
+        pass
+    try:
+        from vllm.compilation.counter import compilation_counter as c
+
+        out.update({k: v for k, v in vars(c).items() if isinstance(v, int) and not isinstance(v, bool)})
+    except ImportError:
+        pass
+    return out
 
 
 class SteercWorkerExtension:
     """Mixed into vLLM's Worker (``worker_extension_cls``); methods are reached by name.
 
     RPCs (``llm.collective_rpc("steerc_...", args=(...))``, msgpack-safe arguments):
-    ``steerc_install(plan_bytes)`` (eager engines, or before the first forward),
-    ``steerc_update(plan_bytes)`` (new values for the installed structure),
-    ``steerc_enable(flag)``, ``steerc_status()``.
+    ``steerc_update(plan_bytes)`` (new values for the installed structure, in place),
+    ``steerc_enable(flag)``, ``steerc_status()``, and ``steerc_install(plan_bytes)``, which
+    replaces the structure on an eager engine (compiled graphs would keep the old one).
     """
-
-    # -- lifecycle ---------------------------------------------------------
-    def init_worker_extension(self) -> None:
-        self._steerc = None
-        self._steerc_owners: dict[int, str] = {}
-        runner = self.model_runner
-        original_load = runner.load_model
-
-        def load_model_then_steer(*args, **kwargs):
-            result = original_load(*args, **kwargs)
-            config = getattr(self.vllm_config, "additional_config", None) or {}
-            path = (config.get(CONFIG_KEY) or {}).get("plan")
-            if path:
-                with open(path, "rb") as fh:
-                    self.steerc_install(fh.read())
-            return result
-
-        runner.load_model = load_model_then_steer
-        original_prepare = runner.prepare_inputs
-
-        def prepare_inputs_then_feed(*args, **kwargs):
-            batch = original_prepare(*args, **kwargs)
-            if self._steerc is not None:
-                self._steerc_feed(batch)
-            return batch
-
-        runner.prepare_inputs = prepare_inputs_then_feed
 
     def _steerc_model(self):
         return self.model_runner.get_model()
 
-    def _steerc_feed(self, batch) -> None:
-        pos, plen, slot, valid, owners = batch_metadata(self.model_runner, batch)
-        state = self._steerc.state
-        slot = np.where(slot < 0, state.max_slots, slot)
-        fresh = [s for s, rid in owners.items() if self._steerc_owners.get(s) != rid]
-        self._steerc_owners.update(owners)
-        state.reset_slots(fresh)
-        state.write_metadata(pos, plen, slot, valid)
+    def _steerc_installed(self) -> InstalledPlan:
+        installed = getattr(self._steerc_model(), "_steerc_plan", None)
+        if installed is None:
+            raise PlanError("plan", "no plan is installed on this worker (start the engine with "
+                                    "steerc.runtime.vllm.load)")
+        return installed
 
-    # -- RPCs ----------------------------------------------------------------
     def steerc_install(self, payload: bytes) -> dict:
-        if self._steerc is not None:
-            raise PlanError("plan", "a plan is installed already; use steerc_update for new values")
+        cfg = self.vllm_config.compilation_config
+        if not self.vllm_config.model_config.enforce_eager and int(getattr(cfg, "mode", 0) or 0) != 0:
+            raise PlanError("plan", "this engine compiled its graph with the installed plan's structure; a new "
+                                    "structure needs a new engine (or enforce_eager=True); for new values of "
+                                    "the same structure use steerc_update")
+        old = self._steerc_installed()
         obj = unpack(payload)
-        tensors = validate_plan(obj, fingerprint=self._steerc_fingerprint())
-        tp_rank, tp_size = _parallel(self)
-        sched = self.vllm_config.scheduler_config
-        self._steerc = InstalledPlan(self._steerc_model(), obj, tensors, tp_rank=tp_rank, tp_size=tp_size,
-                                     max_tokens=int(sched.max_num_batched_tokens),
-                                     max_slots=int(sched.max_num_seqs))
+        tensors = validate_plan(obj, fingerprint=fingerprint_of(self.vllm_config))
+        model = self._steerc_model()
+        old.remove(model)
+        _install(model, old.view, self.vllm_config, obj, tensors)
         return self.steerc_status()
 
     def steerc_update(self, payload: bytes) -> dict:
-        if self._steerc is None:
-            raise PlanError("plan", "no plan is installed on this worker")
+        installed = self._steerc_installed()
         obj = unpack(payload)
-        tensors = validate_plan(obj, fingerprint=self._steerc_fingerprint(), boot=self._steerc.boot)
-        self._steerc.state.write_state(tensors)
-        self._steerc.header = obj["header"]
+        tensors = validate_plan(obj, fingerprint=fingerprint_of(self.vllm_config), boot=installed.boot)
+        installed.state.write_state(tensors)
+        installed.header = obj["header"]
         return self.steerc_status()
 
     def steerc_enable(self, flag: bool) -> dict:
         if not isinstance(flag, bool):
             raise PlanError("flag", f"expected true or false, got {type(flag).__name__}")
-        if self._steerc is None:
-            raise PlanError("plan", "no plan is installed on this worker")
-        self._steerc.state.enabled.fill_(flag)
+        self._steerc_installed().state.enabled.fill_(flag)
         return self.steerc_status()
 
     def steerc_status(self) -> dict:
-        if self._steerc is None:
-            return {"installed": False, "hooks": [], "skipped": []}
-        inst = self._steerc
-        return {
-            "installed": True,
-            "source_sha256": inst.header["source_sha256"],
-            "boot_sha256": inst.header["boot_sha256"],
-            "hooks": list(inst.installed),
-            "skipped": list(inst.skipped),
-            "enabled": bool(inst.state.enabled.item()),
-        }
+        from steerc.runtime.vllm_engine import vllm_version
 
-    def _steerc_fingerprint(self) -> str:
-        from steerc.facts import facts_from_config
-
-        hf_config = self.vllm_config.model_config.hf_config
-        config = hf_config.to_dict() if hasattr(hf_config, "to_dict") else dict(hf_config)
-        return facts_from_config(config).fingerprint
+        installed = getattr(self._steerc_model(), "_steerc_plan", None)
+        base = {"vllm": vllm_version(), "compile": _compile_counts()}
+        if installed is None:
+            return dict(base, installed=False, hooks=[], skipped=[])
+        feeder = installed.feeder
+        return dict(
+            base,
+            installed=True,
+            source_sha256=installed.header["source_sha256"],
+            boot_sha256=installed.header["boot_sha256"],
+            hooks=list(installed.installed),
+            skipped=list(installed.skipped),
+            fired=installed.fired(),
+            enabled=bool(installed.state.enabled.item()),
+            runner=installed.view.runner_kind,
+            forwards=feeder.forwards,
+            real_steps=feeder.real_steps,
+        )
 
 
 # --------------------------------------------------------------------- driver
@@ -296,33 +357,88 @@ def read_plan(plan) -> bytes:
 
 
 def check_coverage(statuses: list[dict], boot: dict) -> None:
-    """Every hook of the plan must have landed on some rank (pipeline stages split the layers)."""
+    """Every hook of the plan landed on some rank (pipeline stages split the layers), and — where the
+    engine already ran a forward (compile warm-up) — every registered hook ran in it."""
     landed = {name for s in statuses for name in s.get("hooks", [])}
     missing = [h["name"] for h in boot["hooks"] if h["name"] not in landed]
     if missing:
         raise PlanError("plan.boot.hooks", f"hooks not installed on any rank: {', '.join(missing[:8])}")
+    modules = {h["name"]: h["module"] for h in boot["hooks"]}
+    silent = [f"{name} ({modules[name]})" for s in statuses if s.get("forwards")
+              for name, count in (s.get("fired") or {}).items() if count == 0]
+    if silent:
+        raise EngineError(hooks_never_ran(sorted(set(silent)), statuses[0].get("family", "?")))
+
+
+def prefix_cache_safe(boot: dict) -> bool:
+    """Whether a token's steering depends only on its own position and prefix (so cached KV stays right).
+
+    Scopes relative to the prompt length, and prompt-pooled probes, make the
+    same prefix steer differently in different requests: such plans run with
+    prefix caching off.
+    """
+    pooled = any(p["pool"] != "token" for p in boot["probes"])
+    relative = any(item[0] not in ("all", "positions") for scope in boot["scopes"] for item in scope)
+    return not (pooled or relative)
+
+
+def plan_file(data: bytes) -> str:
+    """A content-addressed copy of the plan for the workers (same plan, same path: vLLM's compile cache
+    is keyed on it)."""
+    import hashlib
+    import tempfile
+
+    folder = os.path.join(os.environ.get("STEERC_CACHE") or os.path.join(tempfile.gettempdir(), "steerc"), "plans")
+    os.makedirs(folder, exist_ok=True)
+    path = os.path.join(folder, hashlib.sha256(data).hexdigest() + ".msgpack")
+    if not os.path.exists(path):
+        fd, tmp = tempfile.mkstemp(dir=folder, prefix=".incoming-")
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+        os.replace(tmp, path)
+    return path
 
 
 def load(model: str, plan, **engine_kwargs):
-    """A ``vllm.LLM`` for ``model`` with ``plan`` installed on every worker before compilation."""
+    """A ``vllm.LLM`` for ``model`` with ``plan`` installed on every worker before compilation.
+
+    ``engine_kwargs`` go to ``vllm.LLM``; a ``load_format`` is the one steerc's
+    loader delegates to. Prefix caching is on only for plans it cannot
+    change (see :func:`prefix_cache_safe`); FULL CUDA graphs become
+    PIECEWISE (full graphs replay without the step metadata steerc writes).
+    """
     vllm = _vllm()
+    register_loader()
     data = read_plan(plan)
     obj = unpack(data)
     validate_plan(obj)
-    if any(p["pool"] != "token" for p in obj["boot"]["probes"]) and engine_kwargs.get("enable_prefix_caching"):
-        raise PlanError("enable_prefix_caching", "prompt-pooled probes must see every prompt token; prefix "
-                                                 "caching would skip cached ones (leave it off for this plan)")
-    engine_kwargs.setdefault("enable_prefix_caching", False)
-    import tempfile
-
-    fd, path = tempfile.mkstemp(prefix="steerc-", suffix=".msgpack")
-    with os.fdopen(fd, "wb") as fh:
-        fh.write(data)
+    safe = prefix_cache_safe(obj["boot"])
+    if engine_kwargs.get("enable_prefix_caching") and not safe:
+        raise PlanError("enable_prefix_caching", "this plan steers a prefix differently depending on the "
+                                                 "prompt's length or on prompt-pooled probes; cached KV from "
+                                                 "another request would be wrong (leave prefix caching off)")
+    engine_kwargs.setdefault("enable_prefix_caching", safe)
+    if not engine_kwargs.get("enforce_eager") and "compilation_config" not in engine_kwargs and _has_cuda():
+        engine_kwargs["compilation_config"] = {"cudagraph_mode": "PIECEWISE"}
     extra = dict(engine_kwargs.pop("additional_config", None) or {})
-    extra[CONFIG_KEY] = {"plan": path, "boot_sha256": boot_sha256(obj["boot"])}  # also salts the compile cache
-    llm = vllm.LLM(model=model, worker_extension_cls=EXTENSION, additional_config=extra, **engine_kwargs)
-    check_coverage(llm.collective_rpc("steerc_status"), obj["boot"])
+    extra[CONFIG_KEY] = {"mode": "plan", "plan": plan_file(data), "boot_sha256": boot_sha256(obj["boot"]),
+                         "load_format": engine_kwargs.pop("load_format", "auto")}
+    llm = vllm.LLM(model=model, load_format=LOAD_FORMAT, worker_extension_cls=EXTENSION, additional_config=extra,
+                   **engine_kwargs)
+    statuses = llm.collective_rpc("steerc_status")
+    for s in statuses:
+        s.setdefault("family", obj["header"]["family"])
+    check_coverage(statuses, obj["boot"])
     return llm
+
+
+def _has_cuda() -> bool:
+    try:
+        import torch
+
+        return bool(torch.cuda.is_available())
+    except ImportError:
+        return False
 
 
 def sampling_params(plan, **kwargs):

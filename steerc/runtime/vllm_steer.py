@@ -47,6 +47,9 @@ class SteerState(torch.nn.Module):
         self.register_buffer("slot", torch.full((max_tokens,), max_slots, **long), persistent=False)
         self.register_buffer("valid", torch.zeros(max_tokens, dtype=torch.bool, device=device), persistent=False)
         self.register_buffer("enabled", torch.ones(1, dtype=torch.bool, device=device), persistent=False)
+        # How often each hook ran, counted inside the graph: a hook that never runs is an error.
+        self.register_buffer("fired", torch.zeros(max(1, len(boot["hooks"])), dtype=torch.long, device=device),
+                             persistent=False)
         for name, value in tensors.items():
             self.register_buffer(buffer_name(name), torch.tensor(value).to(device=device, dtype=dtype),
                                  persistent=False)
@@ -160,10 +163,15 @@ def _kernel(state: SteerState, k: dict, x, n: int):
     return S.select(mask, new, x)
 
 
-def site_function(state: SteerState, sites: list[dict]):
-    """``fn(h) -> h``: the probes and kernels of one hook, on a [tokens, width] view."""
+def site_function(state: SteerState, sites: list[dict], index: int | None = None):
+    """``fn(h) -> h``: the probes and kernels of one hook, on a [tokens, width] view.
+
+    With ``index``, each call also counts itself in ``state.fired[index]``.
+    """
 
     def fn(h):
+        if index is not None:
+            state.fired[index] += 1
         shape = h.shape
         x = h.reshape(-1, shape[-1]).to(state.dtype, copy=True)
         n = x.shape[0]

