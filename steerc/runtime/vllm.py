@@ -83,11 +83,12 @@ def _localise(hook: dict, heads: int, tp_rank: int, tp_size: int, head_dim: int)
             sites.append(dict(site, local_columns=None))
             continue
         h = site["head"]
-        if h // local != tp_rank:
-            continue
+        # Checked on every rank alike, so that a refused plan is refused everywhere.
         if site["probes"] and tp_size > 1:
             raise PlanError("plan.boot.hooks", f"probe at {site['site']}: a head probe cannot be shared across "
                                               "tensor-parallel ranks; read it at a residual site instead")
+        if h // local != tp_rank:
+            continue
         j = h % local
         sites.append(dict(site, local_columns=[j * head_dim, (j + 1) * head_dim]))
     return dict(hook, sites=sites) if sites else None
@@ -103,6 +104,7 @@ class InstalledPlan:
 
         facts = obj["header"]["facts"]
         param = next(model.parameters())
+        self.obj, self.tensors = obj, tensors
         self.boot = obj["boot"]
         self.header = obj["header"]
         self.state = SteerState(self.boot, tensors, max_tokens=max_tokens, max_slots=max_slots,
@@ -244,6 +246,10 @@ def attach_plan(model, runner, view, vllm_config, cfg: dict) -> InstalledPlan:
 def _install(model, view, vllm_config, obj, tensors) -> InstalledPlan:
     from steerc.runtime.vllm_engine import attach_step_hooks
 
+    if getattr(vllm_config.cache_config, "enable_prefix_caching", False) and not prefix_cache_safe(obj["boot"]):
+        raise PlanError("enable_prefix_caching", "this engine caches prefixes, and this plan steers a prefix "
+                                                 "differently depending on the prompt's length or on "
+                                                 "prompt-pooled probes (start the engine with prefix caching off)")
     tp_rank, tp_size = _parallel()
     sched = vllm_config.scheduler_config
     installed = InstalledPlan(model, obj, tensors, tp_rank=tp_rank, tp_size=tp_size,
@@ -274,13 +280,37 @@ def _compile_counts() -> dict:
     return out
 
 
+def _rpc(method):
+    """A worker RPC that reports a refusal as data instead of raising.
+
+    vLLM's ``collective_rpc`` raises the first rank's error and leaves the
+    other ranks' replies queued for the next call; a refused payload must
+    leave the engine as it was, so every rank answers, and the driver
+    (:func:`call`) raises once it has all the answers.
+    """
+    import functools
+
+    @functools.wraps(method)
+    def wrapper(self, *args):
+        try:
+            return dict(method(self, *args), ok=True)
+        except (PlanError, EngineError) as exc:
+            return {"ok": False, "error": {"field": getattr(exc, "field", "engine"), "message": str(exc)}}
+        except Exception as exc:  # noqa: BLE001 - whatever else, the engine keeps serving and says why
+            return {"ok": False, "error": {"field": "payload", "message": f"{type(exc).__name__}: {exc}"}}
+
+    return wrapper
+
+
 class SteercWorkerExtension:
     """Mixed into vLLM's Worker (``worker_extension_cls``); methods are reached by name.
 
-    RPCs (``llm.collective_rpc("steerc_...", args=(...))``, msgpack-safe arguments):
-    ``steerc_update(plan_bytes)`` (new values for the installed structure, in place),
-    ``steerc_enable(flag)``, ``steerc_status()``, and ``steerc_install(plan_bytes)``, which
-    replaces the structure on an eager engine (compiled graphs would keep the old one).
+    RPCs (``llm.collective_rpc("steerc_...", args=(...))``, msgpack-safe arguments; each rank
+    answers a status map, ``{"ok": false, "error": {"field", "message"}}`` when it refuses —
+    :func:`call` turns that into a :class:`PlanError`): ``steerc_update(plan_bytes)`` (new values
+    for the installed structure, in place), ``steerc_enable(flag)``, ``steerc_status()``, and
+    ``steerc_install(plan_bytes)``, which replaces the structure on an eager engine (compiled
+    graphs would keep the old one).
     """
 
     def _steerc_model(self):
@@ -293,6 +323,7 @@ class SteercWorkerExtension:
                                     "steerc.runtime.vllm.load)")
         return installed
 
+    @_rpc
     def steerc_install(self, payload: bytes) -> dict:
         cfg = self.vllm_config.compilation_config
         if not self.vllm_config.model_config.enforce_eager and int(getattr(cfg, "mode", 0) or 0) != 0:
@@ -304,23 +335,31 @@ class SteercWorkerExtension:
         tensors = validate_plan(obj, fingerprint=fingerprint_of(self.vllm_config))
         model = self._steerc_model()
         old.remove(model)
-        _install(model, old.view, self.vllm_config, obj, tensors)
+        try:
+            _install(model, old.view, self.vllm_config, obj, tensors)
+        except Exception:
+            _install(model, old.view, self.vllm_config, old.obj, old.tensors)  # a refused plan changes nothing
+            raise
         return self.steerc_status()
 
+    @_rpc
     def steerc_update(self, payload: bytes) -> dict:
         installed = self._steerc_installed()
         obj = unpack(payload)
         tensors = validate_plan(obj, fingerprint=fingerprint_of(self.vllm_config), boot=installed.boot)
         installed.state.write_state(tensors)
         installed.header = obj["header"]
+        installed.obj, installed.tensors = obj, tensors
         return self.steerc_status()
 
+    @_rpc
     def steerc_enable(self, flag: bool) -> dict:
         if not isinstance(flag, bool):
             raise PlanError("flag", f"expected true or false, got {type(flag).__name__}")
         self._steerc_installed().state.enabled.fill_(flag)
         return self.steerc_status()
 
+    @_rpc
     def steerc_status(self) -> dict:
         from steerc.runtime.vllm_engine import vllm_version
 
@@ -425,7 +464,7 @@ def load(model: str, plan, **engine_kwargs):
                          "load_format": engine_kwargs.pop("load_format", "auto")}
     llm = vllm.LLM(model=model, load_format=LOAD_FORMAT, worker_extension_cls=EXTENSION, additional_config=extra,
                    **engine_kwargs)
-    statuses = llm.collective_rpc("steerc_status")
+    statuses = call(llm, "steerc_status")
     for s in statuses:
         s.setdefault("family", obj["header"]["family"])
     check_coverage(statuses, obj["boot"])
@@ -468,6 +507,30 @@ def sampling_params(plan, **kwargs):
             **{k: v for k, v in fields.items() if k in known}), **kwargs)
 
 
+def call(llm, method: str, *args) -> list[dict]:
+    """Call a ``steerc_*`` RPC on every rank: their statuses, or PlanError if any rank refused."""
+    statuses = llm.collective_rpc(method, args=args)
+    for rank, s in enumerate(statuses):
+        if not s.get("ok", False):
+            err = s.get("error") or {}
+            raise PlanError(err.get("field", "plan"), f"rank {rank}: {err.get('message', 'refused')}")
+    return statuses
+
+
 def swap(llm, plan) -> list[dict]:
     """Write a new plan's values into a running engine (same structure), in place."""
-    return llm.collective_rpc("steerc_update", args=(read_plan(plan),))
+    return call(llm, "steerc_update", read_plan(plan))
+
+
+def install(llm, plan) -> list[dict]:
+    """Replace the installed plan's structure (eager engines only; a refused plan changes nothing)."""
+    return call(llm, "steerc_install", read_plan(plan))
+
+
+def enable(llm, flag: bool) -> list[dict]:
+    """Turn steering on or off for every request (the buffers and graph stay as they are)."""
+    return call(llm, "steerc_enable", flag)
+
+
+def status(llm) -> list[dict]:
+    return call(llm, "steerc_status")

@@ -65,7 +65,11 @@ class Engine:
         if not os.path.exists(os.path.join(folder, "tokenizer.json")):
             kwargs.setdefault("skip_tokenizer_init", True)
         self.folder = folder
-        self.llm = load(folder, plan, **kwargs) if plan is not None else vllm.LLM(model=folder, **kwargs)
+        if plan is not None:
+            kwargs.setdefault("enable_prefix_caching", False)  # the tests install plans of every kind
+            self.llm = load(folder, plan, **kwargs)
+        else:
+            self.llm = vllm.LLM(model=folder, **kwargs)
 
     def run(self, prompts=PROMPTS, new: int = NEW) -> list[tuple[list[int], list[dict[int, float]]]]:
         from vllm import SamplingParams
@@ -81,8 +85,11 @@ class Engine:
                                                  for step in c.logprobs]))
         return results
 
-    def rpc(self, method: str, *args):
-        return self.llm.collective_rpc(method, args=args)
+    def rpc(self, method: str, *args) -> list[dict]:
+        """Every rank's answer to a steerc RPC (PlanError where one refused)."""
+        from steerc.runtime.vllm import call
+
+        return call(self.llm, method, *args)
 
     def install(self, plan: bytes) -> list[dict]:
         return self.rpc("steerc_install", plan)
@@ -173,6 +180,16 @@ def compare(hf, got, tol: float = LOGIT_TOL, what: str = "") -> float:
         assert len(tokens) == len(want_tokens), f"{what} prompt {i}"
     MEASURED.append(worst)
     return worst
+
+
+def same_tokens(hf, a, b, what: str = "") -> None:
+    """Two engines' greedy tokens agree, up to the first step where HF's top-2 margin is a tie."""
+    for i, ((_, logits), (ta, _), (tb, _)) in enumerate(zip(hf, a, b)):
+        for t, (x, y) in enumerate(zip(ta, tb)):
+            if x != y:
+                top = logits[t].topk(2).values
+                assert float(top[0] - top[1]) < TIE, f"{what} prompt {i} step {t}: {x} vs {y}, no tie"
+                break
 
 
 def program(site: str, op: str, scope: str = "all", extra: str = "") -> str:

