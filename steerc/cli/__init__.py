@@ -25,7 +25,11 @@ COMMANDS = {
     "explain": ("explain", "show the per-site plan a program compiles to"),
     "compile": ("compile", "compile a program for a target (hf, vllm, serve)"),
     "run": ("run", "steer a Hugging Face model with a program and print the completion"),
+    "serve": ("serve", "run vLLM's OpenAI-compatible server with the steerc plugin (per-request plans)"),
 }
+
+# Commands whose arguments after `--` belong to the program they start.
+PASSTHROUGH = {"serve"}
 
 
 class UsageError(Exception):
@@ -51,9 +55,15 @@ def _module(name: str):
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    passthrough = None
+    if argv and argv[0] in PASSTHROUGH and "--" in argv:  # the rest goes to another program unparsed
+        cut = argv.index("--")
+        argv, passthrough = argv[:cut], argv[cut + 1:]
     parser = build_parser() if _needs_full_parser(argv) else _single_command_parser(argv)
     try:
         args = parser.parse_args(argv)
+        if argv and argv[0] in PASSTHROUGH:
+            args.passthrough = passthrough or []
     except SystemExit as exc:  # argparse already printed the problem
         return EXIT_USAGE if exc.code not in (0, None) else EXIT_OK
     if not getattr(args, "command", None):

@@ -1,63 +1,59 @@
 """The steerc serve plugin for vLLM: a plan per request, applied to that request's rows only.
 
-Pieces:
+Start a server with ``steerc serve MODEL [vLLM options]``: it runs vLLM's
+OpenAI-compatible server (``python -m vllm.entrypoints.openai.api_server``)
+with the pieces below switched on through vLLM's own mechanisms — no patch
+of vLLM:
 
-* :class:`ArtifactStore` — content-addressed tensors on disk: atomic writes,
-  sha256 verified on every write and on first read, a size cap with
-  least-recently-used eviction.
-* :func:`admit` — what the front end runs on each request's
-  ``extra_args`` before it is queued: the plan JSON is parsed and checked
-  (format, model fingerprint, sizes), inline artifacts are verified against
-  their names and staged, and referenced artifacts must be present. A bad
-  request gets a clear :class:`RequestError` naming the field; the engine is
-  not involved.
-* :class:`SteercServeExtension` — the worker side (``worker_extension_cls``):
-  it reads new requests' plans from the scheduler output, builds each
-  request's steering from the vLLM target's buffer machinery
-  (:mod:`steerc.runtime.vllm_steer`: the same kernels, probes and gates), and
-  hooks the modules those plans touch. Each step, a hook applies every
-  steered request's kernels to that request's token rows and leaves all
-  other rows bit-identical; pooled probes keep per-request state across
-  chunked-prefill steps.
-* :func:`register` — the ``vllm.general_plugins`` entry point.
+* ``--middleware steerc.runtime.serve_http.SteercAdmission`` — the HTTP
+  front end admits each request before vLLM parses it
+  (:func:`steerc.targets.serve.admission.admit`: the plan, its artifacts,
+  the model, the cache salt); a bad one gets HTTP 400 naming the field.
+  Artifacts a request names but does not carry are inlined from the
+  server's store, so the workers never depend on it.
+* ``--logits-processors steerc.runtime.serve:SteercGuard`` — its
+  ``validate_params`` admits requests of the offline API (``vllm.LLM``)
+  the same way; in the worker it ends any request whose steering could not
+  be built (it never runs unsteered).
+* ``--load-format steerc`` with ``--additional-config
+  '{"steerc": {"mode": "serve"}}'`` — steerc's model loader installs
+  :class:`ServeRouter` on the loaded model (see
+  :mod:`steerc.runtime.vllm_engine`); ``--enforce-eager``, because
+  per-request plans differ in structure and dispatch in Python each step.
 
-Per-request plans can differ in structure, so their hooks dispatch in
-Python each step: the serve plugin runs with ``enforce_eager=True`` (the
-plugin sets it). For one plan shared by every request with CUDA graphs on,
-use the vllm target.
+In the worker, :class:`ServeRouter` reads each new request's plan from its
+``SamplingParams.extra_args``, admits it again (the same function, on the
+same inline bytes), builds its buffers with the vllm target's machinery
+(:mod:`steerc.runtime.vllm_steer`: the same kernels, probes and gates), and
+hooks the modules its plan touches. Each step a hook applies every steered
+request's kernels to that request's token rows only; rows of other
+requests stay bit-identical. Pooled probes keep per-request state across
+chunked-prefill steps.
 
-Prefix caching: a steered request carries ``cache_salt = plan["cache_salt"]``
-(the client helpers set it), so KV computed under one plan is never reused by
-a request with another plan or none.
+Prefix caching: a steered request carries ``cache_salt`` = the plan's salt
+(checked at admission), so KV computed under one plan is never reused by a
+request with another plan or none.
 """
 
 from __future__ import annotations
 
-import base64
-import binascii
-import json
+import logging
 import os
 import tempfile
 
-from steerc.serve_client import ARTIFACTS_KEY, PLAN_KEY
-from steerc.targets.serve.format import FORMAT, artifact_id, from_serve, read_artifact
+from steerc.targets.serve.admission import MAX_ARTIFACT_BYTES, RequestError, admit
+from steerc.targets.serve.format import artifact_id, read_artifact
 
-MAX_PLAN_BYTES = 4 * 1024 * 1024
-MAX_ARTIFACT_BYTES = 64 * 1024 * 1024
+log = logging.getLogger("steerc")
+FAILED_KEY = "steerc_failed"
+
+
 def default_store() -> str:
     return os.environ.get("STEERC_ARTIFACTS") or os.path.join(tempfile.gettempdir(), "steerc-artifacts")
 
 
 def default_cap() -> int:
     return int(os.environ.get("STEERC_ARTIFACTS_CAP_MB", "1024")) * 1024 * 1024
-
-
-class RequestError(ValueError):
-    """A request whose steering is refused; ``field`` names the fault."""
-
-    def __init__(self, field: str, message: str):
-        super().__init__(f"steerc: {field}: {message}")
-        self.field = field
 
 
 # --------------------------------------------------------------------- store
@@ -118,6 +114,10 @@ class ArtifactStore:
         os.utime(path)
         return data
 
+    def lookup(self, key: str) -> bytes | None:
+        """The verified bytes of a staged artifact, or None if it is not here (tampered: refused)."""
+        return self.get(key) if self.has(key) else None
+
     def evict(self, keep: set[str] = frozenset()) -> list[str]:
         """Remove least-recently-used artifacts until the store fits its cap."""
         entries = []
@@ -140,48 +140,6 @@ class ArtifactStore:
         return removed
 
 
-# ----------------------------------------------------------------- admission
-
-
-def _decode_json(field: str, value, limit: int):
-    if isinstance(value, (bytes, bytearray)):
-        value = value.decode("utf-8", errors="replace")
-    if isinstance(value, str):
-        if len(value) > limit:
-            raise RequestError(field, f"{len(value)} characters is over the {limit}-character cap")
-        try:
-            return json.loads(value)
-        except json.JSONDecodeError as exc:
-            raise RequestError(field, f"not JSON ({exc})") from None
-    return value
-
-
-def admit(extra_args: dict | None, store: ArtifactStore, fingerprint: str | None = None):
-    """Check a request's steering and stage its artifacts; returns its Plan, or None if unsteered."""
-    if not extra_args or PLAN_KEY not in extra_args:
-        return None
-    doc = _decode_json(PLAN_KEY, extra_args[PLAN_KEY], MAX_PLAN_BYTES)
-    if not isinstance(doc, dict) or doc.get("format") != FORMAT:
-        raise RequestError(f"{PLAN_KEY}.format", f"expected a {FORMAT} plan")
-    if fingerprint is not None and doc.get("model", {}).get("fingerprint") != fingerprint:
-        raise RequestError(f"{PLAN_KEY}.model.fingerprint", "compiled for another model than this server's")
-    inline = _decode_json(ARTIFACTS_KEY, extra_args.get(ARTIFACTS_KEY) or {}, 64 * MAX_ARTIFACT_BYTES)
-    if not isinstance(inline, dict):
-        raise RequestError(ARTIFACTS_KEY, "expected a map of artifact id to base64 bytes")
-    for key, blob in inline.items():
-        try:
-            data = base64.b64decode(blob, validate=True)
-        except (binascii.Error, TypeError, ValueError):
-            raise RequestError(f"{ARTIFACTS_KEY}.{str(key)[:16]}", "not base64") from None
-        store.put(data, expected=key)
-    try:
-        return from_serve(doc, store.get)
-    except RequestError:
-        raise
-    except (KeyError, TypeError, ValueError, IndexError) as exc:
-        raise RequestError(PLAN_KEY, f"malformed plan ({type(exc).__name__}: {exc})") from None
-
-
 # -------------------------------------------------------------------- worker
 
 
@@ -197,38 +155,43 @@ class _RequestSteer:
         self.state = SteerState(boot, tensors, max_tokens=max_tokens, max_slots=1,
                                 width=max(facts.hidden, facts.head_dim), dtype=dtype, device=device)
         self.fns = {}
-        self.hooks = {}
         for hook in boot["hooks"]:
             local = _localise(hook, facts.heads, tp_rank, tp_size, facts.head_dim)
             if local is not None:
-                key = (hook["module"], hook["kind"], hook["tensor"])
-                self.fns[key] = site_function(self.state, local["sites"])
-                self.hooks[key] = hook
+                self.fns[(hook["module"], hook["kind"], hook["tensor"])] = site_function(self.state, local["sites"])
+        self.started = False
 
-    def feed(self, pos, plen) -> None:
+    def feed(self, pos, plen, restart: bool) -> None:
         import numpy as np
 
+        if restart and self.started:  # recomputed from its first token (after preemption): pool afresh
+            self.state.reset_slots([0])
+        self.started = True
         n = len(pos)
         self.state.write_metadata(pos, plen, np.zeros(n, dtype=np.int64), np.ones(n, dtype=bool))
 
 
-def _dispatch(hook_key, rows_of):
-    """A hook body applying each steered request's function to its own rows."""
-    kind, tensor = hook_key[1], hook_key[2]
+_FAILED = object()
+
+
+def _dispatch(key, router):
+    """A hook body applying each steered request's function to its own rows (others untouched)."""
+    kind, tensor = key[1], key[2]
 
     def steer(x):
         flat = x.reshape(-1, x.shape[-1])
         out = None
-        for req, a, b in rows_of(hook_key):
+        for req, a, b in router.rows.get(key, ()):
             if out is None:
                 out = flat.clone()
-            out[a:b] = req.fns[hook_key](flat[a:b])
+            out[a:b] = req.fns[key](flat[a:b])
         return None if out is None else out.reshape(x.shape)
 
     if kind == "pre":
         index = 1 if tensor == "input1" else 0
 
         def pre(mod, args, kwargs):
+            router.ran.add(key)
             value = args[index] if len(args) > index else kwargs["hidden_states"]
             new = steer(value)
             if new is None:
@@ -240,14 +203,14 @@ def _dispatch(hook_key, rows_of):
         return pre, True
 
     def post(mod, args, output):
+        router.ran.add(key)
         if tensor == "fused_pair":
-            hidden, residual = output[0], output[1]
-            active = list(rows_of(hook_key))
+            active = router.rows.get(key, ())
             if not active:
                 return None
-            hidden, residual = hidden.clone(), residual.clone()
+            hidden, residual = output[0].clone(), output[1].clone()
             for req, a, b in active:
-                fn = req.fns[hook_key]
+                fn = req.fns[key]
                 total = hidden[a:b].to(fn.dtype) + residual[a:b].to(fn.dtype)
                 hidden[a:b] = fn(total).to(hidden.dtype)
                 residual[a:b] = 0  # the next fused add-norm sums the pair: rows stay exact
@@ -261,114 +224,216 @@ def _dispatch(hook_key, rows_of):
     return post, False
 
 
-class SteercServeExtension:
-    """Worker extension: per-request plans from ``SamplingParams.extra_args``."""
+class ServeRouter:
+    """The worker side of the serve plugin, installed on the model by steerc's loader (mode "serve")."""
 
-    def init_worker_extension(self) -> None:
-        self._serve_requests: dict[str, _RequestSteer] = {}
-        self._serve_rows: dict[tuple, list] = {}
-        self._serve_hooks: dict[tuple, object] = {}
-        self._serve_store = ArtifactStore()
-        runner = self.model_runner
-        original_prepare = runner.prepare_inputs
-
-        def prepare_inputs_then_route(scheduler_output, *args, **kwargs):
-            self._serve_admit(scheduler_output)
-            batch = original_prepare(scheduler_output, *args, **kwargs)
-            self._serve_route(batch)
-            return batch
-
-        runner.prepare_inputs = prepare_inputs_then_route
-
-    # requests -------------------------------------------------------------
-    def _serve_facts(self):
-        facts = getattr(self, "_serve_facts_cache", None)
-        if facts is None:
-            from steerc.facts import facts_from_config
-
-            cfg = self.vllm_config.model_config.hf_config
-            facts = facts_from_config(cfg.to_dict() if hasattr(cfg, "to_dict") else dict(cfg))
-            self._serve_facts_cache = facts
-        return facts
-
-    def _serve_admit(self, scheduler_output) -> None:
+    def __init__(self, model, view, vllm_config):
+        from steerc.runtime import _support as S
         from steerc.runtime.vllm import _parallel
+        from steerc.runtime.vllm_engine import attach_step_hooks
 
-        for rid in list(getattr(scheduler_output, "finished_req_ids", ()) or ()):
-            self._serve_requests.pop(rid, None)
-        facts = self._serve_facts()
-        for new in getattr(scheduler_output, "scheduled_new_reqs", ()) or ():
-            extra = getattr(new.sampling_params, "extra_args", None)
-            try:
-                plan = admit(extra, self._serve_store, facts.fingerprint)
-            except RequestError as exc:
-                # Admission already ran in the front end (see register); a request that
-                # fails here (e.g. an artifact evicted meanwhile) runs unsteered, loudly.
-                import logging
+        self.model, self.view = model, view
+        self.facts = facts_of(vllm_config)
+        self.max_tokens = int(vllm_config.scheduler_config.max_num_batched_tokens)
+        param = next(model.parameters())
+        self.dtype, self.device = S.compute_dtype(param.dtype), param.device
+        self.tp_rank, self.tp_size = _parallel()
+        self.requests: dict[str, object] = {}   # req id -> _RequestSteer, None (unsteered) or _FAILED
+        self.rows: dict[tuple, list] = {}
+        self.hooks: dict[tuple, object] = {}
+        self.ran: set = set()
+        self.fresh: list = []
+        self.failures = 0
+        self.handles = attach_step_hooks(model, self.before, self.after)
 
-                logging.getLogger("steerc").error("request %s runs unsteered: %s", new.req_id, exc)
-                continue
-            if plan is None:
-                continue
-            model = self.model_runner.get_model()
-            param = next(model.parameters())
-            from steerc.runtime import _support as S
+    # -- per step ---------------------------------------------------------
+    def before(self, positions) -> None:
+        from steerc.runtime.vllm_engine import token_metadata
 
-            tp_rank, tp_size = _parallel(self)
-            steer = _RequestSteer(plan, facts, max_tokens=int(self.vllm_config.scheduler_config.max_num_batched_tokens),
-                                  dtype=S.compute_dtype(param.dtype), device=param.device,
-                                  tp_rank=tp_rank, tp_size=tp_size)
-            self._serve_requests[new.req_id] = steer
-            self._serve_hook(model, steer)
-
-    def _serve_hook(self, model, steer: _RequestSteer) -> None:
-        for key in steer.fns:
-            if key in self._serve_hooks:
-                continue
-            module_path = key[0]
-            from steerc.runtime.vllm import _layer_path, _owns
-
-            if not _owns(model, _layer_path(module_path)):
-                continue
-            fn, is_pre = _dispatch(key, lambda k: self._serve_rows.get(k, ()))
-            module = model.get_submodule(module_path)
-            handle = (module.register_forward_pre_hook(fn, with_kwargs=True, prepend=True) if is_pre
-                      else module.register_forward_hook(fn, prepend=True))
-            self._serve_hooks[key] = handle
-
-    def _serve_route(self, batch) -> None:
-        """This step's rows of every steered request, per hooked module; metadata into each request."""
-        import numpy as np
-
-        from steerc.runtime.vllm import batch_metadata
-
-        self._serve_rows = {}
-        if not self._serve_requests:
+        self.rows, self.ran, self.fresh = {}, set(), []
+        live = self.view.live()
+        for gone in [r for r in self.requests if r not in live]:
+            del self.requests[gone]
+        layout = self.view.layout()
+        if layout is None:
             return
-        pos, plen, _, _, _ = batch_metadata(self.model_runner, batch)
-        qsl = batch.query_start_loc_np
-        for i, rid in enumerate(batch.req_ids[: batch.num_reqs]):
-            steer = self._serve_requests.get(rid)
-            if steer is None:
+        pos, plen, _ = token_metadata(layout, positions, "serve")
+        for i, rid in enumerate(layout.req_ids):
+            if rid not in self.requests:
+                self.requests[rid] = self._admit(rid)
+                if isinstance(self.requests[rid], _RequestSteer):
+                    self.fresh.append(rid)
+            steer = self.requests[rid]
+            if not isinstance(steer, _RequestSteer):
                 continue
-            a, b = int(qsl[i]), int(qsl[i + 1])
-            steer.feed(np.asarray(pos[a:b]), np.asarray(plen[a:b]))
+            a, b = int(layout.starts[i]), int(layout.starts[i + 1])
+            steer.feed(pos[a:b], plen[a:b], restart=bool(layout.first[i] == 0))
             for key in steer.fns:
-                self._serve_rows.setdefault(key, []).append((steer, a, b))
+                self.rows.setdefault(key, []).append((steer, a, b))
 
-    # RPCs -------------------------------------------------------------------
-    def steerc_stage(self, data: bytes, key: str | None = None) -> str:
-        """Stage one artifact (msgpack bytes) in this worker's store."""
-        return self._serve_store.put(bytes(data), expected=key)
+    def after(self) -> None:
+        """A request's first step must have run every hook its plan needs on this rank."""
+        from steerc.runtime.vllm import _layer_path, _owns
+
+        for rid in self.fresh:
+            steer = self.requests.get(rid)
+            missing = [k[0] for k in steer.fns if k not in self.ran and _owns(self.model, _layer_path(k[0]))]
+            if missing:
+                from steerc.runtime.vllm import hooks_never_ran
+
+                self._fail(rid, hooks_never_ran(missing, self.facts.family))
+
+    # -- requests -----------------------------------------------------------
+    def _admit(self, rid: str):
+        params = self.view.sampling_params(rid)
+        extra = getattr(params, "extra_args", None)
+        try:
+            admitted = admit(extra, self.facts, tp_size=self.tp_size)
+            if admitted is None:
+                return None
+            steer = _RequestSteer(admitted.plan, self.facts, max_tokens=self.max_tokens, dtype=self.dtype,
+                                  device=self.device, tp_rank=self.tp_rank, tp_size=self.tp_size)
+            self._hook(steer)
+            return steer
+        except Exception as exc:  # noqa: BLE001 - this request fails; the engine and the others go on
+            self._fail(rid, str(exc), params)
+            return _FAILED
+
+    def _fail(self, rid: str, message: str, params=None) -> None:
+        """Fail one request closed: it is never steered, and SteercGuard ends it at its next token."""
+        self.failures += 1
+        self.requests[rid] = _FAILED
+        params = params if params is not None else self.view.sampling_params(rid)
+        extra = getattr(params, "extra_args", None)
+        if isinstance(extra, dict):
+            extra[FAILED_KEY] = message[:500]
+        log.error("steerc: request %s refused in the worker and ended: %s", rid, message)
+
+    def _hook(self, steer: _RequestSteer) -> None:
+        from steerc.runtime.vllm import _layer_path, _owns
+
+        for key in steer.fns:
+            if key in self.hooks or not _owns(self.model, _layer_path(key[0])):
+                continue
+            fn, is_pre = _dispatch(key, self)
+            module = self.model.get_submodule(key[0])
+            self.hooks[key] = (module.register_forward_pre_hook(fn, with_kwargs=True, prepend=True) if is_pre
+                               else module.register_forward_hook(fn, prepend=True))
+
+    def status(self) -> dict:
+        steered = sorted(r for r, s in self.requests.items() if isinstance(s, _RequestSteer))
+        return {"steered": steered, "hooks": len(self.hooks), "failures": self.failures,
+                "runner": self.view.runner_kind}
+
+
+def facts_of(vllm_config):
+    from steerc.facts import facts_from_config
+
+    cfg = vllm_config.model_config.hf_config
+    return facts_from_config(cfg.to_dict() if hasattr(cfg, "to_dict") else dict(cfg))
+
+
+def attach_router(model, runner, view, vllm_config, cfg: dict) -> ServeRouter:
+    """Install the serve plugin's router on a freshly loaded model (called by steerc's model loader)."""
+    router = ServeRouter(model, view, vllm_config)
+    object.__setattr__(model, "_steerc_router", router)
+    return router
+
+
+class SteercServeExtension:
+    """Worker extension (``--worker-extension-cls``) for introspection and staging over RPC."""
 
     def steerc_requests(self) -> dict:
-        return {"steered": sorted(self._serve_requests), "hooks": len(self._serve_hooks)}
+        router = getattr(self.model_runner.get_model(), "_steerc_router", None)
+        return router.status() if router is not None else {"steered": [], "hooks": 0, "failures": 0}
+
+    def steerc_stage(self, data: bytes, key: str | None = None) -> str:
+        """Stage one artifact in this worker's store."""
+        return ArtifactStore().put(bytes(data), expected=key)
+
+
+# ----------------------------------------------------------------- guard
+
+
+def _guard_base():
+    try:
+        from vllm.v1.sample.logits_processor import LogitsProcessor
+    except ImportError:  # outside vLLM: the class still documents and tests its admission
+        return object
+    return LogitsProcessor
+
+
+class SteercGuard(_guard_base()):
+    """vLLM logits processor (``--logits-processors steerc.runtime.serve:SteercGuard``).
+
+    * ``validate_params`` (front end, before a request is queued): the
+      offline API's admission — the plan, its artifacts and the model are
+      checked, and a bad request is refused with its field named (vLLM turns
+      the ``ValueError`` into HTTP 400 on a server).
+    * In the worker: a request whose steering failed to build there is
+      ended at its next token (only its end-of-sequence token stays
+      possible), so it never runs unsteered.
+    """
+
+    @classmethod
+    def validate_params(cls, sampling_params) -> None:
+        extra = getattr(sampling_params, "extra_args", None)
+        if not extra or not any(isinstance(k, str) and k.startswith("steerc_") for k in extra):
+            return
+        try:
+            _admit_without_model(extra)
+        except RequestError as exc:
+            raise ValueError(str(exc)) from None
+
+    def __init__(self, vllm_config, device, is_pin_memory):
+        eos = getattr(vllm_config.model_config.hf_config, "eos_token_id", None)
+        self.eos = [eos] if isinstance(eos, int) else list(eos or [])
+        self.rows: dict[int, object] = {}
+
+    def is_argmax_invariant(self) -> bool:
+        return False
+
+    def update_state(self, batch_update) -> None:
+        if batch_update is None:
+            return
+        for index in batch_update.removed:
+            self.rows.pop(index, None)
+        for index, params, *_ in batch_update.added:
+            self.rows[index] = params
+        for a, b, direction in batch_update.moved:
+            pa, pb = self.rows.pop(a, None), self.rows.pop(b, None)
+            if pa is not None:
+                self.rows[b] = pa
+            if pb is not None and getattr(direction, "name", "") == "SWAP":
+                self.rows[a] = pb
+
+    def apply(self, logits):
+        for index, params in self.rows.items():
+            extra = getattr(params, "extra_args", None)
+            if isinstance(extra, dict) and FAILED_KEY in extra and index < logits.shape[0]:
+                keep = logits[index, self.eos].clone() * 0 if self.eos else None
+                logits[index] = float("-inf")
+                if keep is not None:
+                    logits[index, self.eos] = keep
+        return logits
+
+
+def _admit_without_model(extra: dict) -> None:
+    """Admission where the model is not at hand (the offline API's front end): everything but the
+    model is checked, against the facts the plan was compiled for; the worker checks the model."""
+    from steerc.facts import ModelFacts
+    from steerc.serve_client import PLAN_KEY
+    from steerc.targets.serve.admission import MAX_PLAN_CHARS, decode_json
+
+    doc = decode_json(PLAN_KEY, extra.get(PLAN_KEY), MAX_PLAN_CHARS)
+    try:
+        facts = ModelFacts(**doc["model"]["facts"])
+    except Exception:  # noqa: BLE001 - malformed: admit() names the field
+        facts = ModelFacts("?", 1, 1, 1, 1, 1, 1, 1, False, False)
+    admit(extra, facts, store=ArtifactStore())
 
 
 # -------------------------------------------------------------------- plugin
-
-
-EXTENSION = "steerc.runtime.serve.SteercServeExtension"
 
 
 def register() -> None:
@@ -382,8 +447,3 @@ def register() -> None:
     from steerc.runtime.vllm_engine import register_loader
 
     register_loader()
-
-
-def validate_request(sampling_params, store: ArtifactStore | None = None, fingerprint: str | None = None):
-    """Front-end admission for one request (raises RequestError with the field at fault)."""
-    return admit(getattr(sampling_params, "extra_args", None), store or ArtifactStore(), fingerprint)

