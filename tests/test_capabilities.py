@@ -73,8 +73,8 @@ def test_feature_keys_are_group_colon_name():
 
 def test_the_cli_targets_have_capabilities():
     assert {"hf", "vllm", "serve"} <= set(TARGETS)
-    assert not TARGETS["vllm"].supports("scope:after")
-    assert TARGETS["hf"].supports("scope:after") and TARGETS["serve"].supports("scope:after")
+    assert not TARGETS["vllm"].supports("scope:after") and not TARGETS["serve"].supports("scope:after")
+    assert TARGETS["hf"].supports("scope:after")
 
 
 # ------------------------------------------------------------------ the check
@@ -92,13 +92,14 @@ intervention late {
 """
 
 
+@pytest.mark.parametrize("target", ["vllm", "serve"])
 @pytest.mark.parametrize("fmt", ["text", "json"])
-def test_vllm_refuses_after_at_the_scope_line(tmp_path, fmt):
+def test_vllm_and_serve_refuse_after_at_the_scope_line(tmp_path, fmt, target):
     prog = tmp_path / "after.steer"
     prog.write_text(AFTER, encoding="utf-8")
-    code, out, err = run_cli(["check", str(prog), "--target", "vllm", "--format", fmt])
+    code, out, err = run_cli(["check", str(prog), "--target", target, "--format", fmt])
     assert code == 1, out + err
-    note, instead = TARGETS["vllm"].get("scope:after").note, TARGETS["vllm"].get("scope:after").instead
+    note, instead = TARGETS[target].get("scope:after").note, TARGETS[target].get("scope:after").instead
     if fmt == "json":
         (d,) = json.loads(out)["diagnostics"]
         assert d["code"] == "unsupported-by-target" and d["severity"] == "error"
@@ -111,7 +112,7 @@ def test_vllm_refuses_after_at_the_scope_line(tmp_path, fmt):
         assert f"help: {instead}" in out
 
 
-@pytest.mark.parametrize("target", ["hf", "serve"])
+@pytest.mark.parametrize("target", ["hf"])
 def test_after_is_fine_elsewhere(tmp_path, target):
     prog = tmp_path / "after.steer"
     prog.write_text(AFTER, encoding="utf-8")

@@ -16,7 +16,7 @@ from steerc.targets.serve.emit import emit
 from steerc.targets.serve.format import artifact_id, dumps, from_serve, read_artifact, to_serve
 
 EXAMPLES = os.environ.get("STEERC_EXAMPLES", os.path.join(os.path.dirname(__file__), "..", "..", "shared", "examples"))
-SCHEMA = os.path.join(os.path.dirname(__file__), "..", "spec", "serve.schema.json")
+SCHEMA = os.path.join(os.path.dirname(__file__), "..", "steerc", "targets", "serve", "serve.schema.json")
 PROGRAMS = sorted(glob.glob(os.path.join(EXAMPLES, "*.steer")))
 
 
@@ -111,32 +111,91 @@ def test_cache_salt_changes_with_the_plan(facts):
 # ------------------------------------------------------------------ admission
 
 
-def _admission_inputs(facts, tmp_path):
-    _, out = _compiled(os.path.join(EXAMPLES, "12_per_token_gate.steer"), facts, tmp_path)
+def _admission_inputs(facts, tmp_path, name="12_per_token_gate.steer"):
+    _, out = _compiled(os.path.join(EXAMPLES, name), facts, tmp_path)
     doc = json.loads((out / "plan.json").read_text())
     arts = {k: (out / "artifacts" / f"{k}.safetensors").read_bytes() for k in doc["artifacts"]}
     return doc, arts
 
 
-def test_admission_stages_verified_artifacts(facts, tmp_path):
-    from steerc.runtime.serve import ArtifactStore, admit
+def test_admission_checks_and_stages_artifacts(facts, tmp_path):
+    from steerc.runtime.serve import ArtifactStore
+    from steerc.targets.serve.admission import admit
 
     doc, arts = _admission_inputs(facts, tmp_path)
     store = ArtifactStore(str(tmp_path / "store"))
-    plan = admit(extra_args(doc, arts), store, facts.fingerprint)
-    assert plan is not None and plan.kernel_count == 1
-    assert all(store.has(k) for k in arts)
-    assert admit(extra_args(doc, arts, inline=False), store, facts.fingerprint) is not None  # staged already
-    assert admit({}, store) is None and admit(None, store) is None
+    admitted = admit(extra_args(doc, arts), facts, store=store, salt=doc["cache_salt"])
+    assert admitted.plan.kernel_count == 1 and sorted(admitted.artifacts) == doc["artifacts"]
+    for key, data in admitted.artifacts.items():
+        store.put(data, expected=key)
+    assert admit(extra_args(doc, arts, inline=False), facts, store=store) is not None  # staged already
+    assert admit({}, facts) is None and admit(None, facts) is None
 
 
-@pytest.mark.parametrize("fault", ["tampered inline", "missing", "tampered in store", "another model",
-                                   "not json", "wrong format", "bad base64"])
-def test_admission_refuses_bad_requests(facts, tmp_path, fault):
-    from steerc.runtime.serve import ArtifactStore, RequestError, admit
+def _resalted(doc):
+    from steerc.targets.serve.format import cache_salt
+
+    doc["cache_salt"] = cache_salt(doc)
+
+
+def _swap_artifact(doc, arts, array):
+    """Replace the plan's first artifact with a well-formed one (rehashed, re-listed, re-salted)."""
+    import numpy as np
+
+    from steerc.targets.serve.format import artifact_bytes
+
+    data = artifact_bytes(np.asarray(array, dtype=np.float32))
+    new = artifact_id(data)
+    old = doc["artifacts"][0]
+    text = json.dumps(doc).replace(old, new)
+    doc.clear()
+    doc.update(json.loads(text))
+    doc["artifacts"] = sorted(doc["artifacts"])
+    arts.pop(old)
+    arts[new] = data
+    _resalted(doc)
+
+
+def _first_kernel(doc):
+    return doc["sites"][0]["kernels"][0]
+
+
+FAULTS = {
+    # what the request carries is tampered or incomplete
+    "tampered inline": ("steerc_artifacts", None),
+    "missing artifact": ("does not carry", None),
+    "another model": ("model.fingerprint", lambda d, a: d["model"].__setitem__("fingerprint", "0" * 64)),
+    "not json": ("steerc_plan", None),
+    "deep json": ("steerc_plan", None),
+    "wrong format": ("steerc_plan.format", lambda d, a: d.__setitem__("format", "steerc.serve/0")),
+    "bad base64": ("steerc_artifacts", None),
+    # what would crash or silently misbehave in the worker
+    "width 65, rehashed": ("op.bias", lambda d, a: _swap_artifact(d, a, [0.5] * 65)),
+    "scope index 10**30": ("scope", lambda d, a: _first_kernel(d)["scope"].__setitem__(
+        0, {"kind": "generated", "start": 10 ** 30, "stop": None})),
+    "NaN threshold": ("threshold", lambda d, a: _first_kernel(d)["gate"].__setitem__("threshold", float("nan"))),
+    "NaN scale": ("scale", lambda d, a: _first_kernel(d)["op"].__setitem__("scale", {"value": float("inf")})),
+    "layer 999": ("layer", lambda d, a: (d["sites"][0]["site"].__setitem__("layer", 999), _resalted(d))),
+    "head 99": ("head", lambda d, a: d["sites"][0]["site"].update(kind="head", head=99)),
+    "unknown key": ("surprise", lambda d, a: d.__setitem__("surprise", True)),
+    "unknown kernel key": ("kernels[0].extra", lambda d, a: _first_kernel(d).__setitem__("extra", 1)),
+    "stale cache salt": ("cache_salt", lambda d, a: d.__setitem__("cache_salt", "steerc-" + "0" * 32)),
+    "unused artifact listed": ("artifacts", lambda d, a: (d["artifacts"].append("f" * 64),
+                                                         d["artifacts"].sort())),
+    "gate on an unknown probe": ("probe", lambda d, a: _first_kernel(d)["gate"].__setitem__("probe", "nope")),
+    "after scope": ("scope", lambda d, a: _first_kernel(d)["scope"].__setitem__(0, {"kind": "after", "text": "x"})),
+    "huge layer number": ("layer", lambda d, a: d["sites"][0]["site"].__setitem__("layer", 10 ** 30)),
+}
+
+
+@pytest.mark.parametrize("fault", sorted(FAULTS))
+def test_admission_refuses_what_the_worker_could_not_run(facts, tmp_path, fault):
+    from steerc.targets.serve.admission import RequestError, admit
 
     doc, arts = _admission_inputs(facts, tmp_path)
-    store = ArtifactStore(str(tmp_path / "store"))
+    field, edit = FAULTS[fault]
+    if edit is not None:
+        edit(doc, arts)
     args = extra_args(doc, arts)
     key = doc["artifacts"][0]
     if fault == "tampered inline":
@@ -145,29 +204,61 @@ def test_admission_refuses_bad_requests(facts, tmp_path, fault):
         raw[-1] ^= 1
         bad[key] = base64.b64encode(bytes(raw)).decode()
         args[ARTIFACTS_KEY] = json.dumps(bad)
-    elif fault == "missing":
+    elif fault == "missing artifact":
         args = extra_args(doc, arts, inline=False)
-    elif fault == "tampered in store":
-        admit(args, ArtifactStore(str(tmp_path / "store")), facts.fingerprint)
-        path = store.path(key)
-        data = bytearray(open(path, "rb").read())
-        data[-1] ^= 1
-        open(path, "wb").write(bytes(data))
-        store = ArtifactStore(str(tmp_path / "store"))  # a fresh process: nothing verified yet
-        args = extra_args(doc, arts, inline=False)
-    elif fault == "another model":
-        fp = "0" * 64
-        with pytest.raises(RequestError, match="fingerprint"):
-            admit(args, store, fp)
-        return
     elif fault == "not json":
         args[PLAN_KEY] = "{not json"
-    elif fault == "wrong format":
-        args[PLAN_KEY] = json.dumps(dict(doc, format="steerc.serve/0"))
+    elif fault == "deep json":
+        args[PLAN_KEY] = "[" * 100_000 + "]" * 100_000
     elif fault == "bad base64":
         args[ARTIFACTS_KEY] = json.dumps({key: "***"})
-    with pytest.raises(RequestError):
-        admit(args, store, facts.fingerprint)
+    with pytest.raises(RequestError) as err:
+        admit(args, facts, salt=None)
+    assert field in str(err.value), str(err.value)
+
+
+def test_admission_refuses_a_stored_artifact_tampered_on_disk(facts, tmp_path):
+    from steerc.runtime.serve import ArtifactStore
+    from steerc.targets.serve.admission import RequestError, admit
+
+    doc, arts = _admission_inputs(facts, tmp_path)
+    store = ArtifactStore(str(tmp_path / "store"))
+    for k, v in arts.items():
+        store.put(v, expected=k)
+    path = store.path(doc["artifacts"][0])
+    data = bytearray(open(path, "rb").read())
+    data[-1] ^= 1
+    open(path, "wb").write(bytes(data))
+    with pytest.raises(RequestError, match="tampered"):
+        admit(extra_args(doc, arts, inline=False), facts, store=ArtifactStore(str(tmp_path / "store")))
+
+
+def test_admission_refuses_a_request_salt_that_is_not_the_plans(facts, tmp_path):
+    from steerc.targets.serve.admission import RequestError, admit
+
+    doc, arts = _admission_inputs(facts, tmp_path)
+    with pytest.raises(RequestError, match="cache_salt"):
+        admit(extra_args(doc, arts), facts, salt="steerc-" + "1" * 32)
+
+
+def test_every_example_plan_is_admitted(facts, tmp_path):
+    from steerc.targets import check_target
+    from steerc.targets.serve.admission import admit
+
+    admitted = 0
+    for path in PROGRAMS:
+        result = check_file(path, facts=facts)
+        check_target(result, "serve")
+        if not result.ok:
+            assert "unsupported-by-target" in result.render(), path
+            continue
+        out = tmp_path / ("adm-" + os.path.basename(path))
+        emit(result.plan, facts, str(out))
+        doc = json.loads((out / "plan.json").read_text())
+        arts = {k: (out / "artifacts" / f"{k}.safetensors").read_bytes() for k in doc["artifacts"]}
+        assert admit(extra_args(doc, arts), facts, salt=doc["cache_salt"]) is not None, path
+        admitted += 1
+    assert admitted >= 10
 
 
 def test_store_caps_size_with_lru_eviction(tmp_path):
@@ -186,3 +277,10 @@ def test_store_caps_size_with_lru_eviction(tmp_path):
     present = [store.has(k) for k in keys]
     assert present == [False, False, True, True, True]
     assert not [p for p in os.listdir(store.root) if p.startswith(".incoming")]
+
+
+def test_the_spec_carries_the_schema_the_server_checks():
+    with open(os.path.join(os.path.dirname(__file__), "..", "spec", "serve.schema.json"), "rb") as fh:
+        spec = fh.read()
+    with open(SCHEMA, "rb") as fh:
+        assert fh.read() == spec, "copy steerc/targets/serve/serve.schema.json to spec/serve.schema.json"

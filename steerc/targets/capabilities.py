@@ -95,7 +95,7 @@ TARGETS: dict[str, Target] = {
                 "scope:after",
                 "the position after a text depends on each request's tokens; the vllm worker has no "
                 "tokenizer-side view of the prompt text",
-                "use prompt[a:b] with known positions, or the serve target, whose client resolves `after`",
+                "use prompt[a:b] with known positions",
             ),
             head=_yes("site:head", "on the tensor-parallel rank that holds the head (input of o_proj)"),
             tensor=_yes("parallel:tensor", "heads map to their rank; residual kernels run on every rank"),
@@ -106,7 +106,12 @@ TARGETS: dict[str, Target] = {
             "serve",
             "a per-request plan (JSON + content-addressed tensors) applied by the steerc vLLM plugin",
             _all("per request, on the rows of that request only"),
-            after=_yes("scope:after", "resolved to a start position by the client helper, which has the tokenizer"),
+            after=_no(
+                "scope:after",
+                "the position after a text depends on each request's tokens, and the serve workers hold no "
+                "tokenizer (admission refuses `after` too)",
+                "use prompt[a:b] or positions the client computes for its prompt",
+            ),
             constraint=_yes("constraint:json_schema", "`response_format` / `structured_outputs` request fields"),
         ),
         _target(
@@ -156,7 +161,7 @@ TARGETS: dict[str, Target] = {
             positions=_no("scope:positions", "vLLM-Hook's `from_position` selects every position from p on, not a "
                           "list", "use the steerc serve format (--target serve)"),
             after=_no("scope:after", "vLLM-Hook has no scope that searches the prompt text",
-                      "use the steerc serve format (--target serve), whose client resolves `after`"),
+                      "use prompt[a:b] or positions the client computes for its prompt"),
             union=_yes("scope:union", "only `prompt[-k:], generated`, which is `last_k`"),
             mean=_yes("gate:prompt.mean", "`pooling: mean`, one `>=` / `<=` comparison (per_key_threshold); "
                                           "vLLM-Hook pools the positions it computes, so run without prefix caching"),

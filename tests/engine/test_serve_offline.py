@@ -1,0 +1,93 @@
+"""The serve plugin through vLLM's offline API, and a request that fails inside the worker.
+
+``vllm.LLM`` started as ``steerc serve`` starts a server (steerc's loader in serve mode, eager, the
+SteercGuard logits processor). The guard's ``validate_params`` admits requests in the front end,
+which does not hold the model: a plan compiled for another model passes there and is refused by
+the worker. That request — and only it — ends at once without a steered or unsteered token, while
+the steered and plain requests batched with it come out exactly as the HF target gives them, and
+the engine goes on serving.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from harness import checked_plan, hf_run, model_folder, require_vllm
+from hf_util import vec
+
+require_vllm()
+
+PROMPTS = [[5, 17, 42, 9, 300, 12, 7], [7, 8, 9, 10], [20, 21, 22]]
+NEW = 6
+
+
+def _serve_plan(folder: str, text: str, out) -> tuple[object, str]:
+    from steerc.runtime.hf import facts_from_model
+    from steerc.targets.serve.emit import emit
+
+    from harness import hf_model
+
+    plan = checked_plan(folder, text)
+    emit(plan, facts_from_model(hf_model(folder)), str(out))
+    return plan, str(out)
+
+
+@pytest.fixture(scope="module")
+def llm(tmp_path_factory):
+    import vllm
+
+    from steerc.runtime.vllm_engine import register_loader
+
+    register_loader()
+    folder = model_folder("tiny-llama")
+    engine = vllm.LLM(model=folder, dtype="float32", max_model_len=256, max_num_seqs=8, skip_tokenizer_init=True,
+                      enforce_eager=True, load_format="steerc", additional_config={"steerc": {"mode": "serve"}},
+                      logits_processors=["steerc.runtime.serve:SteercGuard"],
+                      worker_extension_cls="steerc.runtime.serve.SteercServeExtension")
+    yield folder, engine
+    engine.llm_engine.engine_core.shutdown()
+
+
+def _generate(engine, requests):
+    from vllm import SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    prompts, params = [], []
+    for tokens, extra in requests:
+        prompts.append(TokensPrompt(prompt_token_ids=tokens))
+        params.append(SamplingParams(max_tokens=NEW, temperature=0.0, detokenize=False, extra_args=extra))
+    return [list(o.outputs[0].token_ids) for o in engine.generate(prompts, params, use_tqdm=False)]
+
+
+def test_a_request_refused_in_the_worker_fails_alone(llm, tmp_path):
+    from steerc.serve_client import offline_request
+
+    folder, engine = llm
+    text = f"steer 1\nintervention x {{\n  at resid_post[1]\n  add 6.0 * {vec(128, 1)}\n}}\n"
+    plan, out = _serve_plan(folder, text, tmp_path / "good")
+    _, other = _serve_plan(model_folder("tiny-qwen2"), text, tmp_path / "other-model")
+    good = offline_request(out, PROMPTS[0])[1]
+    wrong = offline_request(other, PROMPTS[1])[1]
+    got = _generate(engine, [(PROMPTS[0], good), (PROMPTS[1], wrong), (PROMPTS[2], None)])
+    assert got[0] == hf_run(folder, plan, [PROMPTS[0]], NEW)[0][0]
+    assert got[1] == [2], "ended at once with the end-of-sequence token: never run unsteered"
+    assert got[2] == hf_run(folder, None, [PROMPTS[2]], NEW)[0][0]
+    (status,) = engine.collective_rpc("steerc_requests")
+    assert status["failures"] == 1
+    again = _generate(engine, [(PROMPTS[1], good)])
+    assert again[0] == hf_run(folder, plan, [PROMPTS[1]], NEW)[0][0], "the engine goes on serving"
+
+
+def test_front_end_refuses_what_it_can_check(llm):
+    import json
+
+    from vllm import SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    _, engine = llm
+    bad = {"steerc_plan": json.dumps({"format": "steerc.serve/1", "surprise": 1})}
+    with pytest.raises(Exception, match="steerc_plan"):
+        engine.generate([TokensPrompt(prompt_token_ids=PROMPTS[0])],
+                        SamplingParams(max_tokens=2, extra_args=bad, detokenize=False), use_tqdm=False)
+    assert _generate(engine, [(PROMPTS[2], None)])[0] == hf_run(model_folder("tiny-llama"), None,
+                                                                 [PROMPTS[2]], NEW)[0][0]
