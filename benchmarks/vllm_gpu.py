@@ -8,8 +8,12 @@ Where CUDA and vLLM exist, in one run:
 2. correctness: greedy tokens of the steered vLLM engine (float32, CUDA graphs
    on) equal those of the same plan on the HF target (transformers on the same
    GPU) for a batch of prompts of different lengths;
-3. throughput (bfloat16): tokens/s unsteered, steered with CUDA graphs, and the
+3. throughput (bfloat16): tokens/s unsteered (vLLM's default CUDA graphs, and
+   the piecewise graphs steerc runs under: full graphs replay without the
+   step metadata steerc writes), steered with piecewise CUDA graphs, and the
    same plan with ``enforce_eager=True``, side by side.
+
+It prints which vLLM version and model runner (V1 or V2) it ran on.
 
 Elsewhere it prints what it prepared and says why it skipped the rest (exit 0).
 
@@ -126,14 +130,16 @@ def main() -> int:
         print("skipped the GPU part: no CUDA device")
         return 0
     if importlib.util.find_spec("vllm") is None:
-        print("skipped the GPU part: vllm is not installed (pip install 'steerc[vllm]')")
+        print("skipped the GPU part: vllm is not installed (pip install vllm)")
         return 0
-    from steerc.runtime.vllm import load
+    from steerc.runtime.vllm import load, status
 
     # 1. correctness, float32, CUDA graphs on
     for name, (data, plan) in plans.items():
         want = hf_reference(args.model, plan, PROMPTS, 24)
         llm = load(args.model, data, dtype="float32", gpu_memory_utilization=0.5)
+        first = status(llm)[0]
+        print(f"vLLM {first['vllm']}, {first['runner']} model runner, hooks {first['hooks'][:3]}...")
         got = vllm_tokens(llm, PROMPTS, 24)
         release(llm)
         same = sum(a == b for a, b in zip(want, got))
@@ -146,12 +152,17 @@ def main() -> int:
     llm = LLM(model=args.model, dtype="bfloat16", gpu_memory_utilization=0.5)
     base = throughput(llm, args.prompts, args.new)
     release(llm)
-    rows.append(("unsteered (CUDA graphs)", base))
+    rows.append(("unsteered (vLLM's default CUDA graphs)", base))
+    llm = LLM(model=args.model, dtype="bfloat16", gpu_memory_utilization=0.5,
+              compilation_config={"cudagraph_mode": "PIECEWISE"})
+    rows.append(("unsteered (piecewise CUDA graphs)", throughput(llm, args.prompts, args.new)))
+    release(llm)
     for name in ("add4", "ablate_all", "gated"):
         data = plans[name][0]
         for eager in (False, True):
             llm = load(args.model, data, dtype="bfloat16", gpu_memory_utilization=0.5, enforce_eager=eager)
-            rows.append((f"steerc {name} ({'eager' if eager else 'CUDA graphs'})", throughput(llm, args.prompts, args.new)))
+            rows.append((f"steerc {name} ({'eager' if eager else 'piecewise CUDA graphs'})",
+                         throughput(llm, args.prompts, args.new)))
             release(llm)
     print(f"\n{args.model}, {args.prompts} prompts x {args.new} new tokens, bf16")
     print("| condition | tokens/s | vs unsteered |")

@@ -464,10 +464,14 @@ def load(model: str, plan, **engine_kwargs):
                          "load_format": engine_kwargs.pop("load_format", "auto")}
     llm = vllm.LLM(model=model, load_format=LOAD_FORMAT, worker_extension_cls=EXTENSION, additional_config=extra,
                    **engine_kwargs)
-    statuses = call(llm, "steerc_status")
-    for s in statuses:
-        s.setdefault("family", obj["header"]["family"])
-    check_coverage(statuses, obj["boot"])
+    try:
+        statuses = call(llm, "steerc_status")
+        for s in statuses:
+            s.setdefault("family", obj["header"]["family"])
+        check_coverage(statuses, obj["boot"])
+    except Exception:
+        llm.llm_engine.engine_core.shutdown()  # a plan that would not apply: no engine is left running
+        raise
     return llm
 
 

@@ -99,3 +99,19 @@ def test_pipeline_parallel_stages_hook_their_own_layers(folder):
     assert first and second and not first & second
     assert first | second == {f"resid_post_{i}" for i in range(4)}
     compare(hf_run(folder, plan), got, what="pipeline parallel")
+
+
+def test_a_hook_that_never_runs_is_an_error(folder):
+    """A module that exists but is not called in the forward (vLLM computes logits from lm_head's
+    weights without calling it): load() refuses the plan after warm-up instead of running unsteered."""
+    from steerc.runtime.vllm import load
+    from steerc.runtime.vllm_engine import EngineError
+    from steerc.targets.vllm.wire import boot_sha256, pack, unpack
+
+    obj = unpack(vllm_bytes(folder, checked_plan(folder, program("resid_post[3]", f"add 2.0 * {vec(W, 1)}"))))
+    obj["boot"]["hooks"][0]["module"] = "lm_head"
+    obj["header"]["boot_sha256"] = boot_sha256(obj["boot"])
+    with pytest.raises(EngineError) as err:
+        load(folder, pack(obj), dtype="float32", max_model_len=256, max_num_seqs=8, skip_tokenizer_init=True)
+    message = str(err.value)
+    assert "never ran" in message and "lm_head" in message and "'llama'" in message and "vLLM 0.3" in message
