@@ -1,9 +1,8 @@
 """Send a steered request to a vLLM server that runs the steerc plugin.
 
-    steerc compile examples/smollm2/joy.steer --model ../shared/examples/models/real/smollm2-135m-instruct \\
-        --target serve -o out/joy
-    STEERC_SERVE=1 vllm serve HuggingFaceTB/SmolLM2-135M-Instruct          # the plugin loads by entry point
-    python examples/serve/client.py out/joy "Describe a rainy Monday morning."
+    steerc compile examples/smollm2/joy.steer --target serve -o out/joy --model .cache/engine-models/smollm2
+    steerc serve .cache/engine-models/smollm2 --port 8000 -- --dtype float32 &   # vLLM's server + the plugin
+    python examples/serve/client.py out/joy "Describe a rainy Monday morning." [http://127.0.0.1:8000/v1]
 
 Each request carries its own plan (and its artifacts, verified by hash on the
 server) plus a cache salt derived from the plan; requests without steering
@@ -17,7 +16,7 @@ import sys
 from steerc.serve_client import request_fields
 
 
-def main(folder: str, prompt: str, base_url: str = "http://localhost:8000/v1") -> int:
+def main(folder: str, prompt: str, base_url: str = "http://127.0.0.1:8000/v1") -> int:
     from openai import OpenAI  # pip install openai
 
     client = OpenAI(base_url=base_url, api_key="unused")
@@ -30,4 +29,4 @@ def main(folder: str, prompt: str, base_url: str = "http://localhost:8000/v1") -
 
 
 if __name__ == "__main__":
-    sys.exit(main(*sys.argv[1:3]))
+    sys.exit(main(*sys.argv[1:4]))
