@@ -180,6 +180,47 @@ def test_run_on_a_missing_path_is_a_usage_error(program, tmp_path):
     assert code == 2 and "no such folder or file" in err
 
 
+# ------------------------------------------- xgrammar verdicts, remembered
+
+
+def test_an_xgrammar_verdict_is_remembered_per_text(monkeypatch, tmp_path):
+    from steerc.constraints import _common
+
+    monkeypatch.setenv("STEERC_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(_common, "_xgrammar_version", lambda: "0.0-test")
+    monkeypatch.setattr(_common, "load_xgrammar", lambda: object())
+
+    def rejects(_):
+        raise RuntimeError("[08:02:02] /x.cc:9: Regex parsing error at position 2: Bad.")
+
+    def must_not_run(_):
+        raise AssertionError("compiled again")
+
+    assert _common.xgrammar_error(rejects, key="regex:a(") == "Regex parsing error at position 2: Bad."
+    assert _common.xgrammar_error(must_not_run, key="regex:a(") == "Regex parsing error at position 2: Bad."
+    assert _common.xgrammar_error(lambda _: None, key="regex:ab") is None
+    assert _common.xgrammar_error(must_not_run, key="regex:ab") is None
+    monkeypatch.setattr(_common, "_xgrammar_version", lambda: "0.1-test")  # another version decides anew
+    assert _common.xgrammar_error(lambda _: None, key="regex:a(") is None
+
+
+def test_a_second_compile_with_a_constraint_does_not_import_xgrammar(examples_dir, tmp_path):
+    import importlib.util
+    import subprocess
+    import sys
+
+    if importlib.util.find_spec("xgrammar") is None:
+        pytest.skip("xgrammar is not installed")
+    env = {**os.environ, "STEERC_CACHE_DIR": str(tmp_path / "cache")}
+    script = ("import sys; from steerc.cli import main; "
+              f"rc = main(['compile', '07_json.steer', '--model', 'models/tiny-llama', '--target', 'hf', "
+              f"'-o', {str(tmp_path / 'out')!r}]); print(rc, 'xgrammar' in sys.modules, 'torch' in sys.modules)")
+    runs = [subprocess.run([sys.executable, "-c", script], cwd=examples_dir, env=env, capture_output=True,
+                           text=True, timeout=120) for _ in range(2)]
+    assert [r.stdout.split()[-3:] for r in runs] == [["0", "True", "True"], ["0", "False", "False"]], \
+        [r.stderr for r in runs]
+
+
 def test_an_unwritable_cache_falls_back_to_loading_the_file(monkeypatch, tmp_path, capsys):
     pytest.importorskip("transformers")
     from steerc.runtime import models
