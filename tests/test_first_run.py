@@ -180,6 +180,104 @@ def test_run_on_a_missing_path_is_a_usage_error(program, tmp_path):
     assert code == 2 and "no such folder or file" in err
 
 
+# ------------------------------------------------------------ command lines
+
+
+def _subcommands():
+    from steerc.cli import build_parser
+
+    parser = build_parser()
+    sub = next(a for a in parser._actions if a.__class__.__name__ == "_SubParsersAction")
+    return sub.choices
+
+
+@pytest.mark.parametrize("name", sorted(_subcommands()))
+def test_every_option_has_help_text(name):
+    cmd = _subcommands()[name]
+    missing = [a.option_strings or a.dest for a in cmd._actions if not a.help]
+    assert not missing, f"steerc {name}: no help for {missing}"
+
+
+@pytest.mark.parametrize("name", ["explain", "compile", "run"])
+def test_usage_shows_model_as_required(name):
+    usage = _subcommands()[name].format_usage()
+    assert " --model PATH" in usage and "[--model PATH]" not in usage, usage
+
+
+def test_a_missing_model_is_a_usage_error(program):
+    code, _, err = run_cli(["explain", program])
+    assert code == 2 and "--model" in err
+
+
+# ------------------------------------------------------------------ README
+
+
+def _readme() -> str:
+    with open(os.path.join(REPO, "README.md"), encoding="utf-8") as fh:
+        return fh.read()
+
+
+def _blocks(lang: str) -> list[str]:
+    import re
+
+    return re.findall(rf"^```{lang}\n(.*?)^```", _readme(), re.S | re.M)
+
+
+def test_the_readme_first_program_is_in_canonical_layout_and_is_the_example():
+    from steerc.diagnostics import Diagnostics
+    from steerc.frontend import parse
+    from steerc.frontend.fmt import format_program
+    from steerc.source import Source
+
+    text = _blocks("steer")[0]
+    program = parse(Source("README.md", text), Diagnostics())
+    assert format_program(program, Source("README.md", text)) == text
+    with open(os.path.join(REPO, "examples", "smollm2", "joy.steer"), encoding="utf-8") as fh:
+        example = fh.read()
+    assert program == parse(Source("joy.steer", example), Diagnostics())
+
+
+def _readme_command_lines():
+    import shlex
+
+    for block in _blocks("sh"):
+        for line in block.splitlines():
+            line = line.split("  #", 1)[0].strip()
+            if line.startswith("./dev steerc "):
+                yield shlex.split(line)[2:]
+
+
+def test_readme_command_lines_use_the_wrapper():
+    lines = list(_readme_command_lines())
+    assert lines, "the README shows no `./dev steerc` lines"
+    for block in _blocks("sh")[:2]:
+        for line in block.splitlines():
+            assert not line.startswith("steerc "), f"a bare `steerc` fails in a new shell: {line}"
+
+
+@pytest.mark.parametrize("argv", list(_readme_command_lines()), ids=lambda a: " ".join(a[:2]))
+def test_readme_command_lines_parse(argv):
+    from steerc.cli import build_parser
+
+    build_parser().parse_args(argv)  # argparse exits on a bad option
+
+
+def test_readme_explain_runs_when_the_vector_exists(monkeypatch):
+    if not os.path.exists(os.path.join(REPO, "examples", "smollm2", "vectors", "joy.safetensors")):
+        pytest.skip("./dev demo has not derived examples/smollm2/vectors/joy.safetensors")
+    monkeypatch.chdir(REPO)
+    for argv in _readme_command_lines():
+        if argv[0] in ("check", "explain"):
+            code, out, err = run_cli(argv)
+            assert code == 0, err
+
+
+def test_dev_passes_steerc_through():
+    with open(os.path.join(REPO, "dev"), encoding="utf-8") as fh:
+        text = fh.read()
+    assert "\n  steerc)\n" in text and 'exec "$VENV/bin/steerc" "$@"' in text
+
+
 # ------------------------------------------- xgrammar verdicts, remembered
 
 
