@@ -84,3 +84,45 @@ def test_a_probe_readout_of_the_wrong_width_names_its_vector(tiny_facts):
             "intervention x {\n  at   resid_post[2]\n  scale 2.0\n  when p > 0.5\n}\n")
     found = errors(text, tiny_facts("tiny-llama"), code="shape-mismatch")
     assert len(found) == 1 and found[0].message.startswith("`a` has length 3, but `resid_post[1]`")
+
+
+# ---------------------------------------------------- the vllm-hook dialect
+
+WIDE = "[" + ", ".join(["1.0"] + ["0.0"] * 575) + "]"
+
+
+def _vllm_hook_compile(tmp_path, body: str):
+    from support import run_cli
+
+    (tmp_path / "p.steer").write_text(f"steer 1\nvector a = {WIDE}\nvector b = normalize(a + a)\n{body}")
+    code, out, err = run_cli(["compile", str(tmp_path / "p.steer"), "--model", "smollm2", "--target", "serve",
+                              "--dialect", "vllm-hook", "-o", str(tmp_path / "out")])
+    assert code == 1 and "Traceback" not in err
+    return [line for line in err.splitlines() if line.startswith("error[")], err
+
+
+def test_vllm_hook_reports_a_site_once_not_once_per_layer(tmp_path):
+    errors_, err = _vllm_hook_compile(tmp_path, "intervention x {\n  at  attn_out[*]\n  add a\n}\n")
+    assert len(errors_) == 1, err
+    assert "`attn_out`" in errors_[0] and "attn_out[1]" not in err
+
+
+def test_vllm_hook_help_for_preserve_norm_on_add_does_not_talk_about_rotation(tmp_path):
+    errors_, err = _vllm_hook_compile(tmp_path, "intervention x {\n  at  resid_post[3]\n  add a\n  preserve norm\n}\n")
+    assert len(errors_) == 1 and "`preserve norm`" in errors_[0], err
+    assert "rotat" not in err
+
+
+def test_the_vllm_hook_lowering_names_layer_runs_as_a_slice(tiny_facts):
+    from steerc.targets.serve.vllm_hook import lower_vllm_hook
+
+    facts = tiny_facts("tiny-llama")
+    v = "[" + ", ".join(["1.0"] + ["0.0"] * (facts.hidden - 1)) + "]"
+    result = check_source(f"steer 1\nvector a = {v}\nintervention x {{\n  at  attn_out[*]\n  add a\n}}\n"
+                          "intervention y {\n  at  resid_post[1]\n  add a\n  preserve norm\n}\n", "t.steer",
+                          facts=facts)
+    _, _, diagnostics = lower_vllm_hook(result.plan, facts)
+    messages = [d.message for d in diagnostics]
+    assert any(f"at attn_out[0:{facts.layers}] (intervention `x`)" in m for m in messages), messages
+    (preserve,) = [d for d in diagnostics if "`preserve norm`" in d.message]
+    assert "rotat" not in preserve.help
