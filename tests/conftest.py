@@ -10,13 +10,25 @@
 
 Helpers the test modules share (golden comparison, running the CLI
 in-process) live in ``tests/support.py``.
+
+steerc's user cache (dequantized GGUF models, xgrammar verdicts) goes to a
+temporary folder removed after the session, so tests neither read nor fill
+``~/.cache/steerc``; set ``STEERC_CACHE_DIR`` to keep one between runs
+(the real-model tests then skip the 15 s dequantization).
 """
 
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
+import tempfile
 
 os.environ["HF_HUB_OFFLINE"] = "1"
+if not os.environ.get("STEERC_CACHE_DIR"):
+    _cache = tempfile.mkdtemp(prefix="steerc-test-cache-")
+    os.environ["STEERC_CACHE_DIR"] = _cache
+    atexit.register(shutil.rmtree, _cache, True)
 
 import pytest  # noqa: E402
 

@@ -15,7 +15,7 @@ from support import REPO, examples_path, needs_constraints, run_cli, uses_constr
 
 from steerc.api import check_file
 from steerc.targets import TARGETS, check_target
-from steerc.targets.capabilities import ALL_KEYS, FEATURE_GROUPS, GROUP_TITLES, capability_matrix
+from steerc.targets.capabilities import ALL_KEYS, DISPLAY, FEATURE_GROUPS, GROUP_TITLES, capability_matrix
 from steerc.targets.features import program_features
 
 SPEC = os.path.join(REPO, "spec", "capabilities.md")
@@ -180,7 +180,8 @@ def test_check_target_reports_exactly_the_unsupported_features(name, target):
     check_target(result, target)
     reported = [d for d in result.diagnostics if d.code == "unsupported-by-target"]
     unsupported = {k for k in EXAMPLE_FEATURES[name] if not TARGETS[target].supports(k)}
-    assert {d.message.split("`")[1] for d in reported} == {k.split(":", 1)[1] for k in unsupported}
+    named = {d.message.split("cannot express ", 1)[1].split(": ", 1)[0] for d in reported}
+    assert named == {DISPLAY.get(k, f"`{k.split(':', 1)[1]}`") for k in unsupported}
     for d in reported:
         assert d.is_error and d.span is not None and d.help
         assert f"the {target} target cannot express" in d.message

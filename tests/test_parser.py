@@ -266,7 +266,7 @@ def test_newline_outside_brackets_ends_the_line():
     d = parse_error("steer 1\nparam x = 1 +\n  2\n")
     assert d.code == "syntax-error"
     assert d.span.line == 2
-    assert "end of the line" in d.message
+    assert "unexpected end of line" in d.message
 
 
 def test_crlf_and_blank_lines_parse_like_lf():
@@ -425,8 +425,8 @@ def test_missing_brace_example(examples_dir):
     "text, line, column, fragments",
     [
         ("param x = 1\n", 1, 1, ["`param`", "`steer`"]),
-        ("", 1, 1, ["end of the file", "`steer`"]),
-        ("# only a comment\n", 2, 1, ["end of the file", "`steer`"]),
+        ("", 1, 1, ["unexpected end of file", "`steer`"]),
+        ("# only a comment\n", 2, 1, ["unexpected end of file", "`steer`"]),
         ("steer\n", 1, 6, ["whole number"]),
         ("steer 1 param x = 1\n", 1, 9, ["`param`", "new line"]),
         ("steer 1\nvector = 1\n", 2, 8, ["`=`", "a name"]),
@@ -434,8 +434,8 @@ def test_missing_brace_example(examples_dir):
         ("steer 1\nparam x = 1 $\n", 2, 13, ["character `$`"]),
         ("steer 1\nparam x = * 2\n", 2, 11, ["`*`", "a number"]),
         ("steer 1\nintervention x {\n  at resid_pre[0\n}\n", 4, 1, ["`}`", "`]`"]),
-        ("steer 1\nintervention x {\n  at resid_pre[0]\n  add v\n", 5, 1, ["end of the file", "`}`"]),
-        ("steer 1\nintervention x {\n  when p > 1 and\n}\n", 3, 17, ["end of the line", "`not`"]),
+        ("steer 1\nintervention x {\n  at resid_pre[0]\n  add v\n", 5, 1, ["unexpected end of file", "`}`"]),
+        ("steer 1\nintervention x {\n  when p > 1 and\n}\n", 3, 17, ["unexpected end of line", "`not`"]),
         ("steer 1\nintervention x {\n  at resid_pre[0]\n  rotate in (a, b) v\n}\n", 4, 20, ["`v`", "`by`", "`to`"]),
         ("steer 1\nprobe p {\n  pool prompt.\n}\n", 3, 15, ["a name"]),
         ("steer 1\nconstrain choice [\"a\" \"b\"]\n", 2, 23, ["unexpected string", "`,`"]),

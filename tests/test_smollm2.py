@@ -37,10 +37,24 @@ intervention quiet {{
 """
 
 
+FIRST_LOAD: dict = {}
+
+
 @pytest.fixture(scope="module")
 def smol():
+    import contextlib
+    import io
+    import time
+
+    from steerc.runtime.models import _cache_complete, gguf_cache_folder
+
     torch.set_num_threads(2)
-    model, tok = load_model(smollm2_path())
+    FIRST_LOAD["cached_before"] = _cache_complete(gguf_cache_folder(smollm2_path()))
+    err = io.StringIO()
+    start = time.monotonic()
+    with contextlib.redirect_stderr(err):
+        model, tok = load_model(smollm2_path())
+    FIRST_LOAD.update(stderr=err.getvalue(), seconds=time.monotonic() - start)
     return model, tok, encode_prompt(tok, "Describe a rainy Monday morning.", chat=True)
 
 
@@ -83,3 +97,73 @@ def test_emitted_package_equals_runtime_on_the_real_model(smol, tmp_path):
         with package.install(model, tok):
             b = model(**inputs).logits
     assert torch.equal(a, b)
+
+
+# ------------------------------------------------ the dequantized GGUF cache
+
+
+def _one_progress_line(text: str) -> str:
+    lines = text.splitlines()
+    assert len(lines) == 1, text
+    assert "it/s" not in text and "%|" not in text, text  # no progress bars leak through
+    return lines[0]
+
+
+def test_loading_prints_one_progress_line(smol):
+    line = _one_progress_line(FIRST_LOAD["stderr"])
+    assert line.startswith("loading SmolLM2-135M-Instruct.Q4_1.gguf") and " done in " in line
+    if not FIRST_LOAD["cached_before"]:
+        assert "first use: dequantizing into" in line
+
+
+def test_a_second_load_reads_the_cache_and_is_fast(smol, capsys):
+    import time
+
+    model, tok, inputs = smol
+    start = time.monotonic()
+    again, _ = load_model("smollm2")  # the name and the path are one model
+    took = time.monotonic() - start
+    line = _one_progress_line(capsys.readouterr().err)
+    assert "first use" not in line
+    assert took < 8.0, f"a cached load took {took:.1f} s (the first took {FIRST_LOAD['seconds']:.1f} s)"
+    with torch.no_grad():
+        assert torch.equal(model(**inputs).logits, again(**inputs).logits)
+
+
+def test_the_cache_is_safetensors_keyed_by_the_files_sha256(smol):
+    import hashlib
+    import json
+    import os
+
+    from steerc.cache import cache_root
+    from steerc.runtime.models import gguf_cache_folder
+
+    path = smollm2_path()
+    folder = gguf_cache_folder(path)
+    with open(path, "rb") as fh:
+        assert os.path.basename(folder) == hashlib.sha256(fh.read()).hexdigest()
+    assert os.path.dirname(os.path.dirname(folder)) == cache_root()
+    files = set(os.listdir(folder))
+    assert {"config.json", "model.safetensors", "tokenizer.json", "steerc-cache.json"} <= files
+    assert not [f for f in files if f.endswith((".bin", ".pt", ".pkl", ".pickle"))]
+    with open(os.path.join(folder, "steerc-cache.json")) as fh:
+        marker = json.load(fh)
+    assert marker["sha256"] == os.path.basename(folder) and marker["source"] == os.path.basename(path)
+
+
+def test_the_cached_weights_are_the_gguf_tensors_dequantized(smol):
+    gguf = pytest.importorskip("gguf")
+    model, _, _ = smol
+    tensors = {t.name: t for t in gguf.GGUFReader(smollm2_path()).tensors}
+    for name, param in (("token_embd.weight", model.model.embed_tokens.weight),
+                        ("blk.0.ffn_down.weight", model.model.layers[0].mlp.down_proj.weight)):
+        t = tensors[name]
+        expected = torch.from_numpy(gguf.quants.dequantize(t.data, t.tensor_type).copy())
+        assert torch.equal(param.detach(), expected), name
+
+
+def test_the_named_model_config_is_the_loaded_models_layout(smol):
+    from steerc.facts import load_facts
+
+    model, _, _ = smol
+    assert load_facts("smollm2").fingerprint == facts_from_model(model).fingerprint

@@ -69,6 +69,7 @@ def main(argv: list[str] | None = None) -> int:
     if not getattr(args, "command", None):
         parser.print_help(sys.stderr)
         return EXIT_USAGE
+    args.argv = list(argv)  # diagnostics about an argument point into the command line
     try:
         return _module(COMMANDS[args.command][0]).run(args)
     except SystemExit as exc:  # a subcommand that already printed its diagnostic

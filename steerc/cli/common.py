@@ -24,8 +24,11 @@ def read_text(path: str) -> str:
         raise UsageError(f"cannot read {path}: {exc}") from None
 
 
-def add_program_options(cmd, model_help: str = "a Hugging Face model folder, its config.json, or a facts JSON") -> None:
-    cmd.add_argument("--model", metavar="PATH", help=model_help)
+MODEL_HELP = "a Hugging Face model folder, its config.json, a facts JSON, or a model name (smollm2)"
+
+
+def add_program_options(cmd, model_help: str = MODEL_HELP, model_required: bool = False) -> None:
+    cmd.add_argument("--model", metavar="PATH", help=model_help, required=model_required)
     cmd.add_argument("--root", metavar="DIR", help="project root for paths in the program (default: nearest steer.toml)")
     cmd.add_argument(
         "--set",
@@ -33,7 +36,7 @@ def add_program_options(cmd, model_help: str = "a Hugging Face model folder, its
         action="append",
         default=[],
         dest="overrides",
-        help="override a param (repeatable)",
+        help="override a param: --set strength=6 (repeatable)",
     )
 
 
@@ -116,6 +119,36 @@ def _needle_span(src, text: str, needle: str | None):
         return src.span(match.start(1), match.end(1))
     at = text.find(needle)
     return src.span(at, at + len(needle)) if at >= 0 else None
+
+
+def argument_source(args, flag: str):
+    """(a ``<command line>`` Source, the span of ``flag``'s value in it), for diagnostics about an argument.
+
+    >>> import argparse
+    >>> src, span = argument_source(argparse.Namespace(argv=["run", "x.steer", "--model", "m"], command="run"),
+    ...                             "--model")
+    >>> src.text, (span.column, span.end_column)
+    ('steerc run x.steer --model m', (28, 29))
+    """
+    import shlex
+
+    from steerc.source import Source
+
+    argv = list(getattr(args, "argv", None) or [])
+    words = ["steerc", *argv]
+    text, start, end = "", None, None
+    for i, word in enumerate(words):
+        quoted = shlex.quote(word)
+        at = len(text) + (1 if text else 0)
+        text = f"{text} {quoted}" if text else quoted
+        if start is None and i > 0 and words[i - 1] == flag:
+            start, end = at, at + len(quoted)
+        elif start is None and word.startswith(flag + "="):
+            start, end = at + len(flag) + 1, at + len(quoted)
+    src = Source("<command line>", text)
+    if start is None:
+        start, end = 0, len(text)
+    return src, src.span(start, max(end, start + 1))
 
 
 def print_json(obj) -> None:

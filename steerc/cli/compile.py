@@ -12,8 +12,10 @@ from steerc.cli.common import add_program_options, facts_from, options_from, rea
 
 def add_arguments(cmd) -> None:
     cmd.add_argument("file", metavar="FILE", help="a .steer file")
-    add_program_options(cmd)
-    cmd.add_argument("--target", choices=("hf", "vllm", "serve"), required=True)
+    add_program_options(cmd, model_required=True)
+    cmd.add_argument("--target", choices=("hf", "vllm", "serve"), required=True,
+                     help="hf: a Python package of hooks; vllm: plan.msgpack for vLLM workers; "
+                          "serve: plan.json for per-request steering on a vLLM server")
     cmd.add_argument("-o", "--output", metavar="OUT", required=True, help="output folder")
     cmd.add_argument("--dialect", choices=("steerc", "vllm-hook"), default="steerc",
                      help="serve target only: steerc's own format, or IBM vLLM-Hook's spec")
@@ -31,8 +33,6 @@ def run(args) -> int:
     from steerc.api import check_source
     from steerc.targets import check_target
 
-    if not args.model:
-        raise UsageError("compile needs --model (a model folder, config.json or facts JSON)")
     if args.dialect != "steerc" and args.target != "serve":
         raise UsageError("--dialect applies to --target serve only")
     facts = facts_from(args)

@@ -5,16 +5,17 @@ from __future__ import annotations
 import os
 import sys
 
-from steerc.cli import EXIT_ERRORS, EXIT_OK, UsageError
+from steerc.cli import EXIT_ERRORS, EXIT_OK
 from steerc.cli.common import add_program_options, facts_from, options_from, print_json, read_text
 
 
 def add_arguments(cmd) -> None:
     cmd.add_argument("file", metavar="FILE", help="a .steer file")
-    add_program_options(cmd)
+    add_program_options(cmd, model_required=True)
     cmd.add_argument("--target", choices=("hf", "vllm", "serve"), default="hf",
                      help="whose hooks to show (default hf)")
-    cmd.add_argument("--format", choices=("text", "json"), default="text")
+    cmd.add_argument("--format", choices=("text", "json"), default="text",
+                     help="text for reading (default), json for tools (spec/json.md)")
 
 
 def run(args) -> int:
@@ -22,8 +23,6 @@ def run(args) -> int:
     from steerc.explain import explain, render
     from steerc.targets import check_target
 
-    if not args.model:
-        raise UsageError("explain needs --model (a model folder, config.json or facts JSON)")
     facts = facts_from(args)
     result = check_source(read_text(args.file), args.file, path=os.path.abspath(args.file),
                           options=options_from(args), facts=facts)

@@ -9,7 +9,8 @@ from steerc.cli.common import load_facts_or_diagnostic, print_json
 
 
 def add_arguments(cmd) -> None:
-    cmd.add_argument("path", metavar="PATH", help="a Hugging Face model folder, its config.json, or a facts JSON")
+    cmd.add_argument("path", metavar="PATH",
+                     help="a Hugging Face model folder, its config.json, a facts JSON, or a model name (smollm2)")
     cmd.add_argument("--backend", choices=("hf", "vllm"), default="hf", help="whose module names to print")
 
 

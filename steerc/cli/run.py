@@ -6,43 +6,56 @@ import os
 import sys
 
 from steerc.cli import EXIT_ERRORS, EXIT_OK, UsageError
-from steerc.cli.common import options_from, read_text
+from steerc.cli.common import add_program_options, argument_source, options_from, read_text
 
 
 def add_arguments(cmd) -> None:
     cmd.add_argument("file", metavar="FILE", help="a .steer file")
-    cmd.add_argument("--model", metavar="PATH", required=True,
-                     help="a Hugging Face model folder (with weights) or a .gguf file")
-    cmd.add_argument("--prompt", required=True, help="the prompt text")
+    add_program_options(cmd, model_help="a model name (smollm2: the bundled SmolLM2-135M-Instruct), a .gguf file, "
+                                        "or a Hugging Face model folder with weights and tokenizer",
+                        model_required=True)
+    cmd.add_argument("--prompt", required=True, metavar="TEXT", help="the prompt text")
     cmd.add_argument("--compare", action="store_true", help="also print the unsteered completion")
-    cmd.add_argument("--max-new-tokens", type=int, default=40, metavar="N")
+    cmd.add_argument("--max-new-tokens", type=int, default=40, metavar="N",
+                     help="how many tokens to generate (default 40; greedy)")
     cmd.add_argument("--raw", action="store_true", help="do not wrap the prompt in the model's chat template")
-    cmd.add_argument("--root", metavar="DIR", help="project root for paths in the program")
-    cmd.add_argument("--set", metavar="NAME=VALUE", action="append", default=[], dest="overrides")
 
 
 def run(args) -> int:
     if args.max_new_tokens < 1:
         raise UsageError("--max-new-tokens must be at least 1")
+    from steerc.api import check_source
+
     text = read_text(args.file)
     options = options_from(args)
+    path = os.path.abspath(args.file)
+    # The program is checked before the model loads: a mistake costs no load.
+    early = check_source(text, args.file, path=path, options=options)
+    if not early.ok:
+        print(early.render(), file=sys.stderr)
+        return EXIT_ERRORS
+    from steerc.runtime.models import ModelNotRunnable, runnable_path
+
+    try:
+        runnable_path(args.model)
+    except ModelNotRunnable as problem:
+        return _report(args, problem)
+    if not os.path.exists(runnable_path(args.model)):
+        from steerc.facts.named import names
+
+        raise UsageError(f"--model {args.model}: no such folder or file, and not a model name ({names()})")
     try:
         import torch  # noqa: F401
         import transformers  # noqa: F401
     except ImportError:
         raise UsageError("`steerc run` needs torch and transformers: pip install 'steerc[hf]'") from None
-    if not os.path.exists(args.model):
-        raise UsageError(f"--model {args.model}: no such folder or file")
-    from steerc.api import check_source
     from steerc.runtime.hf import facts_from_model, install
     from steerc.runtime.models import encode_prompt, load_model
-
     try:
         model, tokenizer = load_model(args.model)
     except (OSError, ValueError) as exc:
         raise UsageError(f"cannot load {args.model}: {exc}") from None
-    result = check_source(text, args.file, path=os.path.abspath(args.file), options=options,
-                          facts=facts_from_model(model))
+    result = check_source(text, args.file, path=path, options=options, facts=facts_from_model(model))
     if result.diagnostics:
         print(result.render(), file=sys.stderr)
     if not result.ok:
@@ -55,6 +68,17 @@ def run(args) -> int:
     with install(model, result.plan, tokenizer):
         print(_complete(model, tokenizer, inputs, args.max_new_tokens))
     return EXIT_OK
+
+
+def _report(args, problem) -> int:
+    """A ``model-without-weights`` diagnostic pointing at the ``--model`` argument."""
+    from steerc.diagnostics import Diagnostic, Note, render_text
+
+    source, span = argument_source(args, "--model")
+    diagnostic = Diagnostic.error("model-without-weights", problem.message, span, help=problem.help,
+                                  notes=tuple(Note(n) for n in problem.notes))
+    print(render_text(diagnostic, {source.name: source}), file=sys.stderr)
+    return EXIT_ERRORS
 
 
 def _complete(model, tokenizer, inputs, max_new_tokens: int) -> str:

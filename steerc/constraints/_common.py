@@ -120,14 +120,28 @@ def quiet_stderr() -> Iterator[None]:
         os.close(devnull)
 
 
-def xgrammar_error(call: Callable[[object], object]) -> str | None:
+def xgrammar_error(call: Callable[[object], object], key: str | None = None) -> str | None:
     """Run ``call(xgrammar)``; return the cleaned error text if xgrammar rejects the input.
 
     Returns ``None`` when it accepts, or when xgrammar is not installed.
+    With a ``key`` (what is compiled, e.g. ``"regex:" + pattern``) the
+    verdict is remembered in the user cache for this xgrammar version, so a
+    second check of the same text neither imports xgrammar (and torch, about
+    1.5 s) nor compiles again.
 
     >>> xgrammar_error(lambda xgr: None) is None
     True
     """
+    version = _xgrammar_version()
+    if version is None:
+        return None
+    path = _verdict_path(version, key) if key is not None else None
+    if path is not None:
+        from steerc.cache import read_json
+
+        known = read_json(path, {})
+        if "error" in known and (known["error"] is None or isinstance(known["error"], str)):
+            return known["error"]
     xgr = load_xgrammar()
     if xgr is None:
         return None
@@ -137,8 +151,37 @@ def xgrammar_error(call: Callable[[object], object]) -> str | None:
     except (UnicodeError, MemoryError, RecursionError):
         return None  # text xgrammar's binding cannot even receive; not a verdict
     except Exception as exc:  # noqa: BLE001  (xgrammar raises RuntimeError and friends)
-        return clean_xgrammar_message(str(exc))
-    return None
+        message = clean_xgrammar_message(str(exc))
+    else:
+        message = None
+    if path is not None:
+        from steerc.cache import write_json
+
+        write_json(path, {"error": message})
+    return message
+
+
+def _xgrammar_version() -> str | None:
+    """The installed xgrammar's version, read from its metadata (nothing imported)."""
+    from importlib import metadata
+
+    try:
+        return metadata.version("xgrammar")
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def _verdict_path(version: str, key: str) -> str | None:
+    import hashlib
+
+    from steerc.cache import cache_root
+
+    try:
+        digest = hashlib.sha256(key.encode("utf-8", "surrogatepass")).hexdigest()
+    except UnicodeError:
+        return None
+    safe = re.sub(r"[^A-Za-z0-9._+-]", "_", version)
+    return os.path.join(cache_root(), "xgrammar", safe, digest + ".json")
 
 
 def clean_xgrammar_message(raw: str) -> str:

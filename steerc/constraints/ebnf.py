@@ -66,7 +66,7 @@ def check_grammar(text: str, use_xgrammar: bool = False) -> list[Problem]:
 
 def _xgrammar_problems(text: str) -> list[Problem]:
     """What ``xgrammar.Grammar.from_ebnf`` says about ``text``."""
-    message = xgrammar_error(lambda xgr: xgr.Grammar.from_ebnf(text))
+    message = xgrammar_error(lambda xgr: xgr.Grammar.from_ebnf(text), key="ebnf:" + text)
     if message is None:
         return []
     m = re.search(r"at line (\d+), column (\d+)", message)

@@ -61,7 +61,7 @@ def check_regex(pattern: str, use_xgrammar: bool = False) -> list[Problem]:
 
 def _xgrammar_problems(pattern: str) -> list[Problem]:
     """What ``xgrammar.Grammar.from_regex`` says about ``pattern``."""
-    message = xgrammar_error(lambda xgr: xgr.Grammar.from_regex(pattern))
+    message = xgrammar_error(lambda xgr: xgr.Grammar.from_regex(pattern), key="regex:" + pattern)
     if message is None:
         return []
     m = re.search(r"at position (\d+)", message)

@@ -125,7 +125,7 @@ def check_json_schema(text: str, use_xgrammar: bool = False) -> tuple[dict | boo
     except RecursionError:
         ctx.problems.append(Problem(INVALID, "the schema is nested too deeply to check", None))
     if use_xgrammar and not any(p.severity == "error" for p in ctx.problems):
-        message = xgrammar_error(lambda xgr: xgr.Grammar.from_json_schema(text))
+        message = xgrammar_error(lambda xgr: xgr.Grammar.from_json_schema(text), key="json_schema:" + text)
         if message is not None:
             ctx.problems.append(xgrammar_problem(message, None))
     ctx.problems.sort(key=lambda p: (p.offset is None, p.offset or 0))

@@ -140,11 +140,15 @@ def facts_from_config(config: dict, origin: str = "config") -> ModelFacts:
 
 
 def load_facts(path: str) -> ModelFacts:
-    """Facts from a model folder, a ``config.json`` or a facts JSON."""
+    """Facts from a model folder, a ``config.json``, a facts JSON or a model name (``smollm2``)."""
+    from steerc.facts.named import named_config, names
+
+    path = named_config(path)
     file = os.path.join(path, "config.json") if os.path.isdir(path) else path
     if not os.path.isfile(file):
-        where = "no config.json in that folder" if os.path.isdir(path) else "no such file"
-        raise FactsError(where)
+        if os.path.isdir(path):
+            raise FactsError("no config.json in that folder")
+        raise FactsError(f"no such file or folder, and not a model name ({names()})")
     try:
         with open(file, encoding="utf-8") as fh:
             text = fh.read()

@@ -142,14 +142,17 @@ def _describe_terminal(name: str) -> str:
 
 
 def _describe_token(tok: Token) -> str:
+    """What follows "unexpected": ``end of file``, ``number `3.0```, ```joy```."""
     if tok.type == "$END":
-        return "the end of the file"
+        return "end of file"
     if tok.type == "_NL":
-        return "the end of the line"
+        return "end of line"
     if tok.type in ("STRING", "LONG_STRING"):
         return "string"
-    if tok.type in ("NUMBER", "INT", "SIGNED_INT", "PERCENT"):
-        return f"the number `{tok.value}`"
+    if tok.type == "PERCENT":
+        return f"percentage `{tok.value}`"
+    if tok.type in ("NUMBER", "INT", "SIGNED_INT"):
+        return f"number `{tok.value}`"
     return f"`{tok.value}`"
 
 
@@ -168,7 +171,9 @@ def _token_span(source: Source, tok: Token):
     start = tok.start_pos if tok.start_pos is not None else len(source.text)
     start = min(start, len(source.text))
     end = tok.end_pos if tok.end_pos is not None else start
-    if tok.type == "_NL" or end <= start:
+    if tok.type == "_NL":
+        return source.span(start, start)  # the end of the line itself, not the start of the next one
+    if end <= start:
         end = start + 1
     return source.span(start, min(end, max(len(source.text), start + 1)))
 
@@ -214,6 +219,14 @@ def syntax_diagnostic(exc: UnexpectedInput, source: Source, state: _ParseState) 
             help=f"close it with `{close}` (new lines inside brackets do not end a line)",
         )
     starts_statement = tok.type in _STATEMENT_STARTS
+    same_line = state.last_token is not None and state.last_token.line == tok.line
+    if state.braces and same_line and not starts_statement and tok.type != "$END":
+        from steerc.frontend.syntax_help import block_line_help
+
+        found = block_line_help(source.text, state.braces[-1].end_pos, tok, expected, state.last_token)
+        if found is not None:
+            needs, help_line = found
+            return Diagnostic.error("syntax-error", f"{message}; {needs}", span, help=help_line)
     if "RBRACE" in expected and len(expected) > 2 and state.braces:
         rest = _expected_phrase(expected - {"RBRACE", "_NL"})
         message += f"; expected `}}` or a line of the block ({rest.replace(' or ', ', ')})"

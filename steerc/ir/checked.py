@@ -86,6 +86,7 @@ class Readout:
     kind: str  # cosine | projected_cosine | dot | norm
     vectors: tuple[Operand, ...] = ()
     bias: float = 0.0
+    spans: tuple[Span | None, ...] = field(default=(), eq=False, repr=False, kw_only=True)  # of `vectors`
 
 
 @frozen(eq=False)
@@ -121,6 +122,7 @@ class Operation:
     mode: str | None = None
     text: str = ""  # the operation as written (canonical layout), for explain
     span: Span | None = _span()
+    operand_spans: tuple[Span | None, ...] = field(default=(), eq=False, repr=False, kw_only=True)  # of `vectors`
 
 
 @frozen(eq=False)

@@ -122,6 +122,7 @@ def _probe(ev: Evaluator, p: ir.ProbeDecl) -> ck.Probe:
     else:
         readout = ck.Readout("norm")
     site = site_pattern(p.site)
+    readout = evolve(readout, spans=tuple(expr.span for expr in _readout_exprs(r)))
     for v, expr in zip(readout.vectors, _readout_exprs(r)):
         ev.rows_available(v, site, expr.span)
     return ck.Probe(p.name, site, readout, p.pool.kind, span=p.span, pool_span=p.pool.span, read_span=r.span)
@@ -162,27 +163,29 @@ def _operation(ev: Evaluator, op) -> ck.Operation:
 def _build_operation(ev: Evaluator, op) -> ck.Operation:
     span = op.span
     if isinstance(op, ir.Add):
-        return ck.Operation("add", (ev.vector(op.vector),), span=span)
+        return ck.Operation("add", (ev.vector(op.vector),), span=span, operand_spans=(op.vector.span,))
     if isinstance(op, ir.Set):
-        return ck.Operation("set", (ev.vector(op.vector),), span=span)
+        return ck.Operation("set", (ev.vector(op.vector),), span=span, operand_spans=(op.vector.span,))
     if isinstance(op, ir.Suppress):
         return ck.Operation("suppress", span=span)
     if isinstance(op, ir.Scale):
         if ev.ctx.types.get(id(op.factor)) == ty.VECTOR:
-            return ck.Operation("scale", (ev.vector(op.factor),), span=span)
+            return ck.Operation("scale", (ev.vector(op.factor),), span=span, operand_spans=(op.factor.span,))
         return ck.Operation("scale", scalar=ev.scalar(op.factor), span=span)
     if isinstance(op, ir.Ablate):
         dirs = tuple(ev.direction(d) for d in op.directions)
         ev.same_width(dirs, span, "the directions to ablate")
-        return ck.Operation("ablate", dirs, span=span)
+        return ck.Operation("ablate", dirs, span=span, operand_spans=tuple(d.span for d in op.directions))
     if isinstance(op, ir.Clamp):
         u = ev.direction(op.direction)
-        return ck.Operation("clamp", (u,), scalar=ev.scalar(op.value), span=span)
+        return ck.Operation("clamp", (u,), scalar=ev.scalar(op.value), span=span,
+                            operand_spans=(op.direction.span,))
     if isinstance(op, ir.Rotate):
         b1, b2 = ev.direction(op.first), ev.vector(op.second)
         ev.same_width((b1, b2), span, "the two vectors of a rotation plane")
         ev.plane(b1, b2, op.second.span)
-        return ck.Operation("rotate", (b1, b2), scalar=ev.scalar(op.angle), mode=op.mode, span=span)
+        return ck.Operation("rotate", (b1, b2), scalar=ev.scalar(op.angle), mode=op.mode, span=span,
+                            operand_spans=(op.first.span, op.second.span))
     raise TypeError(op)
 
 

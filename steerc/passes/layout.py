@@ -31,12 +31,11 @@ def run(ctx: CheckContext) -> None:
     _assertions(ctx, program, facts)
     for probe in program.probes.values():
         layers = site_layers(ctx, probe.site, facts)
-        for vec in probe.readout.vectors:
-            _fits(ctx, vec, probe.site, layers, facts, probe.read_span or probe.span)
+        _fits(ctx, probe.readout.vectors, probe.readout.spans, probe.site, layers, facts,
+              probe.read_span or probe.span)
     for iv in program.interventions:
         layers = site_layers(ctx, iv.site, facts)
-        for vec in iv.op.vectors:
-            _fits(ctx, vec, iv.site, layers, facts, iv.op.span)
+        _fits(ctx, iv.op.vectors, iv.op.operand_spans, iv.site, layers, facts, iv.op.span)
     # Pairs of sites named outright were checked without a model; check the rest now.
     causality.checked(ctx, lambda p: expand(p.layers, facts.layers).indices, only_dynamic=True)
 
@@ -64,23 +63,56 @@ def site_layers(ctx: CheckContext, site: ck.SitePattern, facts: ModelFacts) -> t
     return exp.indices
 
 
-def _fits(ctx: CheckContext, vec, site: ck.SitePattern, layers, facts: ModelFacts, span) -> None:
+def _fits(ctx: CheckContext, vectors, spans, site: ck.SitePattern, layers, facts: ModelFacts, line_span) -> None:
+    """Each vector has the width of the site; one error per width that does not fit, naming the vectors."""
     want = facts.width(site.kind)
-    width = vec.width if isinstance(vec, PerLayer) else int(vec.shape[0])
-    if width is not None and width != want:
-        what = "head_dim" if site.kind == "head" else "hidden size"
+    spans = tuple(spans) + (None,) * (len(vectors) - len(spans))
+    wrong: dict[int, list] = {}
+    for vec, span in zip(vectors, spans):
+        width = vec.width if isinstance(vec, PerLayer) else int(vec.shape[0])
+        if width is not None and width != want:
+            wrong.setdefault(width, []).append(span)
+            continue
+        if isinstance(vec, PerLayer):
+            for layer in layers:
+                if layer not in vec.rows:
+                    report_missing_row(ctx, vec, layer, line_span)
+                    break
+    what = "head_dim" if site.kind == "head" else "hidden size"
+    where = _text(ctx, site.span) or f"{site.kind}[...]"
+    for width, where_spans in wrong.items():
+        names = [_text(ctx, sp) for sp in where_spans]
+        if all(names) and len(names) == 1:
+            subject, verb = f"`{names[0]}`", "has"
+        elif all(names):
+            subject, verb = " and ".join(f"`{n}`" for n in names), "have"
+        else:
+            subject, verb = "a vector", "has"
+        span = where_spans[0] if len(where_spans) == 1 and where_spans[0] is not None else line_span
         ctx.error(
             "shape-mismatch",
-            f"a vector of length {width} does not fit {site.kind}[...]: the model's {what} is {want}",
+            f"{subject} {verb} length {width}, but `{where}` is {want} wide (the model's {what})",
             span,
-            help="steering vectors must be made for this model (same width as the site they act on)",
+            notes=(Note(f"acts on {_layers_text(layers)}", site.span),) if site.span is not None else (),
+            help=f"steering vectors must be made for this model: {site.kind} takes {want} numbers",
         )
-        return
-    if isinstance(vec, PerLayer):
-        for layer in layers:
-            if layer not in vec.rows:
-                report_missing_row(ctx, vec, layer, span)
-                return
+
+
+def _text(ctx: CheckContext, span) -> str | None:
+    """The source text of ``span`` on one line, shortened; None when it is not in the program's text."""
+    if span is None or span.start < 0 or span.file != ctx.source.name:
+        return None
+    text = " ".join(ctx.source.text[span.start:span.end].split())
+    return text if len(text) <= 40 else text[:39] + "…"
+
+
+def _layers_text(layers) -> str:
+    if not layers:
+        return "no layer of this model"
+    if len(layers) == 1:
+        return f"layer {layers[0]}"
+    contiguous = list(layers) == list(range(layers[0], layers[-1] + 1))
+    return f"layers {layers[0]} to {layers[-1]}" if contiguous else "layers " + ", ".join(map(str, layers))
 
 
 def _assertions(ctx: CheckContext, program: ck.CheckedProgram, facts: ModelFacts) -> None:

@@ -48,9 +48,10 @@ def run(ctx: CheckContext) -> None:
 
     symbols = ctx.symbols
     for order, stmt in enumerate(statements):
+        in_gate = _gate_names(stmt)
         for node in walk(stmt):
             if isinstance(node, ir.Name):
-                _resolve(ctx, node, order, declared, stmt)
+                _resolve(ctx, node, order, declared, stmt, in_gate.get(id(node)))
             elif isinstance(node, ir.Call) and node.func not in FUNCTIONS:
                 ctx.error(
                     "undefined-name",
@@ -69,7 +70,27 @@ def _poison(ctx: CheckContext, stmt) -> None:
         ctx.poisoned.add(stmt.name)
 
 
-def _resolve(ctx: CheckContext, node: ir.Name, order: int, declared, stmt) -> None:
+def _gate_names(stmt) -> dict[int, bool]:
+    """id of each name in the ``when`` gate of an intervention -> whether it stands alone against a number.
+
+    ``when p > 0.5``: ``p`` can only be a probe (True); ``when p > limit``:
+    either side may be the probe and the other a param (False).
+    """
+    gate = getattr(stmt, "gate", None) if isinstance(stmt, ir.InterventionDecl) else None
+    if gate is None:
+        return {}
+    out: dict[int, bool] = {}
+    for node in walk(gate):
+        if isinstance(node, ir.Compare):
+            for side, other in ((node.left, node.right), (node.right, node.left)):
+                if isinstance(side, ir.Name):
+                    out[id(side)] = isinstance(other, ir.Number) or isinstance(other, ir.Neg)
+        elif isinstance(node, ir.Name):
+            out.setdefault(id(node), False)
+    return out
+
+
+def _resolve(ctx: CheckContext, node: ir.Name, order: int, declared, stmt, in_gate: bool | None = None) -> None:
     entry = declared.get(node.id)
     if entry is not None and entry[0] < order:
         sym = ctx.symbols.get(node.id)
@@ -90,16 +111,22 @@ def _resolve(ctx: CheckContext, node: ir.Name, order: int, declared, stmt) -> No
             else "a declaration cannot use the name it declares",
         )
         return
-    visible = [n for n, (o, _) in declared.items() if o < order]
+    visible = [n for n, (o, s) in declared.items() if o < order
+               and (in_gate is None or isinstance(s, (ir.ProbeDecl, ir.ParamDecl)))]
     ctx.error(
         "undefined-name",
         f"undefined name `{node.id}`",
         node.span,
-        help=did_you_mean(node.id, visible) or _declare_hint(node.id),
+        help=did_you_mean(node.id, visible) or _declare_hint(node.id, in_gate),
     )
 
 
-def _declare_hint(ident: str) -> str:
+def _declare_hint(ident: str, in_gate: bool | None = None) -> str:
+    """What to declare: a probe for a name a gate compares, else a vector or a param."""
+    if in_gate is not None:
+        probe = (f"a gate compares a probe: declare `probe {ident} {{ ... }}` above this intervention, "
+                 "with `at`, `read` and `pool` lines")
+        return probe if in_gate else probe + f" (or `param {ident} = ...` for a threshold)"
     return (
         f"declare it before this line, e.g. `vector {ident} = load(\"...\", key=\"{ident}\")` "
         f"or `param {ident} = 1.0`"

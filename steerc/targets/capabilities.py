@@ -139,8 +139,7 @@ TARGETS: dict[str, Target] = {
             rotate=_yes("op:rotate", "`rotation`, mode `target` (`to`) or `offset` (`by`), basis [e1, e2]"),
             preserve_norm=_no("op:preserve-norm", "vLLM-Hook's norm_preserving modifier only scales back rows whose "
                               "norm grew; steerc rescales every selected row to its input norm",
-                              "drop `preserve norm` (rotation keeps the norm anyway), or use the steerc serve "
-                              "format (--target serve)"),
+                              "drop `preserve norm`, or use the steerc serve format (--target serve)"),
             resid_pre=_yes("site:resid_pre", "resid_pre[l] for l >= 1 is layer l-1's output; resid_pre[0] (the "
                                              "embeddings) can be probed (condition layer 0) but not steered"),
             resid_post=_yes("site:resid_post", "layer l's output (`layers: [l]`, 0-based); probed as condition "
@@ -188,6 +187,22 @@ TARGETS: dict[str, Target] = {
     )
 }
 
+# How check_target names a feature in a message (default: the key's name in backquotes).
+DISPLAY = {
+    "op:preserve-norm": "`preserve norm`",
+    "op:scale-vector": "`scale` by a vector",
+    "scope:prompt-slice": "the token scope `prompt[a:b]`",
+    "scope:generated-slice": "the token scope `generated[a:b]`",
+    "scope:positions": "the token scope `[i, j, ...]`",
+    "scope:union": "a union of token scopes",
+}
+for _group, _title in (("site", "the site {}"), ("scope", "the token scope {}"),
+                       ("gate", "a gate on a probe pooled with {}"), ("readout", "the readout {}"),
+                       ("constraint", "the output constraint {}"), ("dtype", "the model dtype {}"),
+                       ("parallel", "{} parallelism")):
+    for _name in FEATURE_GROUPS[_group]:
+        DISPLAY.setdefault(f"{_group}:{_name}", _title.format(f"`{_name}`"))
+
 # Display names for the matrix.
 GROUP_TITLES = {
     "op": "operations", "site": "sites", "scope": "token scopes", "gate": "gates (probe pools)",
@@ -230,11 +245,11 @@ def check_target(result, target: str) -> None:
         if not f.supported:
             from steerc.diagnostics import Diagnostic
 
-            what = key.split(":", 1)[1]
+            what = DISPLAY.get(key, f"`{key.split(':', 1)[1]}`")
             result.diagnostics.append(
                 Diagnostic.error(
                     "unsupported-by-target",
-                    f"the {target} target cannot express `{what}`: {f.note}",
+                    f"the {target} target cannot express {what}: {f.note}",
                     span,
                     help=f"{f.instead}" if f.instead else None,
                 )

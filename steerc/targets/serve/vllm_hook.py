@@ -177,7 +177,7 @@ class _Lowering:
 
     def finish_diagnostics(self) -> None:
         for (what, why, help, span, names), (sites, notes) in self._refusals.items():
-            where = f" at {', '.join(sites)}" if sites else ""
+            where = f" at {', '.join(compact_sites(sites))}" if sites else ""
             if names:
                 where += f" (intervention {', '.join(f'`{n}`' for n in names)})"
             self.diagnostics.append(Diagnostic.error(
@@ -419,12 +419,13 @@ class _Lowering:
                         for r in refused.all:
                             self.refuse(r.what, r.why, r.help, span, r.notes, sp.site, kernel.names)
                 if kernel.preserve_norm:
+                    drop = "drop `preserve norm`: a rotation keeps the norm anyway" if isinstance(kernel.op, Rotate) \
+                        else "drop `preserve norm` (the steered rows are then not rescaled), or " + _SERVE
                     self.refuse(
                         "`preserve norm`",
                         "vLLM-Hook's norm_preserving modifier only scales back rows whose norm grew; steerc "
                         "rescales every selected row to its input norm",
-                        "drop `preserve norm` (rotation keeps the norm anyway), or " + _SERVE,
-                        span, (), sp.site, kernel.names)
+                        drop, span, (), sp.site, kernel.names)
                     continue
                 if len(parts) < 4:
                     continue
@@ -483,12 +484,57 @@ def lower_vllm_hook(plan: Plan, facts) -> tuple[dict | None, dict[str, bytes], l
 
 def check_vllm_hook(result) -> None:
     """Add the lowering's ``unsupported-by-target`` errors to a CheckResult (like ``check_target``),
-    so a driver can report them before emitting; no-op without a plan."""
+    so a driver can report them before emitting; no-op without a plan.
+
+    A construct the capability check (``check_target(result, "vllm-hook")``)
+    already reported at its own line is not reported again for the
+    intervention that holds it."""
     if getattr(result, "plan", None) is None or result.facts is None:
         return
     _, _, diagnostics = lower_vllm_hook(result.plan, result.facts)
     known = {(d.code, d.message, d.span) for d in result.diagnostics}
-    result.diagnostics.extend(d for d in diagnostics if (d.code, d.message, d.span) not in known)
+    reported = [d.span for d in result.diagnostics if d.code == "unsupported-by-target" and d.span is not None]
+    result.diagnostics.extend(d for d in diagnostics if (d.code, d.message, d.span) not in known
+                              and not any(_within(inner, d.span) for inner in reported))
+
+
+def _within(inner, outer) -> bool:
+    """Whether span ``inner`` lies inside span ``outer`` (same file)."""
+    if outer is None or inner.file != outer.file or inner.start < 0 or outer.start < 0:
+        return False
+    return outer.start <= inner.start and inner.end <= outer.end
+
+
+def compact_sites(texts) -> list[str]:
+    """Site names with runs of consecutive layers written as one slice.
+
+    >>> compact_sites(["attn_out[0]", "attn_out[1]", "attn_out[2]", "resid_post[5]", "head[1, 2]"])
+    ['attn_out[0:3]', 'resid_post[5]', 'head[1, 2]']
+    """
+    import re
+
+    out: list[str] = []
+    run: list = []  # [kind, first, last]
+
+    def flush():
+        if run:
+            kind, first, last = run
+            out.extend([f"{kind}[{first}:{last + 1}]"] if last - first >= 2 else
+                       [f"{kind}[{i}]" for i in range(first, last + 1)])
+            run.clear()
+
+    for text in texts:
+        m = re.fullmatch(r"(\w+)\[(\d+)\]", text)
+        if m and run and run[0] == m.group(1) and int(m.group(2)) == run[2] + 1:
+            run[2] += 1
+            continue
+        flush()
+        if m:
+            run.extend([m.group(1), int(m.group(2)), int(m.group(2))])
+        else:
+            out.append(text)
+    flush()
+    return out
 
 
 # ------------------------------------------------------------------ emitting
