@@ -6,9 +6,10 @@ malformed with the field at fault. This module checks a decoded document
 against such a schema using the subset of 2020-12 keywords those schemas
 use — ``type``, ``const``, ``enum``, ``properties``, ``required``,
 ``additionalProperties: false``, ``items``, ``minItems``, ``maxItems``,
-``uniqueItems``, ``minimum``, ``maximum``, ``pattern``, ``minLength``,
-``maxLength``, ``oneOf``, ``not``, ``$ref`` (local) — so that the schema stays the one description
-of the format. Numbers must be finite (JSON has no NaN; Python's ``json``
+``uniqueItems``, ``prefixItems`` (with ``items: false``), ``minimum``,
+``maximum``, ``pattern``, ``minLength``, ``maxLength``, ``oneOf``, ``not``,
+``$ref`` (local) — so that the schema stays the one description of the
+format, plus one type of steerc's own, ``bytes`` (msgpack's binary type). Numbers must be finite (JSON has no NaN; Python's ``json``
 reads one anyway), integers are not booleans, and nesting is bounded.
 
 >>> schema = {"type": "object", "required": ["n"], "additionalProperties": False,
@@ -46,11 +47,12 @@ _TYPES = {
     "number": lambda v: isinstance(v, (int, float)) and not isinstance(v, bool),
     "boolean": lambda v: isinstance(v, bool),
     "null": lambda v: v is None,
+    "bytes": lambda v: isinstance(v, (bytes, bytearray)),  # steerc's extension, for msgpack's binary type
 }
 
 
 def _kind(value) -> str:
-    for name in ("null", "boolean", "integer", "number", "string", "array", "object"):
+    for name in ("null", "boolean", "integer", "number", "string", "bytes", "array", "object"):
         if _TYPES[name](value):
             return name
     return type(value).__name__
@@ -138,8 +140,13 @@ def _check(value, schema, field: str, root: dict, depth: int) -> None:  # noqa: 
             _fail(field, f"expected at most {schema['maxItems']} items", depth + 1)
         if schema.get("uniqueItems") and len({repr(v) for v in value}) != len(value):
             _fail(field, "items repeat", depth + 1)
-        if "items" in schema:
-            for i, item in enumerate(value):
+        prefix = schema.get("prefixItems", ())
+        for i, item in enumerate(value[: len(prefix)]):
+            _check(item, prefix[i], f"{field}[{i}]", root, depth + 1)
+        if schema.get("items") is False and len(value) > len(prefix):
+            _fail(field, f"expected at most {len(prefix)} items", depth + 1)
+        elif isinstance(schema.get("items"), dict):
+            for i, item in enumerate(value[len(prefix):], start=len(prefix)):
                 _check(item, schema["items"], f"{field}[{i}]", root, depth + 1)
 
 

@@ -284,3 +284,24 @@ def test_the_spec_carries_the_schema_the_server_checks():
         spec = fh.read()
     with open(SCHEMA, "rb") as fh:
         assert fh.read() == spec, "copy steerc/targets/serve/serve.schema.json to spec/serve.schema.json"
+
+
+def test_a_server_with_a_key_admits_only_plans_signed_with_it(facts, tmp_path):
+    from steerc.api import check_file
+    from steerc.targets.serve.admission import RequestError, admit
+
+    key = b"a serving key of more than 16 bytes"
+    result = check_file(os.path.join(EXAMPLES, "01_add.steer"), facts=facts)
+    signed, arts = to_serve(result.plan, facts.to_json(), key)
+    plain, _ = to_serve(result.plan, facts.to_json())
+    assert signed["cache_salt"] == plain["cache_salt"], "signing does not change the salt"
+    assert admit(extra_args(signed, arts), facts, key=key) is not None
+    with pytest.raises(RequestError, match="hmac"):
+        admit(extra_args(plain, arts), facts, key=key)
+    tampered = json.loads(json.dumps(signed))
+    tampered["sites"][0]["kernels"][0]["op"]["scale"] = {"value": 9.0}
+    from steerc.targets.serve.format import cache_salt
+
+    tampered["cache_salt"] = cache_salt(tampered)
+    with pytest.raises(RequestError, match="hmac"):
+        admit(extra_args(tampered, arts), facts, key=key)

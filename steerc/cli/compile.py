@@ -19,6 +19,9 @@ def add_arguments(cmd) -> None:
     cmd.add_argument("-o", "--output", metavar="OUT", required=True, help="output folder")
     cmd.add_argument("--dialect", choices=("steerc", "vllm-hook"), default="steerc",
                      help="serve target only: steerc's own format, or IBM vLLM-Hook's spec")
+    cmd.add_argument("--hmac-key-file", metavar="KEY",
+                     help="vllm and serve targets: sign the plan with HMAC-SHA256 under this key (at least 16 "
+                          "bytes), for engines and servers that accept only signed plans")
     cmd.add_argument("--no-xgrammar", action="store_true",
                      help="do not cross-check constraints with xgrammar even when it is installed")
 
@@ -35,6 +38,16 @@ def run(args) -> int:
 
     if args.dialect != "steerc" and args.target != "serve":
         raise UsageError("--dialect applies to --target serve only")
+    key = None
+    if args.hmac_key_file:
+        if args.target == "hf" or args.dialect != "steerc":
+            raise UsageError("--hmac-key-file applies to --target vllm and --target serve (steerc's dialect)")
+        from steerc.targets.signing import read_key
+
+        try:
+            key = read_key(args.hmac_key_file)
+        except (OSError, ValueError) as exc:
+            raise UsageError(f"--hmac-key-file: {exc}") from None
     facts = facts_from(args)
     options = options_from(args, use_xgrammar=not args.no_xgrammar and _xgrammar_available())
     result = check_source(read_text(args.file), args.file, path=os.path.abspath(args.file),
@@ -50,7 +63,7 @@ def run(args) -> int:
     if not result.ok:
         return EXIT_ERRORS
     command = _command(args)
-    written = _emit(result, args, command)
+    written = _emit(result, args, command, key)
     for name in written:
         print(os.path.join(args.output, name))
     return EXIT_OK
@@ -65,7 +78,7 @@ def _command(args) -> str:
     return " ".join(shlex.quote(p) if " " not in p else p for p in parts)
 
 
-def _emit(result, args, command: str) -> list[str]:
+def _emit(result, args, command: str, key: bytes | None = None) -> list[str]:
     try:
         if args.target == "hf":
             from steerc.targets.hf.emit import emit
@@ -75,9 +88,9 @@ def _emit(result, args, command: str) -> list[str]:
         if args.target == "vllm":
             from steerc.targets.vllm.emit import emit
 
-            return emit(result.plan, result.facts, args.output)
+            return emit(result.plan, result.facts, args.output, key)
         from steerc.targets.serve.emit import emit
 
-        return emit(result.plan, result.facts, args.output, dialect=args.dialect)
+        return emit(result.plan, result.facts, args.output, dialect=args.dialect, key=key)
     except OSError as exc:
         raise UsageError(f"cannot write {args.output}: {exc}") from None

@@ -25,11 +25,13 @@ def add_arguments(cmd) -> None:
     cmd.add_argument("model", metavar="MODEL", help="the model folder (or hub name) vLLM serves")
     cmd.add_argument("--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1)")
     cmd.add_argument("--port", type=int, default=8000, help="port to listen on (default: 8000)")
+    cmd.add_argument("--hmac-key-file", metavar="KEY",
+                     help="accept only plans signed with this key (steerc compile --hmac-key-file)")
     cmd.add_argument("--dry-run", action="store_true", help="print the vLLM command instead of running it")
     cmd.epilog = "Options after `--` go to vLLM's server as they are."
 
 
-def command(model: str, host: str, port: int, extra: list[str]) -> list[str]:
+def command(model: str, host: str, port: int, extra: list[str], hmac_key_file: str | None = None) -> list[str]:
     """The argv of vLLM's OpenAI-compatible server with the steerc serve plugin."""
     from steerc.runtime.vllm_engine import CONFIG_KEY, LOAD_FORMAT
 
@@ -47,6 +49,8 @@ def command(model: str, host: str, port: int, extra: list[str]) -> list[str]:
             raise UsageError(f"{taken} is set by steerc serve; combine yours with steerc's by hand "
                              "(see --dry-run)")
     config = {CONFIG_KEY: {"mode": "serve", "load_format": inner}}
+    if hmac_key_file:
+        config[CONFIG_KEY]["hmac_key_file"] = os.path.abspath(hmac_key_file)
     return [sys.executable, "-m", SERVER, "--model", model, "--host", host, "--port", str(port),
             "--load-format", LOAD_FORMAT, "--additional-config", json.dumps(config, sort_keys=True),
             "--enforce-eager",
@@ -58,7 +62,14 @@ def command(model: str, host: str, port: int, extra: list[str]) -> list[str]:
 def run(args) -> int:
     import importlib.util
 
-    argv = command(args.model, args.host, args.port, getattr(args, "passthrough", None) or [])
+    if args.hmac_key_file:
+        from steerc.targets.signing import read_key
+
+        try:
+            read_key(args.hmac_key_file)
+        except (OSError, ValueError) as exc:
+            raise UsageError(f"--hmac-key-file: {exc}") from None
+    argv = command(args.model, args.host, args.port, getattr(args, "passthrough", None) or [], args.hmac_key_file)
     if args.dry_run:
         print(shlex.join(argv))
         return EXIT_OK

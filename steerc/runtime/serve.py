@@ -232,8 +232,11 @@ class ServeRouter:
         from steerc.runtime.vllm import _parallel
         from steerc.runtime.vllm_engine import attach_step_hooks
 
+        from steerc.runtime.vllm_engine import engine_key
+
         self.model, self.view = model, view
         self.facts = facts_of(vllm_config)
+        self.key = engine_key(vllm_config)
         self.max_tokens = int(vllm_config.scheduler_config.max_num_batched_tokens)
         param = next(model.parameters())
         self.dtype, self.device = S.compute_dtype(param.dtype), param.device
@@ -288,7 +291,7 @@ class ServeRouter:
         params = self.view.sampling_params(rid)
         extra = getattr(params, "extra_args", None)
         try:
-            admitted = admit(extra, self.facts, tp_size=self.tp_size)
+            admitted = admit(extra, self.facts, tp_size=self.tp_size, key=self.key)
             if admitted is None:
                 return None
             steer = _RequestSteer(admitted.plan, self.facts, max_tokens=self.max_tokens, dtype=self.dtype,
@@ -430,7 +433,9 @@ def _admit_without_model(extra: dict) -> None:
         facts = ModelFacts(**doc["model"]["facts"])
     except Exception:  # noqa: BLE001 - malformed: admit() names the field
         facts = ModelFacts("?", 1, 1, 1, 1, 1, 1, 1, False, False)
-    admit(extra, facts, store=ArtifactStore())
+    from steerc.targets.signing import env_key
+
+    admit(extra, facts, store=ArtifactStore(), key=env_key())
 
 
 # -------------------------------------------------------------------- plugin

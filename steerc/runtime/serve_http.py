@@ -39,6 +39,7 @@ class SteercAdmission:
         self.app = app
         self._engine = None
         self._store = None
+        self._key = None
 
     async def __call__(self, scope, receive, send):
         if scope.get("type") != "http" or scope.get("method") != "POST" or not _is_json(scope):
@@ -66,7 +67,8 @@ class SteercAdmission:
             if salt is None and prefix_caching:
                 raise RequestError("cache_salt", "required for a steered request while prefix caching is on "
                                                  "(steerc.serve_client.request_fields sets it)")
-            admitted = admit(xargs, facts, store=self._artifact_store(), tp_size=tp_size, salt=salt)
+            admitted = admit(xargs, facts, store=self._artifact_store(), tp_size=tp_size, salt=salt,
+                             key=self._key)
             for key, data in admitted.artifacts.items():
                 self._artifact_store().put(data, expected=key)
         except RequestError as exc:
@@ -92,6 +94,12 @@ class SteercAdmission:
             if config.load_config.load_format != LOAD_FORMAT or (extra.get(CONFIG_KEY) or {}).get("mode") != "serve":
                 raise RequestError("server", "this server was not started with steerc's serve plugin "
                                              "(`steerc serve MODEL`); it would run the request unsteered")
+            from steerc.runtime.vllm_engine import EngineError, engine_key
+
+            try:
+                self._key = engine_key(config)
+            except EngineError as exc:
+                raise RequestError("server", str(exc)) from None
             self._engine = (facts_of(config), int(config.parallel_config.tensor_parallel_size),
                             bool(config.cache_config.enable_prefix_caching))
         return self._engine

@@ -237,9 +237,11 @@ def fingerprint_of(vllm_config) -> str:
 
 def attach_plan(model, runner, view, vllm_config, cfg: dict) -> InstalledPlan:
     """Install the plan named by ``cfg`` on a freshly loaded model (called by steerc's model loader)."""
+    from steerc.runtime.vllm_engine import engine_key
+
     with open(cfg["plan"], "rb") as fh:
         obj = unpack(fh.read())
-    tensors = validate_plan(obj, fingerprint=fingerprint_of(vllm_config))
+    tensors = validate_plan(obj, fingerprint=fingerprint_of(vllm_config), key=engine_key(vllm_config))
     return _install(model, view, vllm_config, obj, tensors)
 
 
@@ -330,9 +332,11 @@ class SteercWorkerExtension:
             raise PlanError("plan", "this engine compiled its graph with the installed plan's structure; a new "
                                     "structure needs a new engine (or enforce_eager=True); for new values of "
                                     "the same structure use steerc_update")
+        from steerc.runtime.vllm_engine import engine_key
+
         old = self._steerc_installed()
         obj = unpack(payload)
-        tensors = validate_plan(obj, fingerprint=fingerprint_of(self.vllm_config))
+        tensors = validate_plan(obj, fingerprint=fingerprint_of(self.vllm_config), key=engine_key(self.vllm_config))
         model = self._steerc_model()
         old.remove(model)
         try:
@@ -344,9 +348,12 @@ class SteercWorkerExtension:
 
     @_rpc
     def steerc_update(self, payload: bytes) -> dict:
+        from steerc.runtime.vllm_engine import engine_key
+
         installed = self._steerc_installed()
         obj = unpack(payload)
-        tensors = validate_plan(obj, fingerprint=fingerprint_of(self.vllm_config), boot=installed.boot)
+        tensors = validate_plan(obj, fingerprint=fingerprint_of(self.vllm_config), boot=installed.boot,
+                                key=engine_key(self.vllm_config))
         installed.state.write_state(tensors)
         installed.header = obj["header"]
         installed.obj, installed.tensors = obj, tensors
@@ -438,11 +445,12 @@ def plan_file(data: bytes) -> str:
     return path
 
 
-def load(model: str, plan, **engine_kwargs):
+def load(model: str, plan, *, hmac_key_file: str | None = None, **engine_kwargs):
     """A ``vllm.LLM`` for ``model`` with ``plan`` installed on every worker before compilation.
 
     ``engine_kwargs`` go to ``vllm.LLM``; a ``load_format`` is the one steerc's
-    loader delegates to. Prefix caching is on only for plans it cannot
+    loader delegates to. With ``hmac_key_file``, the workers accept only plans
+    signed with that key (this one, and every later ``swap``). Prefix caching is on only for plans it cannot
     change (see :func:`prefix_cache_safe`); FULL CUDA graphs become
     PIECEWISE (full graphs replay without the step metadata steerc writes).
     """
@@ -462,6 +470,8 @@ def load(model: str, plan, **engine_kwargs):
     extra = dict(engine_kwargs.pop("additional_config", None) or {})
     extra[CONFIG_KEY] = {"mode": "plan", "plan": plan_file(data), "boot_sha256": boot_sha256(obj["boot"]),
                          "load_format": engine_kwargs.pop("load_format", "auto")}
+    if hmac_key_file:
+        extra[CONFIG_KEY]["hmac_key_file"] = os.path.abspath(hmac_key_file)
     llm = vllm.LLM(model=model, load_format=LOAD_FORMAT, worker_extension_cls=EXTENSION, additional_config=extra,
                    **engine_kwargs)
     try:

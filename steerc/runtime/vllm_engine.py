@@ -73,6 +73,19 @@ def steerc_config(vllm_config) -> dict:
     return dict(cfg, mode=mode)
 
 
+def engine_key(vllm_config) -> bytes | None:
+    """The HMAC key this engine requires plans to be signed with: ``hmac_key_file`` in its steerc
+    config, else ``$STEERC_HMAC_KEY_FILE``; None when it requires none."""
+    from steerc.targets.signing import env_key, read_key
+
+    extra = getattr(vllm_config, "additional_config", None) or {}
+    cfg = (extra.get(CONFIG_KEY) if isinstance(extra, dict) else None) or {}
+    try:
+        return read_key(cfg["hmac_key_file"]) if cfg.get("hmac_key_file") else env_key()
+    except (OSError, ValueError) as exc:
+        raise EngineError(f"the engine's HMAC key: {exc}") from None
+
+
 def check_engine(vllm_config) -> None:
     """Refuse engine settings under which steering could silently not apply."""
     comp = getattr(vllm_config, "compilation_config", None)

@@ -51,6 +51,12 @@ def constraint_from_json(d: dict | None):
         return None
     kind, value = d["kind"], d["value"]
     if kind == "choice":
+        if not isinstance(value, list) or not value or not all(isinstance(v, str) for v in value):
+            raise ValueError("a choice constraint is a list of strings")
         return Constraint(kind, tuple(value))
+    if kind in ("regex", "grammar") and not isinstance(value, str):
+        raise ValueError(f"a {kind} constraint is a string")
+    if kind == "json_schema" and not isinstance(value, (dict, bool)):
+        raise ValueError("a json_schema constraint is a JSON Schema (an object or a boolean)")
     text = json.dumps(value, sort_keys=True, separators=(",", ":")) if kind == "json_schema" else value
     return Constraint(kind, value, text=text)

@@ -164,12 +164,23 @@ def _check_gate(field: str, gate: dict, probes: set[str]) -> None:
             _check_gate(f"{field}.{key}[{i}]", part, probes)
 
 
-def check_document(doc, facts, artifacts: dict[str, bytes], *, tp_size: int = 1) -> Admitted:
-    """Admit one plan document against a model's facts (raises RequestError naming the field)."""
+def check_document(doc, facts, artifacts: dict[str, bytes], *, tp_size: int = 1,
+                   key: bytes | None = None) -> Admitted:
+    """Admit one plan document against a model's facts (raises RequestError naming the field).
+
+    With ``key``, the plan must carry a valid HMAC (:mod:`steerc.targets.signing`).
+    """
     try:
         check(doc, schema(), PLAN_KEY)
     except SchemaError as exc:
         raise RequestError(exc.field, exc.message) from None
+    if key is not None:
+        from steerc.targets.serve.format import signed_bytes
+        from steerc.targets.signing import verify
+
+        if not verify(key, signed_bytes(doc), doc.get("hmac")):
+            _fail("hmac", "missing or wrong: this server accepts only plans signed with its key "
+                          "(steerc compile --hmac-key-file)")
     if doc["model"]["fingerprint"] != facts.fingerprint:
         _fail("model.fingerprint", "compiled for another model than this server's (its layout facts differ)")
     refs = _Refs(artifacts)
@@ -233,13 +244,14 @@ def check_document(doc, facts, artifacts: dict[str, bytes], *, tp_size: int = 1)
     return Admitted(plan, doc, used, salt)
 
 
-def admit(extra_args, facts, *, store=None, tp_size: int = 1, salt=None) -> Admitted | None:
+def admit(extra_args, facts, *, store=None, tp_size: int = 1, salt=None,
+          key: bytes | None = None) -> Admitted | None:
     """A request's steering from its ``extra_args`` (None when it asks for none).
 
     ``store`` (an :class:`~steerc.runtime.serve.ArtifactStore`) supplies
     artifacts the request references without carrying them; ``salt`` is the
     request's ``cache_salt`` where the caller sees it (the HTTP front end):
-    it must be the plan's.
+    it must be the plan's; ``key``: the HMAC key every plan must be signed with.
     """
     if not extra_args or PLAN_KEY not in extra_args:
         if extra_args and ARTIFACTS_KEY in extra_args:
@@ -250,12 +262,12 @@ def admit(extra_args, facts, *, store=None, tp_size: int = 1, salt=None) -> Admi
         raise RequestError(f"{PLAN_KEY}.format", f"expected a {FORMAT} plan")
     artifacts = inline_artifacts(extra_args)
     if store is not None:
-        for key in doc.get("artifacts") or ():
-            if isinstance(key, str) and key not in artifacts and len(key) == 64:
-                data = store.lookup(key)
+        for name in doc.get("artifacts") or ():
+            if isinstance(name, str) and name not in artifacts and len(name) == 64:
+                data = store.lookup(name)
                 if data is not None:
-                    artifacts[key] = data
-    admitted = check_document(doc, facts, artifacts, tp_size=tp_size)
+                    artifacts[name] = data
+    admitted = check_document(doc, facts, artifacts, tp_size=tp_size, key=key)
     if salt is not None and salt != admitted.salt:
         raise RequestError("cache_salt", "is not the plan's cache_salt (request_fields() sets it)")
     return admitted

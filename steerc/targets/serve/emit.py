@@ -18,12 +18,12 @@ def _write(path: str, data: bytes) -> None:
     os.replace(tmp, path)
 
 
-def emit(plan, facts, out_dir: str, dialect: str = "steerc") -> list[str]:
+def emit(plan, facts, out_dir: str, dialect: str = "steerc", key: bytes | None = None) -> list[str]:
     if dialect == "vllm-hook":
         from steerc.targets.serve.vllm_hook import emit_vllm_hook
 
         return emit_vllm_hook(plan, facts, out_dir)
-    doc, artifacts = to_serve(plan, facts.to_json())
+    doc, artifacts = to_serve(plan, facts.to_json(), key)
     os.makedirs(os.path.join(out_dir, "artifacts"), exist_ok=True)
     _write(os.path.join(out_dir, "plan.json"), (dumps(doc) + "\n").encode("utf-8"))
     written = ["plan.json"]

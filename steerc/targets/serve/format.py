@@ -145,8 +145,8 @@ def _probe(p: ProbePlan, arts: _Artifacts) -> dict:
             "pool": p.pool}
 
 
-def to_serve(plan: Plan, facts: dict) -> tuple[dict, dict[str, bytes]]:
-    """(plan JSON object, {artifact id: bytes})."""
+def to_serve(plan: Plan, facts: dict, key: bytes | None = None) -> tuple[dict, dict[str, bytes]]:
+    """(plan JSON object, {artifact id: bytes}); with ``key``, the plan carries its HMAC."""
     arts = _Artifacts()
     doc = {
         "format": FORMAT,
@@ -162,12 +162,22 @@ def to_serve(plan: Plan, facts: dict) -> tuple[dict, dict[str, bytes]]:
     doc["artifacts"] = sorted(arts.blobs)
     doc["cache_salt"] = cache_salt(doc)
     _check_floats(doc)
+    if key is not None:
+        from steerc.targets.signing import mac
+
+        doc["hmac"] = mac(key, signed_bytes(doc))
     return doc, arts.blobs
+
+
+def signed_bytes(doc: dict) -> bytes:
+    """What a serve plan's ``hmac`` covers: the canonical JSON of everything but the hmac (the artifacts
+    are covered through their sha256 names)."""
+    return dumps({k: v for k, v in doc.items() if k != "hmac"}).encode("utf-8")
 
 
 def cache_salt(doc: dict) -> str:
     """The prefix-cache salt of a steered request: a hash of the plan and its artifacts."""
-    body = {k: v for k, v in doc.items() if k not in ("cache_salt", "request")}
+    body = {k: v for k, v in doc.items() if k not in ("cache_salt", "request", "hmac")}
     return "steerc-" + hashlib.sha256(dumps(body).encode("utf-8")).hexdigest()[:32]
 
 

@@ -25,16 +25,14 @@ mismatches are refused with an error that names the field.
 
 from __future__ import annotations
 
+import functools
 import hashlib
+import json
 import math
+import os
 
 FORMAT = "steerc.vllm/1"
 MAX_BYTES = 256 * 1024 * 1024
-MAX_HOOKS = 100_000
-TOP_KEYS = {"format", "header", "boot", "state"}
-HEADER_KEYS = {"steerc_version", "source_name", "source_sha256", "facts", "facts_fingerprint", "family",
-               "vllm", "boot_sha256", "constraint"}
-BOOT_KEYS = {"hooks", "scopes", "gates", "probes", "buffers"}
 
 
 class PlanError(ValueError):
@@ -123,39 +121,240 @@ def _keys(field: str, obj, allowed: set[str], required: set[str] | None = None) 
         raise PlanError(f"{field}.{missing[0]}", "missing")
 
 
-def validate_plan(obj, *, fingerprint: str | None = None, boot: dict | None = None) -> dict:
-    """Check a decoded plan; returns {tensor name: float32 array}. Raises PlanError."""
-    _keys("plan", obj, TOP_KEYS)
-    if obj["format"] != FORMAT:
-        raise PlanError("plan.format", f"this worker reads {FORMAT}, got {obj['format']!r}")
-    header = obj["header"]
-    _keys("plan.header", header, HEADER_KEYS)
+SCHEMA_PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "plan.schema.json")
+SIGNED = ("content_sha256", "hmac")
+
+
+@functools.lru_cache(maxsize=1)
+def schema() -> dict:
+    with open(SCHEMA_PATH, encoding="utf-8") as fh:
+        return json.load(fh)
+
+
+def content_bytes(obj: dict) -> bytes:
+    """What ``content_sha256`` and ``hmac`` cover: the whole plan but those two fields."""
+    header = {k: v for k, v in obj["header"].items() if k not in SIGNED}
+    return pack({"format": obj["format"], "header": header, "boot": obj["boot"], "state": obj["state"]})
+
+
+def seal(obj: dict, key: bytes | None = None) -> dict:
+    """``obj`` with its ``content_sha256`` (and, given a key, its ``hmac``) written into the header."""
+    from steerc.targets.signing import mac
+
+    payload = content_bytes(obj)
+    obj["header"]["content_sha256"] = hashlib.sha256(payload).hexdigest()
+    if key is not None:
+        obj["header"]["hmac"] = mac(key, payload)
+    return obj
+
+
+def validate_plan(obj, *, fingerprint: str | None = None, boot: dict | None = None,
+                  key: bytes | None = None) -> dict:
+    """Check a decoded plan against everything a worker will read; returns {tensor name: float32 array}.
+
+    Raises PlanError naming the field. ``fingerprint``: the engine's model;
+    ``boot``: the installed structure an update must keep; ``key``: the
+    HMAC key every plan must be signed with (:mod:`steerc.targets.signing`).
+    """
+    from steerc.schema import SchemaError, check
+
+    if not isinstance(obj, dict) or obj.get("format") != FORMAT:
+        got = obj.get("format") if isinstance(obj, dict) else type(obj).__name__
+        raise PlanError("plan.format", f"this worker reads {FORMAT}, got {_short(got)}")
+    try:
+        check(obj, schema(), "plan")
+    except SchemaError as exc:
+        raise PlanError(exc.field, exc.message) from None
+    header, plan_boot = obj["header"], obj["boot"]
+    _check_seal(obj, key)
+    facts = _header_facts(header)
     if fingerprint is not None and header["facts_fingerprint"] != fingerprint:
         raise PlanError("plan.header.facts_fingerprint",
                         "compiled for another model (its layout facts differ from this engine's model)")
-    plan_boot = obj["boot"]
-    _keys("plan.boot", plan_boot, BOOT_KEYS)
     if boot_sha256(plan_boot) != header["boot_sha256"]:
         raise PlanError("plan.header.boot_sha256", "does not match the boot section")
     if boot is not None and boot_sha256(boot) != header["boot_sha256"]:
         raise PlanError("plan.boot", "differs from the installed plan's structure: updating in place needs the "
                         "same sites, kernels and buffer shapes (restart the engine to change structure)")
-    if len(plan_boot["hooks"]) > MAX_HOOKS:
-        raise PlanError("plan.boot.hooks", f"more than {MAX_HOOKS} hooks")
     buffers = plan_boot["buffers"]
-    if not isinstance(buffers, dict):
-        raise PlanError("plan.boot.buffers", "expected a map")
-    state = obj["state"]
-    _keys("plan.state", state, {"tensors"})
-    tensors = state["tensors"]
-    if not isinstance(tensors, dict):
-        raise PlanError("plan.state.tensors", "expected a map")
+    if sum(math.prod(b["shape"]) for b in buffers.values()) * 4 > MAX_BYTES:
+        raise PlanError("plan.boot.buffers", f"more than {MAX_BYTES} bytes of buffers")
+    _check_boot(plan_boot, facts)
+    tensors = obj["state"]["tensors"]
     extra = sorted(set(tensors) - set(buffers))
     if extra:
-        raise PlanError(f"plan.state.tensors.{extra[0]}", "no such buffer in the boot section")
+        raise PlanError(f"plan.state.tensors.{_short(extra[0])}", "no such buffer in the boot section")
     out = {}
     for name, spec in buffers.items():
         if name not in tensors:
             raise PlanError(f"plan.state.tensors.{name}", "missing")
         out[name] = tensor_from_wire(f"plan.state.tensors.{name}", tensors[name], spec["shape"])
     return out
+
+
+def _short(value) -> str:
+    text = repr(value) if not isinstance(value, str) else value
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def _check_seal(obj: dict, key: bytes | None) -> None:
+    from steerc.targets.signing import verify
+
+    header = obj["header"]
+    if "content_sha256" in header or key is not None:
+        payload = content_bytes(obj)
+        if "content_sha256" in header and hashlib.sha256(payload).hexdigest() != header["content_sha256"]:
+            raise PlanError("plan.header.content_sha256", "does not match the plan (truncated, edited or corrupt)")
+        if key is not None and not verify(key, payload, header.get("hmac")):
+            raise PlanError("plan.header.hmac", "missing or wrong: this engine accepts only plans signed with its "
+                                                "key (steerc compile --hmac-key-file)")
+
+
+def _header_facts(header: dict):
+    from steerc.facts import ModelFacts
+    from steerc.targets.constraints import constraint_from_json
+
+    facts = ModelFacts(**header["facts"])
+    if facts.fingerprint != header["facts_fingerprint"]:
+        raise PlanError("plan.header.facts", "do not hash to facts_fingerprint")
+    if header["family"] != facts.family:
+        raise PlanError("plan.header.family", f"{_short(header['family'])} is not the facts' family {facts.family!r}")
+    if facts.heads * facts.head_dim > 16 * facts.hidden or facts.layers > 65536:
+        raise PlanError("plan.header.facts", "sizes that no model has")
+    try:
+        constraint_from_json(header["constraint"])
+    except Exception as exc:  # noqa: BLE001 - any constraint the compiler would not write
+        raise PlanError("plan.header.constraint", f"not a constraint steerc reads ({exc})") from None
+    return facts
+
+
+_ROLES = {"affine": ({"scale"}, {"bias"}), "project": ({"basis"}, {"target"}), "rotate": ({"e1", "e2", "angle"}, set())}
+_PROBE_ROWS = {"dot": (None, None), "cosine": (None, None), "projected_cosine": (1, None)}
+
+
+def _check_boot(boot: dict, facts) -> None:
+    """The structure: hooks on the modules the site table names, shapes, and every index in range."""
+    from steerc.facts.sites import site_table
+
+    try:
+        table = site_table(facts.family, "vllm")
+    except ValueError as exc:
+        raise PlanError("plan.header.family", str(exc)) from None
+    shapes = {name: tuple(spec["shape"]) for name, spec in boot["buffers"].items()}
+    used = {"gates.thresholds"}
+    probe_names = {}
+    for i, p in enumerate(boot["probes"]):
+        if p["layer"] >= facts.layers:
+            raise PlanError(f"plan.boot.probes[{i}].layer", f"layer {p['layer']}, the model has {facts.layers}")
+        probe_names.setdefault(p["name"], p["pool"])
+
+    def buffer(field: str, name: str, want: tuple) -> tuple:
+        if name not in shapes:
+            raise PlanError(field, f"names no buffer of the boot section ({_short(name)})")
+        used.add(name)
+        got = shapes[name]
+        ok = len(got) == len(want) and all(w is None or g == w for g, w in zip(got, want))
+        if not ok:
+            shown = "[" + ", ".join("k" if w is None else str(w) for w in want) + "]"
+            raise PlanError(field, f"buffer {_short(name)} has shape {list(got)}, {shown} is needed here")
+        return got
+
+    for i, hook in enumerate(boot["hooks"]):
+        field = f"plan.boot.hooks[{i}]"
+        layer = hook["layer"]
+        if layer >= facts.layers:
+            raise PlanError(f"{field}.layer", f"layer {layer}, but the model has {facts.layers} layers")
+        allowed = {table.hook(k, layer) for k in ("resid_post", "attn_out", "mlp_out", "head")}
+        if layer == 0:
+            allowed.add(table.resid_pre0)
+        if not any((h.module, h.kind, h.tensor) == (hook["module"], hook["kind"], hook["tensor"]) for h in allowed):
+            raise PlanError(f"{field}.module", f"{_short(hook['module'])} ({hook['kind']} hook, {hook['tensor']}) is "
+                                               f"no site of a {facts.family} layer {layer} in vLLM")
+        for j, site in enumerate(hook["sites"]):
+            sfield = f"{field}.sites[{j}]"
+            if site["layer"] != layer:
+                raise PlanError(f"{sfield}.layer", "differs from its hook's layer")
+            heads = hook["tensor"] == "heads"
+            if heads != (site["head"] is not None):
+                raise PlanError(f"{sfield}.head", "a head is given exactly at a head hook")
+            if heads:
+                h = site["head"]
+                if h >= facts.heads:
+                    raise PlanError(f"{sfield}.head", f"head {h}, but the model has {facts.heads} heads")
+                if site["columns"] != [h * facts.head_dim, (h + 1) * facts.head_dim]:
+                    raise PlanError(f"{sfield}.columns", f"are not head {h}'s columns")
+            elif site["columns"] is not None:
+                raise PlanError(f"{sfield}.columns", "only head sites have columns")
+            width = facts.head_dim if heads else facts.hidden
+            for r, row in enumerate(site["probes"]):
+                rfield = f"{sfield}.probes[{r}]"
+                if probe_names.get(row["name"]) != row["pool"]:
+                    raise PlanError(f"{rfield}.name", "is no probe of the boot section with this pool")
+                buffer(f"{rfield}.bias", row["bias"], (1,))
+                if row["kind"] == "norm":
+                    if row["tensor"] is not None:
+                        raise PlanError(f"{rfield}.tensor", "a norm readout takes no vector")
+                elif row["tensor"] is None:
+                    raise PlanError(f"{rfield}.tensor", f"a {row['kind']} readout needs its vector")
+                else:
+                    rows = buffer(f"{rfield}.tensor", row["tensor"],
+                                  (None, width) if row["kind"] == "projected_cosine" else (width,))
+                    if row["kind"] == "projected_cosine" and rows[0] > width:
+                        raise PlanError(f"{rfield}.tensor", "more directions than the site is wide")
+            for k, kernel in enumerate(site["kernels"]):
+                _check_kernel(f"{sfield}.kernels[{k}]", kernel, width, boot, buffer)
+    thresholds = shapes.get("gates.thresholds")
+    if thresholds is None or len(thresholds) != 1:
+        raise PlanError("plan.boot.buffers.gates.thresholds", "a [n] buffer of gate thresholds is required")
+    for g, gate in enumerate(boot["gates"]):
+        _check_gate(f"plan.boot.gates[{g}]", gate, probe_names, thresholds[0])
+    unused = sorted(set(shapes) - used)
+    if unused:
+        raise PlanError(f"plan.boot.buffers.{_short(unused[0])}", "is used by no hook")
+
+
+def _check_kernel(field: str, k: dict, width: int, boot: dict, buffer) -> None:
+    required, optional = _ROLES[k["kind"]]
+    roles = set(k["tensors"])
+    if not required <= roles or roles - required - optional:
+        raise PlanError(f"{field}.tensors", f"a {k['kind']} kernel takes {', '.join(sorted(required))}"
+                        + (f" (and {', '.join(sorted(optional))})" if optional else ""))
+    t = k["tensors"]
+    if k["kind"] == "affine":
+        scale = t["scale"]
+        if scale not in boot["buffers"] or tuple(boot["buffers"][scale]["shape"]) != (1,):
+            buffer(f"{field}.tensors.scale", scale, (width,))
+        else:
+            buffer(f"{field}.tensors.scale", scale, (1,))
+        if "bias" in t:
+            buffer(f"{field}.tensors.bias", t["bias"], (width,))
+    elif k["kind"] == "project":
+        rows = buffer(f"{field}.tensors.basis", t["basis"], (None, width))[0]
+        if rows > width:
+            raise PlanError(f"{field}.tensors.basis", "more directions than the site is wide")
+        if "target" in t:
+            buffer(f"{field}.tensors.target", t["target"], (rows,))
+    else:
+        for role in ("e1", "e2"):
+            buffer(f"{field}.tensors.{role}", t[role], (width,))
+        buffer(f"{field}.tensors.angle", t["angle"], (1,))
+    if (k["kind"] == "rotate") != (k["mode"] is not None):
+        raise PlanError(f"{field}.mode", "a rotation has a mode (to or by); other kernels have none")
+    if k["scope"] >= len(boot["scopes"]):
+        raise PlanError(f"{field}.scope", f"scope {k['scope']}, the boot section has {len(boot['scopes'])}")
+    if k["gate"] is not None and k["gate"] >= len(boot["gates"]):
+        raise PlanError(f"{field}.gate", f"gate {k['gate']}, the boot section has {len(boot['gates'])}")
+
+
+def _check_gate(field: str, gate: list, probes: dict, thresholds: int) -> None:
+    kind = gate[0]
+    if kind == "cmp":
+        if gate[1] not in probes:
+            raise PlanError(f"{field}[1]", f"no probe named {_short(gate[1])}")
+        if gate[3] >= thresholds:
+            raise PlanError(f"{field}[3]", f"threshold {gate[3]}, the plan has {thresholds}")
+    elif kind == "not":
+        _check_gate(f"{field}[1]", gate[1], probes, thresholds)
+    else:
+        for i, part in enumerate(gate[1]):
+            _check_gate(f"{field}[1][{i}]", part, probes, thresholds)
