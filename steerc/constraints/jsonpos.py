@@ -257,6 +257,9 @@ class _Parser:
                 low = int(digits, 16)
                 if 0xDC00 <= low < 0xE000:
                     return chr(0x10000 + ((code - 0xD800) << 10) + (low - 0xDC00)), i + 6
+        if 0xD800 <= code < 0xE000:  # a lone surrogate is not a character: no text can hold it
+            self.fail(f"`\\u{code:04x}` is a lone surrogate, not a character", i - 6, i,
+                      help="write the character itself, or a complete surrogate pair such as `\\ud83d\\ude00`")
         return chr(code), i
 
     def number(self) -> int | float:

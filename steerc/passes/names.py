@@ -90,12 +90,12 @@ def _resolve(ctx: CheckContext, node: ir.Name, order: int, declared, stmt) -> No
             else "a declaration cannot use the name it declares",
         )
         return
-    visible = [n for n, (o, _) in declared.items() if o < order]
     ctx.error(
         "undefined-name",
         f"undefined name `{node.id}`",
         node.span,
-        help=did_you_mean(node.id, visible) or _declare_hint(node.id),
+        help=ctx.suggest(node.id, lambda: [n for n, (o, _) in declared.items() if o < order])
+        or _declare_hint(node.id),
     )
 
 
