@@ -90,4 +90,7 @@ def from_json(data: dict):
 
 
 def loads(text: str):
-    return from_json(json.loads(text))
+    """The program of an IR JSON text (read under steerc's JSON limits: :mod:`steerc.jsonio`)."""
+    from steerc.jsonio import loads as loads_json
+
+    return from_json(loads_json(text))
