@@ -207,7 +207,8 @@ def _check_entry(name: str, entry, data_len: int) -> tuple[int, int]:
     if not isinstance(entry, dict):
         raise bad
     dtype, shape, offsets = entry.get("dtype"), entry.get("shape"), entry.get("data_offsets")
-    if dtype not in _ST_ALL_DTYPES or not isinstance(shape, list) or not isinstance(offsets, list):
+    if not isinstance(dtype, str) or dtype not in _ST_ALL_DTYPES or not isinstance(shape, list) \
+            or not isinstance(offsets, list):
         raise bad
 
     def is_int(x) -> bool:

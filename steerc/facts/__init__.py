@@ -91,7 +91,10 @@ def _first(config: dict, keys: tuple[str, ...], default=None) -> tuple[str | Non
 def _text_config(config: dict) -> dict:
     # Multimodal wrappers (e.g. Gemma-3) keep the language model's facts in text_config.
     inner = config.get("text_config")
-    if isinstance(inner, dict) and config.get("model_type") not in MODEL_TYPES:
+    outer = config.get("model_type")
+    if outer is not None and not isinstance(outer, str):
+        raise FactsError(f"`model_type` must be a string, got {_shown(outer)}")
+    if isinstance(inner, dict) and outer not in MODEL_TYPES:
         merged = dict(inner)
         merged.setdefault("model_type", inner.get("model_type") or config.get("model_type"))
         return merged
