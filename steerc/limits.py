@@ -48,6 +48,7 @@ MAX_VOCAB = 16 * 1024 * 1024
 # ------------------------------------------------------------- other inputs
 
 MAX_JSON_BYTES = 16 * 1024 * 1024
+MAX_IR_JSON_BYTES = 32 * MAX_SOURCE_BYTES
 MAX_JSON_DEPTH = 200
 MAX_JSON_INT_DIGITS = 100
 MAX_SAFETENSORS_HEADER = 100 * 1024 * 1024
@@ -123,6 +124,8 @@ LIMITS: dict[str, Limit] = _table(
     ("MAX_VOCAB", "tokens", "the vocabulary size", "the largest vocabularies have about 260,000 tokens"),
     ("MAX_JSON_BYTES", "bytes", "a `config.json`, a facts JSON, or a serve plan",
      "configs and plans are a few kilobytes"),
+    ("MAX_IR_JSON_BYTES", "bytes", "the IR JSON read back by `steerc.ir.serialize.loads`",
+     "the IR JSON of a program is up to about 20 times its text"),
     ("MAX_JSON_DEPTH", "levels", "how deeply arrays and objects nest in any JSON steerc reads",
      "readers of JSON walk it recursively; the IR JSON of the deepest program stays below this"),
     ("MAX_JSON_INT_DIGITS", "digits", "the digits of one integer in JSON",

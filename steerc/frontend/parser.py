@@ -171,9 +171,11 @@ def check_text(source: Source) -> None:
     text = source.text
     ascii_only = text.isascii()
     if len(text) > MAX_SOURCE_BYTES or (
-        not ascii_only and len(text.encode("utf-8", "surrogatepass")) > MAX_SOURCE_BYTES
+        not ascii_only and len(text) * 4 > MAX_SOURCE_BYTES
+        and len(text.encode("utf-8", "surrogatepass")) > MAX_SOURCE_BYTES
     ):
-        cut = len(text.encode("utf-8", "surrogatepass")[:MAX_SOURCE_BYTES].decode("utf-8", "ignore"))
+        # The first character past the limit (only the limit's worth of text is encoded to find it).
+        cut = len(text[:MAX_SOURCE_BYTES].encode("utf-8", "surrogatepass")[:MAX_SOURCE_BYTES].decode("utf-8", "ignore"))
         raise SyntaxDiagnostic(limit_diagnostic(
             f"this program is larger than {human(MAX_SOURCE_BYTES, 'bytes')} ({MAX_SOURCE_BYTES:,} bytes), "
             "the most steerc reads",
