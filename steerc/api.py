@@ -25,7 +25,7 @@ import os
 
 from attrs import define, field
 
-from steerc.diagnostics import Diagnostic, Diagnostics, render_text, to_json_dict
+from steerc.diagnostics import Diagnostic, Diagnostics, capped, render_text, to_json_dict
 from steerc.frontend import parse
 from steerc.ir import nodes as ir
 from steerc.passes import causality, constraints, fold, names, structure, types, unused
@@ -58,11 +58,12 @@ class CheckResult:
         return [d for d in self.diagnostics if d.is_error]
 
     def render(self) -> str:
-        """All diagnostics as text, each with its source line and caret."""
-        return "\n\n".join(render_text(d, self.sources) for d in self.diagnostics)
+        """The diagnostics as text, each with its source line and caret (at most MAX_REPEATS per code)."""
+        return "\n\n".join(render_text(d, self.sources) for d in capped(self.diagnostics))
 
     def to_json(self) -> list[dict]:
-        return [to_json_dict(d) for d in self.diagnostics]
+        """The diagnostics as JSON objects (at most MAX_REPEATS per code; see ``omitted``)."""
+        return [to_json_dict(d) for d in capped(self.diagnostics)]
 
 
 def check_source(
@@ -79,9 +80,10 @@ def check_source(
 
 
 def check_file(path: str, *, options: Options | None = None, facts=None, name: str | None = None) -> CheckResult:
-    """Check a ``.steer`` file (raises OSError if it cannot be read)."""
-    with open(path, encoding="utf-8") as fh:
-        text = fh.read()
+    """Check a ``.steer`` file (raises OSError if it cannot be read, UnicodeDecodeError if it is not UTF-8)."""
+    from steerc.source import read_program
+
+    text = read_program(path)
     return check_source(text, name or path, path=os.path.abspath(path), options=options, facts=facts)
 
 

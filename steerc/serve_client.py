@@ -31,8 +31,9 @@ ARTIFACTS_KEY = "steerc_artifacts"
 
 def read_compiled(folder: str) -> tuple[dict, dict[str, bytes]]:
     """(plan JSON, {artifact id: bytes}) from a compile output folder."""
-    with open(os.path.join(folder, "plan.json"), encoding="utf-8") as fh:
-        plan = json.load(fh)
+    from steerc.jsonio import read_file
+
+    _, plan = read_file(os.path.join(folder, "plan.json"))
     artifacts = {}
     for key in plan["artifacts"]:
         with open(os.path.join(folder, "artifacts", f"{key}.safetensors"), "rb") as fh:

@@ -19,6 +19,8 @@ import bisect
 
 from attrs import field, frozen
 
+from steerc.limits import MAX_SOURCE_BYTES
+
 
 @frozen
 class Span:
@@ -92,3 +94,17 @@ class Source:
         text = self.line_text(line)
         start = self._line_starts[line - 1] if line <= len(self._line_starts) else len(self.text)
         return self.span(start, start + len(text))
+
+
+def read_program(path: str) -> str:
+    """A program file's text as text mode reads it (newlines translated), reading at most MAX_SOURCE_BYTES.
+
+    A longer file gives a text longer than the limit (never a shorter one), which
+    the parser refuses with a ``limit-exceeded`` diagnostic. Raises OSError, and
+    UnicodeDecodeError for a file (within the limit) that is not UTF-8.
+    """
+    with open(path, "rb") as fh:
+        data = fh.read(MAX_SOURCE_BYTES + 1)
+    if len(data) > MAX_SOURCE_BYTES:
+        return data.decode("utf-8", "replace")  # at least as many bytes as were read
+    return data.decode("utf-8").replace("\r\n", "\n").replace("\r", "\n")

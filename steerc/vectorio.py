@@ -19,12 +19,17 @@ dtype('float32')
 
 from __future__ import annotations
 
-import json
+import math
 import os
+import re
 import struct
 
 import numpy as np
 from attrs import frozen
+
+from steerc.jsonio import JSONError
+from steerc.jsonio import loads as loads_json
+from steerc.limits import MAX_SAFETENSORS_HEADER
 
 _ST_DTYPES = {
     "F16": ("<f2", 2),
@@ -36,8 +41,9 @@ _ST_ALL_DTYPES = {
     "F16": 2, "BF16": 2, "F32": 4, "F64": 8, "F8_E4M3": 1, "F8_E5M2": 1,
     "I8": 1, "U8": 1, "I16": 2, "U16": 2, "I32": 4, "U32": 4, "I64": 8, "U64": 8, "BOOL": 1,
 }
-MAX_HEADER = 100 * 1024 * 1024
+MAX_HEADER = MAX_SAFETENSORS_HEADER
 FORMATS = (".safetensors", ".npy", ".pt", ".pth")
+_ROW = re.compile(r"[0-9]{1,6}", re.ASCII)
 
 
 class VectorFileError(Exception):
@@ -65,7 +71,51 @@ class VectorFile:
         self.kind = kind
         self.tensors = tensors
         self._reader = reader
-        self._cache: dict[str, np.ndarray] = {}
+        self._cache: dict = {}  # name -> float32 array, ("f8", name) -> float64 array
+        self._memo: dict = {}
+        self._names: list[str] | None = None
+        self._rows: dict[str, dict[int, str]] | None = None
+
+    def memo(self, key, make):
+        """``make()``, computed once per file and key (what many loads of one file share)."""
+        if key not in self._memo:
+            self._memo[key] = make()
+        return self._memo[key]
+
+    @property
+    def names(self) -> list[str]:
+        """The tensor names, sorted (computed once: a file may hold many, and be loaded many times)."""
+        if self._names is None:
+            self._names = sorted(self.tensors)
+        return self._names
+
+    def rows(self, key: str) -> dict[int, str]:
+        """The per-layer rows ``<key>.<i>`` of a keyed bank: layer index -> tensor name.
+
+        ``i`` is one to six ASCII digits (``bank.07`` is row 7); names are indexed once per file.
+        """
+        if self._rows is None:
+            self._rows = {}
+            for name in self.tensors:
+                head, dot, tail = name.rpartition(".")
+                if dot and _ROW.fullmatch(tail):
+                    self._rows.setdefault(head, {})[int(tail)] = name
+        return self._rows.get(key, {})
+
+    def read64(self, name: str, before=None) -> np.ndarray:
+        """The tensor ``name`` as a read-only float64 array, made once per file (loads share it).
+
+        ``before(count)`` is called with its number of entries before it is first read.
+        """
+        key = ("f8", name)
+        if key not in self._cache:
+            if before is not None:
+                before(math.prod(self.tensors[name].shape))
+            arr = self.read(name).astype(np.float64)
+            arr.setflags(write=False)
+            self._cache[key] = arr
+            self._cache.pop(name, None)  # keep one copy
+        return self._cache[key]
 
     def read(self, name: str) -> np.ndarray:
         """The tensor ``name`` as a read-only float32 array (finite values only)."""
@@ -100,36 +150,67 @@ def open_vector_file(path: str) -> VectorFile:
 
 
 def read_safetensors_header(path: str) -> tuple[dict, int]:
-    """(header, data_start) of a safetensors file, validated."""
+    """(header, data_start) of a safetensors file, validated as the format requires.
+
+    The header is a JSON object of at most MAX_SAFETENSORS_HEADER bytes starting
+    with ``{``, with unique keys, an optional ``__metadata__`` mapping strings to
+    strings, and one entry per tensor whose byte ranges tile the data that follows
+    exactly: in order, from offset 0, without overlaps or holes, to the end of the file.
+    """
     size = os.path.getsize(path)
     with open(path, "rb") as fh:
         raw = fh.read(8)
         if len(raw) < 8:
-            raise VectorFileError("invalid-vector-file", "file is too short to be safetensors")
+            raise _bad("file is too short to be safetensors")
         (n,) = struct.unpack("<Q", raw)
         if n > MAX_HEADER or 8 + n > size:
-            raise VectorFileError("invalid-vector-file", "safetensors header length is out of range")
-        try:
-            header = json.loads(fh.read(n).decode("utf-8"))
-        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-            raise VectorFileError("invalid-vector-file", f"safetensors header is not JSON ({exc})") from None
+            raise _bad("safetensors header length is out of range")
+        blob = fh.read(n)
+    if not blob.startswith(b"{"):
+        raise _bad("safetensors header does not start with `{`")
+    try:
+        header = loads_json(blob, max_bytes=MAX_HEADER, unique_keys=True)
+    except JSONError as exc:
+        raise _bad(f"safetensors header is not JSON ({exc})") from None
     if not isinstance(header, dict):
-        raise VectorFileError("invalid-vector-file", "safetensors header is not a JSON object")
+        raise _bad("safetensors header is not a JSON object")
+    if "__metadata__" in header:
+        meta = header["__metadata__"]
+        if not isinstance(meta, dict) or not all(isinstance(v, str) for v in meta.values()):
+            raise _bad("safetensors `__metadata__` must map strings to strings")
     data_len = size - 8 - n
+    ranges = []
     for name, entry in header.items():
         if name == "__metadata__":
             continue
-        _check_entry(name, entry, data_len)
+        begin, end = _check_entry(name, entry, data_len)
+        ranges.append((begin, end, name))
+    ranges.sort()
+    expected = 0
+    for begin, end, name in ranges:
+        if begin < expected:
+            raise _bad(f"safetensors entry `{name}` overlaps the tensor before it")
+        if begin > expected:
+            raise _bad(f"safetensors entry `{name}` leaves a hole of {begin - expected:,} bytes before it")
+        expected = end
+    if expected != data_len:
+        raise _bad(f"the tensors of this safetensors file cover {expected:,} of its {data_len:,} data bytes")
     return header, 8 + n
 
 
-def _check_entry(name: str, entry, data_len: int) -> None:
+def _bad(message: str) -> VectorFileError:
+    return VectorFileError("invalid-vector-file", message)
+
+
+def _check_entry(name: str, entry, data_len: int) -> tuple[int, int]:
     bad = VectorFileError("invalid-vector-file", f"safetensors entry `{name}` is malformed")
     if not isinstance(entry, dict):
         raise bad
     dtype, shape, offsets = entry.get("dtype"), entry.get("shape"), entry.get("data_offsets")
-    if dtype not in _ST_ALL_DTYPES or not isinstance(shape, list) or not isinstance(offsets, list):
+    if not isinstance(dtype, str) or dtype not in _ST_ALL_DTYPES or not isinstance(shape, list) \
+            or not isinstance(offsets, list):
         raise bad
+
     def is_int(x) -> bool:
         return isinstance(x, int) and not isinstance(x, bool)
 
@@ -143,6 +224,7 @@ def _check_entry(name: str, entry, data_len: int) -> None:
         count *= s
     if end - begin != count * _ST_ALL_DTYPES[dtype]:
         raise bad
+    return begin, end
 
 
 def _open_safetensors(path: str) -> VectorFile:
@@ -178,29 +260,56 @@ def _open_safetensors(path: str) -> VectorFile:
 # ----------------------------------------------------------------------- npy
 
 
-def _open_npy(path: str) -> VectorFile:
+def _npy_header(path: str) -> tuple[tuple[int, ...], np.dtype]:
+    """(shape, dtype) from a .npy file's header, without reading its data."""
+    fmt = np.lib.format
     try:
-        arr = np.load(path, allow_pickle=False)
-    except ValueError as exc:
-        msg = str(exc)
-        if "pickle" in msg.lower() or "object" in msg.lower():
-            raise VectorFileError(
-                "invalid-vector-file",
-                "this .npy file holds Python objects (it needs pickle, which steerc never uses)",
-                help="save a plain float array: np.save(path, vector.astype(np.float32))",
-            ) from None
-        raise VectorFileError("invalid-vector-file", f"not a readable .npy file ({msg})") from None
+        with open(path, "rb") as fh:
+            version = fmt.read_magic(fh)
+            if version == (1, 0):
+                shape, _, dtype = fmt.read_array_header_1_0(fh)
+            elif version == (2, 0):
+                shape, _, dtype = fmt.read_array_header_2_0(fh)
+            else:  # 3.0 is written only for structured dtypes, never float arrays
+                raise ValueError(f"format version {version[0]}.{version[1]}")
+    except OSError:
+        raise
     except Exception as exc:  # noqa: BLE001 - numpy raises many kinds for malformed headers
+        if isinstance(exc, ValueError) and "zip" in str(exc).lower():
+            raise VectorFileError("invalid-vector-file", "a .npz archive is not a .npy file") from None
         raise VectorFileError("invalid-vector-file",
                               f"not a readable .npy file ({type(exc).__name__}: {str(exc)[:120]})") from None
-    if not isinstance(arr, np.ndarray):
-        raise VectorFileError("invalid-vector-file", "a .npz archive is not a .npy file")
-    if arr.dtype.kind != "f":
+    return tuple(int(s) for s in shape), dtype
+
+
+def _open_npy(path: str) -> VectorFile:
+    with open(path, "rb") as fh:
+        if fh.read(4) == b"PK\x03\x04":
+            raise VectorFileError("invalid-vector-file", "a .npz archive is not a .npy file")
+    shape, dtype = _npy_header(path)
+    if dtype.hasobject:
         raise VectorFileError(
-            "invalid-vector-file", f"array has dtype {arr.dtype}; steering vectors must be floating point"
+            "invalid-vector-file",
+            "this .npy file holds Python objects (it needs pickle, which steerc never uses)",
+            help="save a plain float array: np.save(path, vector.astype(np.float32))",
         )
-    info = TensorInfo("", str(arr.dtype), tuple(int(s) for s in arr.shape))
-    return VectorFile(path, "npy", {"": info}, lambda _name: arr)
+    if dtype.kind != "f":
+        raise VectorFileError(
+            "invalid-vector-file", f"array has dtype {dtype}; steering vectors must be floating point"
+        )
+    info = TensorInfo("", str(dtype), shape)
+
+    def reader(_name: str) -> np.ndarray:
+        try:
+            arr = np.load(path, allow_pickle=False)
+        except Exception as exc:  # noqa: BLE001 - a truncated or corrupt body
+            raise VectorFileError("invalid-vector-file",
+                                  f"not a readable .npy file ({type(exc).__name__}: {str(exc)[:120]})") from None
+        if not isinstance(arr, np.ndarray) or arr.shape != shape:
+            raise VectorFileError("invalid-vector-file", "not a readable .npy file")
+        return arr
+
+    return VectorFile(path, "npy", {"": info}, reader)
 
 
 # ----------------------------------------------------------------------- torch

@@ -490,3 +490,49 @@ def random_text() -> st.SearchStrategy[str]:
     """Arbitrary text, and token soup made of Steer's own words and punctuation."""
     soup = st.lists(st.sampled_from(_INTERESTING), max_size=30).map(" ".join)
     return st.one_of(st.text(max_size=60), soup, soup.map(lambda s: "steer 1\n" + s))
+
+
+# ---------------------------------------------------------- hostile edits
+
+def _hostile_pieces() -> st.SearchStrategy[str]:
+    """Text that tests a limit or a value policy, at and around its bound (see steerc/limits.py)."""
+    near = st.sampled_from([1, 2, 63, 64, 65, 66, 120, 500])
+    digits = st.sampled_from([17, 99, 100, 101, 309, 400, 4301])
+    return st.one_of(
+        near.map(lambda n: "-" * n + "1"),
+        near.map(lambda n: "(" * n + "1" + ")" * n),
+        near.map(lambda n: "[" * n + "1" + "]" * n),
+        near.map(lambda n: " + ".join(["1"] * n)),
+        near.map(lambda n: "not " * n),
+        near.map(lambda n: "normalize(" * n + "[1.0]" + ")" * n),
+        digits.map(lambda n: "9" * n),
+        digits.map(lambda n: "-" + "9" * n),
+        digits.map(lambda n: "0." + "0" * n + "1"),
+        digits.map(lambda n: "9" * n + "%"),
+        st.sampled_from(["1e39", "-1e39", "3.4e38", "1e308", "1e999", "1e-400", "2147483648", "99999999999",
+                         "1e30 * 1e30", "1e38 * 10", "1 / 1e-300"]),
+        st.sampled_from(['"\\ud800"', '"\\udfff"', '"\\ud83d\\ude00"', '"\\ud83d"', '"x\\udc00"', '"\\u0000"',
+                         '"""\\ud800"""', '"{\\"const\\": \\"\\ud800\\"}"']),
+        st.sampled_from(["(true)", "(false)", "(true) * 2", "true", "false", "(not)", "(deg)"]),
+        st.sampled_from([257, 1000]).map(lambda n: "a" * n),
+        st.sampled_from([5000]).map(lambda n: '"' + "a/" * n + '"'),
+        st.sampled_from([70_000]).map(lambda n: '"' + "x" * n + '"'),
+        st.sampled_from(["*", ":", "0:999999999", "-99999:", "(0, 2000)", "1024", "1025", "-1025"]),
+    )
+
+
+@st.composite
+def hostile(draw, text: str) -> str:
+    """``text`` with one to three hostile pieces put at token boundaries (or replacing a token)."""
+    for _ in range(draw(st.integers(1, 3))):
+        piece = draw(_hostile_pieces())
+        toks = list(_TOKEN.finditer(text))
+        if not toks:
+            text = text + piece
+            continue
+        m = draw(st.sampled_from(toks))
+        if draw(st.booleans()):
+            text = text[: m.start()] + piece + text[m.end():]
+        else:
+            text = text[: m.start()] + piece + " " + text[m.start():]
+    return text

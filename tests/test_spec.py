@@ -130,6 +130,12 @@ def render_ir_nodes() -> str:
     return "\n".join(out) + "\n"
 
 
+def render_limits() -> str:
+    from steerc.limits import render_table
+
+    return render_table()
+
+
 def render_capabilities() -> str:
     from steerc.targets.capabilities import capability_matrix
 
@@ -141,6 +147,7 @@ GENERATED = {
     ("models.md", "family-facts"): render_family_table,
     ("json.md", "ir-nodes"): render_ir_nodes,
     ("capabilities.md", "capabilities"): render_capabilities,
+    ("limits.md", "limits"): render_limits,
 }
 
 

@@ -100,4 +100,10 @@ def _single_command_parser(argv: list[str]) -> argparse.ArgumentParser:
 
 
 def entry() -> None:  # console script
+    # A file name that is not valid UTF-8 decodes to lone surrogates; print them as escapes, never fail on them.
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.reconfigure(errors="backslashreplace")
+        except (AttributeError, ValueError):
+            pass
     sys.exit(main())

@@ -11,11 +11,18 @@ from steerc.cli import UsageError
 
 
 def read_text(path: str) -> str:
+    """A program's text, as text mode reads it (newlines translated); at most MAX_SOURCE_BYTES are read.
+
+    A longer file gives a text longer than the limit (never a shorter one), which the
+    parser then refuses with a ``limit-exceeded`` diagnostic.
+    """
+    from steerc.limits import MAX_SOURCE_BYTES
+    from steerc.source import read_program
+
     if path == "-":
-        return sys.stdin.read()
+        return sys.stdin.read(MAX_SOURCE_BYTES + 1)
     try:
-        with open(path, encoding="utf-8") as fh:
-            return fh.read()
+        return read_program(path)
     except FileNotFoundError:
         raise UsageError(f"no such file: {path}") from None
     except IsADirectoryError:

@@ -15,7 +15,7 @@ def add_arguments(cmd) -> None:
 
 
 def run(args) -> int:
-    from steerc.diagnostics import Diagnostics, render_text
+    from steerc.diagnostics import Diagnostics, capped, render_text
     from steerc.source import Source
 
     text = read_text(args.file)
@@ -37,6 +37,6 @@ def run(args) -> int:
         program = parse(source, diagnostics)
         if program is not None and not diagnostics.has_errors:
             sys.stdout.write(dumps(program))
-    for d in diagnostics:
+    for d in capped(list(diagnostics)):
         print(render_text(d, {source.name: source}), file=sys.stderr)
     return EXIT_ERRORS if diagnostics.has_errors else EXIT_OK

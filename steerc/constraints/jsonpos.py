@@ -15,12 +15,14 @@ reported (pointing at the second key) but parsing goes on, last value wins.
 
 from __future__ import annotations
 
+import math
 import re
 
 from attrs import field, frozen
 
 from steerc.constraints import INVALID, Problem
 from steerc.constraints._common import did_you_mean, show
+from steerc.limits import MAX_JSON_INT_DIGITS
 
 MAX_DEPTH = 128  # keeps the recursive descent well inside Python's stack
 _NUMBER = re.compile(r"-?(?:0|[1-9][0-9]*)(\.[0-9]+)?([eE][+-]?[0-9]+)?")
@@ -257,6 +259,9 @@ class _Parser:
                 low = int(digits, 16)
                 if 0xDC00 <= low < 0xE000:
                     return chr(0x10000 + ((code - 0xD800) << 10) + (low - 0xDC00)), i + 6
+        if 0xD800 <= code < 0xE000:  # a lone surrogate is not a character: no text can hold it
+            self.fail(f"`\\u{code:04x}` is a lone surrogate, not a character", i - 6, i,
+                      help="write the character itself, or a complete surrogate pair such as `\\ud83d\\ude00`")
         return chr(code), i
 
     def number(self) -> int | float:
@@ -267,9 +272,15 @@ class _Parser:
         if after and (after.isalnum() or after in ".+-"):
             self.fail(f"malformed number {show(self.text[self.i: m.end() + 1])}", self.i, m.end() + 1,
                       help="JSON numbers look like `12`, `-0.5` or `1e3`, without leading zeros")
-        self.i = m.end()
+        start, self.i = self.i, m.end()
         if m.group(1) or m.group(2):
-            return float(m.group(0))
+            value = float(m.group(0))
+            if math.isinf(value):
+                self.fail(f"the number {show(m.group(0))} is too large for a float64", start, self.i)
+            return value
+        digits = len(m.group(0).lstrip("-"))
+        if digits > MAX_JSON_INT_DIGITS:  # int() of more digits than Python allows would raise
+            self.fail(f"an integer of {digits:,} digits (at most {MAX_JSON_INT_DIGITS})", start, self.i)
         return int(m.group(0))
 
     def word(self) -> object:

@@ -20,9 +20,10 @@ error[undefined-name]: undefined name `w`
 
 from __future__ import annotations
 
-from attrs import field, frozen
+from attrs import evolve, field, frozen
 
 from steerc.diagnostics.codes import CODES
+from steerc.limits import MAX_ECHO_COLUMNS, MAX_MESSAGE_CHARS, MAX_REPEATS
 from steerc.source import Source, Span
 
 __all__ = [
@@ -30,14 +31,41 @@ __all__ = [
     "Diagnostic",
     "Diagnostics",
     "Note",
+    "capped",
+    "printable",
     "render_text",
     "to_json_dict",
 ]
 
 
+def printable(text: str) -> str:
+    """``text`` with lone surrogates (not encodable as UTF-8) written as ``\\udXXX`` escapes.
+
+    >>> printable("a\\ud800b")
+    'a\\\\ud800b'
+    """
+    if text.isascii():
+        return text
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return text.encode("utf-8", "backslashreplace").decode("utf-8")
+    return text
+
+
+def _shorten(text: str | None) -> str | None:
+    """A message, help line or note: printable, and at most MAX_MESSAGE_CHARS long."""
+    if text is None:
+        return None
+    if len(text) > MAX_MESSAGE_CHARS:
+        keep = MAX_MESSAGE_CHARS - 5
+        text = text[: keep * 2 // 3] + " ... " + text[len(text) - (keep - keep * 2 // 3):]
+    return printable(text)
+
+
 @frozen
 class Note:
-    message: str
+    message: str = field(converter=_shorten)
     span: Span | None = None
 
 
@@ -45,11 +73,13 @@ class Note:
 class Diagnostic:
     code: str
     severity: str
-    message: str
+    message: str = field(converter=_shorten)
     span: Span | None
     notes: tuple[Note, ...] = ()
-    help: str | None = None
-    label: str | None = field(default=None)
+    help: str | None = field(default=None, converter=_shorten)
+    label: str | None = field(default=None, converter=_shorten)
+    # How many more diagnostics of this code were left out after this one (see `capped`).
+    omitted: int = field(default=0, kw_only=True)
 
     def __attrs_post_init__(self) -> None:
         if self.code not in CODES:
@@ -120,18 +150,57 @@ class Diagnostics:
         return len(self.items)
 
 
+def capped(diagnostics, limit: int = MAX_REPEATS) -> list[Diagnostic]:
+    """At most ``limit`` diagnostics per code, in order; the last one kept counts the rest.
+
+    >>> from steerc.source import Source
+    >>> ds = [Diagnostic.warning("no-effect", f"w{i}", None) for i in range(5)]
+    >>> [(d.message, d.omitted) for d in capped(ds, 2)]
+    [('w0', 0), ('w1', 3)]
+    """
+    counts: dict[str, int] = {}
+    for d in diagnostics:
+        counts[d.code] = counts.get(d.code, 0) + 1
+    if all(n <= limit for n in counts.values()):
+        return list(diagnostics)
+    seen: dict[str, int] = {}
+    out = []
+    for d in diagnostics:
+        n = seen[d.code] = seen.get(d.code, 0) + 1
+        if n < limit or (n == limit and counts[d.code] == limit):
+            out.append(d)
+        elif n == limit:
+            out.append(evolve(d, omitted=d.omitted + counts[d.code] - limit))
+    return out
+
+
+def _window(text: str, start: int, width: int) -> tuple[str, int, int]:
+    """At most MAX_ECHO_COLUMNS of a long line around columns [start, start + width)."""
+    if len(text) <= MAX_ECHO_COLUMNS:
+        return text, start, width
+    lo = max(0, min(start - MAX_ECHO_COLUMNS // 4, len(text) - MAX_ECHO_COLUMNS))
+    hi = lo + MAX_ECHO_COLUMNS
+    shown = ("..." if lo else "") + text[lo:hi] + ("..." if hi < len(text) else "")
+    offset = 3 if lo else 0
+    new_start = start - lo + offset
+    new_width = max(1, min(width, hi - start))
+    return shown, new_start, new_width
+
+
 def _snippet(span: Span, sources: dict[str, Source], gutter: int, label: str | None,
              marker: str) -> list[str]:
     src = sources.get(span.file)
     if src is None:
         return []
     pad = " " * gutter
-    text = src.line_text(span.line).replace("\t", " ")
+    text = src.line_text(span.line)
     start = max(span.column - 1, 0)
     if span.end_line == span.line:
         width = max(span.end_column - span.column, 1)
     else:
         width = max(len(text) - start, 1)
+    text, start, width = _window(text, start, width)
+    text = printable(text.replace("\t", " "))
     underline = " " * start + marker * width
     if label:
         underline += " " + label
@@ -166,17 +235,20 @@ def render_text(d: Diagnostic, sources: dict[str, Source]) -> str:
             trailer.append(f"{pad} = note: {note.message}")
     if d.help:
         trailer.append(f"{pad} = help: {d.help}")
+    if d.omitted:
+        trailer.append(f"{pad} = note: {d.omitted:,} more `{d.code}` {d.severity}{'s' if d.omitted > 1 else ''} "
+                       f"like this one are not shown (at most {MAX_REPEATS} per code)")
     if trailer:
         out.append(f"{pad} |")
         out.extend(trailer)
-    return "\n".join(out)
+    return printable("\n".join(out))
 
 
 def _span_fields(span: Span | None) -> dict:
     if span is None:
         return {"file": None, "line": None, "column": None, "end_line": None, "end_column": None}
     return {
-        "file": span.file,
+        "file": printable(span.file),
         "line": span.line,
         "column": span.column,
         "end_line": span.end_line,
@@ -192,4 +264,6 @@ def to_json_dict(d: Diagnostic) -> dict:
         obj["help"] = d.help
     if d.notes:
         obj["notes"] = [dict(message=n.message, **_span_fields(n.span)) for n in d.notes]
+    if d.omitted:
+        obj["omitted"] = d.omitted
     return obj

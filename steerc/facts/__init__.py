@@ -20,6 +20,9 @@ import os
 from attrs import field, frozen
 
 from steerc.facts.families import FAMILIES, MODEL_TYPES, Family
+from steerc.jsonio import JSONError
+from steerc.jsonio import read_file as read_json_file
+from steerc.limits import MAX_HEAD_DIM, MAX_HEADS, MAX_HIDDEN, MAX_INTERMEDIATE, MAX_LAYERS, MAX_VOCAB
 
 FORMAT = "steerc.facts/1"
 FACT_FIELDS = (
@@ -77,17 +80,21 @@ class ModelFacts:
         return out
 
 
-def _first(config: dict, keys: tuple[str, ...], default=None):
+def _first(config: dict, keys: tuple[str, ...], default=None) -> tuple[str | None, object]:
+    """(the key that gave the value, the value); (None, default) when no key is set."""
     for k in keys:
         if config.get(k) is not None:
-            return config[k]
-    return default
+            return k, config[k]
+    return None, default
 
 
 def _text_config(config: dict) -> dict:
     # Multimodal wrappers (e.g. Gemma-3) keep the language model's facts in text_config.
     inner = config.get("text_config")
-    if isinstance(inner, dict) and config.get("model_type") not in MODEL_TYPES:
+    outer = config.get("model_type")
+    if outer is not None and not isinstance(outer, str):
+        raise FactsError(f"`model_type` must be a string, got {_shown(outer)}")
+    if isinstance(inner, dict) and outer not in MODEL_TYPES:
         merged = dict(inner)
         merged.setdefault("model_type", inner.get("model_type") or config.get("model_type"))
         return merged
@@ -96,13 +103,58 @@ def _text_config(config: dict) -> dict:
     return config
 
 
-def _count(config: dict, keys: tuple[str, ...], what: str, default=None, minimum: int = 1) -> int:
-    value = _first(config, keys, default)
+def _shown(value) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+# Bounds of each fact: (least, most). Sizes are positive; a config silent on the vocabulary gives 0.
+BOUNDS: dict[str, tuple[int, int]] = {
+    "layers": (1, MAX_LAYERS),
+    "hidden": (1, MAX_HIDDEN),
+    "heads": (1, MAX_HEADS),
+    "kv_heads": (1, MAX_HEADS),
+    "head_dim": (1, MAX_HEAD_DIM),
+    "intermediate": (1, MAX_INTERMEDIATE),
+    "vocab": (0, MAX_VOCAB),
+}
+
+
+def _bounded(fact: str, value, where: str) -> int:
+    """``value`` if it is a whole number within the bounds of ``fact`` (``where`` names it in messages)."""
+    least, most = BOUNDS[fact]
+    if isinstance(value, bool) or not isinstance(value, int) or value < least:
+        raise FactsError(f"{where} must be a whole number >= {least}, got {_shown(value)}")
+    if value > most:
+        raise FactsError(f"{where} is {value:,}; steerc reads models of at most {most:,} (see spec/limits.md)")
+    return value
+
+
+def _count(config: dict, keys: tuple[str, ...], fact: str, what: str, default=None) -> int:
+    key, value = _first(config, keys, default)
     if value is None:
         raise FactsError(f"the config does not give {what} ({' or '.join(keys) or 'no key'})")
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise FactsError(f"{what} must be a whole number >= {minimum}, got {value!r} ({keys[0] if keys else ''})")
+    return _bounded(fact, value, f"{what} ({key})" if key else f"{what} (default {default!r})")
+
+
+def _flag(config: dict, key: str, default: bool) -> bool:
+    value = config.get(key)
+    if value is None:
+        return default
+    if not isinstance(value, bool):
+        raise FactsError(f"`{key}` must be true or false, got {_shown(value)}")
     return value
+
+
+def _consistent(f: ModelFacts, names: dict[str, str], derived_head_dim: bool) -> ModelFacts:
+    """Sizes that fit together: the heads tile the hidden state where the family says so, within bounds."""
+    if derived_head_dim and (f.hidden % f.heads or f.head_dim != f.hidden // f.heads):
+        raise FactsError(f"{names['hidden']} = {f.hidden} is not {names['heads']} = {f.heads} heads of "
+                         f"head_dim = {f.head_dim}: this family's heads tile the hidden state")
+    if f.heads * f.head_dim > MAX_HIDDEN:
+        raise FactsError(f"{f.heads} heads of head_dim {f.head_dim} are {f.heads * f.head_dim:,} wide; steerc "
+                         f"reads attention of at most {MAX_HIDDEN:,} (see spec/limits.md)")
+    return f
 
 
 def facts_from_config(config: dict, origin: str = "config") -> ModelFacts:
@@ -111,7 +163,7 @@ def facts_from_config(config: dict, origin: str = "config") -> ModelFacts:
     config = _text_config(config)
     model_type = config.get("model_type")
     if model_type is not None and not isinstance(model_type, str):
-        raise FactsError(f"`model_type` must be a string, got {model_type!r}")
+        raise FactsError(f"`model_type` must be a string, got {_shown(model_type)}")
     family_name = MODEL_TYPES.get(model_type)
     if family_name is None:
         known = ", ".join(sorted(FAMILIES))
@@ -121,22 +173,29 @@ def facts_from_config(config: dict, origin: str = "config") -> ModelFacts:
             needle='"model_type"',
         )
     fam = FAMILIES[family_name]
-    layers = _count(config, fam.layers, "the number of layers")
-    hidden = _count(config, fam.hidden, "the hidden size")
-    heads = _count(config, fam.heads, "the number of attention heads")
-    kv_heads = _count(config, fam.kv_heads, "the number of key-value heads", fam.kv_heads_default or heads)
+    layers = _count(config, fam.layers, "layers", "the number of layers")
+    hidden = _count(config, fam.hidden, "hidden", "the hidden size")
+    heads = _count(config, fam.heads, "heads", "the number of attention heads")
+    kv_heads = _count(config, fam.kv_heads, "kv_heads", "the number of key-value heads",
+                      fam.kv_heads_default or heads)
     explicit_hd = config.get("head_dim", fam.head_dim_default) if fam.head_dim_from_config else None
-    head_dim = _count({"head_dim": explicit_hd}, ("head_dim",), "head_dim") if explicit_hd else hidden // heads
-    intermediate = _count(config, fam.intermediate, "the intermediate size", 4 * hidden)
-    vocab = _count(config, fam.vocab, "the vocabulary size", 0, minimum=0)
-    tied = config.get("tie_word_embeddings")
-    tied = fam.tied_default if tied is None else bool(tied)
-    parallel = False
-    if fam.parallel_residual_key:
-        value = config.get(fam.parallel_residual_key)
-        parallel = fam.parallel_residual_default if value is None else bool(value)
-    return ModelFacts(family_name, layers, hidden, heads, kv_heads, head_dim, intermediate, vocab,
-                      tied, parallel, model_type=original_type or model_type, origin=origin)
+    if explicit_hd is not None:
+        head_dim = _bounded("head_dim", explicit_hd, "head_dim")
+    else:
+        head_dim = hidden // heads
+        if head_dim < 1:
+            raise FactsError(f"the hidden size {hidden} is smaller than the {heads} attention heads it is split into")
+    intermediate = _count(config, fam.intermediate, "intermediate", "the intermediate size", 4 * hidden)
+    vocab = _count(config, fam.vocab, "vocab", "the vocabulary size", 0)
+    tied = _flag(config, "tie_word_embeddings", fam.tied_default)
+    parallel = _flag(config, fam.parallel_residual_key, fam.parallel_residual_default) \
+        if fam.parallel_residual_key else False
+    facts = ModelFacts(family_name, layers, hidden, heads, kv_heads, head_dim, intermediate, vocab,
+                       tied, parallel, model_type=original_type or model_type, origin=origin)
+    # kv_heads is only bounded: steerc uses it in `model { ... }` assertions alone, and transformers
+    # builds models whose default does not divide the heads.
+    names = {"hidden": (fam.hidden or ("hidden",))[0], "heads": (fam.heads or ("heads",))[0]}
+    return _consistent(facts, names, derived_head_dim=explicit_hd is None)
 
 
 def load_facts(path: str) -> ModelFacts:
@@ -150,10 +209,10 @@ def load_facts(path: str) -> ModelFacts:
             raise FactsError("no config.json in that folder")
         raise FactsError(f"no such file or folder, and not a model name ({names()})")
     try:
-        with open(file, encoding="utf-8") as fh:
-            text = fh.read()
-        data = json.loads(text)
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        text, data = read_json_file(file)
+    except OSError as exc:
+        raise FactsError(f"cannot read {file} ({exc.strerror or exc})") from None
+    except JSONError as exc:
         raise FactsError(f"cannot read {file} as JSON ({exc})") from None
     if not isinstance(data, dict):
         raise FactsError("not a JSON object")
@@ -170,15 +229,22 @@ def _from_facts_json(data: dict, file: str) -> ModelFacts:
     facts = data.get("facts")
     if not isinstance(facts, dict) or any(k not in facts for k in FACT_FIELDS):
         raise FactsError(f"a steerc facts file needs all of: {', '.join(FACT_FIELDS)}")
-    if facts["family"] not in FAMILIES:
-        raise FactsError(f"unknown model family `{facts['family']}`", code="unknown-family",
-                         file=file, needle=f'"{facts["family"]}"')
+    family = facts["family"]
+    if not isinstance(family, str):
+        raise FactsError(f"fact `family` must be a string, got {_shown(family)}")
+    if family not in FAMILIES:
+        raise FactsError(f"unknown model family `{family}`", code="unknown-family",
+                         file=file, needle=json.dumps(family, ensure_ascii=False))
     for key in FACT_FIELDS:
-        want = str if key == "family" else bool if key in ("tied_embeddings", "parallel_residual") else int
         value = facts[key]
-        if not isinstance(value, want) or (want is int and (isinstance(value, bool) or value < 0)):
-            raise FactsError(f"fact `{key}` has the wrong type ({value!r})")
+        if key in ("tied_embeddings", "parallel_residual"):
+            if not isinstance(value, bool):
+                raise FactsError(f"fact `{key}` must be true or false, got {_shown(value)}")
+        elif key != "family":
+            _bounded(key, value, f"fact `{key}`")
     out = ModelFacts(**{k: facts[k] for k in FACT_FIELDS}, origin=file)
+    fam = FAMILIES[family]
+    _consistent(out, {"hidden": "hidden", "heads": "heads"}, derived_head_dim=not fam.head_dim_from_config)
     if facts.get("fingerprint") not in (None, out.fingerprint):
         raise FactsError("its fingerprint does not match its facts (edited by hand?)")
     return out

@@ -61,11 +61,32 @@ def _expr(e, ctx: int) -> str:
         text = f"{_expr(e.left, prec)} {e.op} {_expr(e.right, prec + 1)}"
         return f"({text})" if prec < ctx else text
     if isinstance(e, ir.Call):
-        args = [expr(a) for a in e.args] + [f"{k.name}={expr(k.value)}" for k in e.kwargs]
+        args = [_arg(a) for a in e.args] + [f"{k.name}={_arg(k.value)}" for k in e.kwargs]
         return f"{e.func}({', '.join(args)})"
     if isinstance(e, ir.VectorLit):
         return "[" + ", ".join(expr(i) for i in e.items) + "]"
     raise TypeError(f"not an expression: {e!r}")
+
+
+# Words the lexer reads as a keyword, not a name, where an argument starts.
+_ARG_KEYWORDS = frozenset({"true", "false"})
+
+
+def _leading_word(e) -> str | None:
+    """The name or function name an expression's text starts with, if any."""
+    while isinstance(e, ir.BinOp):
+        e = e.left
+    if isinstance(e, ir.Name):
+        return e.id
+    if isinstance(e, ir.Call):
+        return e.func
+    return None
+
+
+def _arg(e) -> str:
+    """An argument: a name `true` or `false` in front would read as a boolean, so it keeps parentheses."""
+    text = expr(e)
+    return f"({text})" if _leading_word(e) in _ARG_KEYWORDS else text
 
 
 def _number_text(value) -> str:

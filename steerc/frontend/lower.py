@@ -69,7 +69,22 @@ class ToIR:
                 out.append(_ESCAPES[nxt])
                 i += 2
             elif nxt == "u" and len(body) >= i + 6 and _is_hex(body[i + 2 : i + 6]):
-                out.append(chr(int(body[i + 2 : i + 6], 16)))
+                code = int(body[i + 2 : i + 6], 16)
+                low = _low_surrogate(body, i + 6) if 0xD800 <= code <= 0xDBFF else None
+                if low is not None:  # a surrogate pair is one character, as in JSON
+                    out.append(chr(0x10000 + ((code - 0xD800) << 10) + (low - 0xDC00)))
+                    i += 12
+                    continue
+                if 0xD800 <= code <= 0xDFFF:
+                    start = tok.start_pos + 1 + i
+                    self.diagnostics.error(
+                        "syntax-error",
+                        f"`\\u{body[i + 2 : i + 6]}` is a lone surrogate, not a character",
+                        self.source.span(start, start + 6),
+                        help="write the character itself, or a complete surrogate pair such as `\\ud83d\\ude00`",
+                    )
+                    code = 0xFFFD
+                out.append(chr(code))
                 i += 6
             else:
                 start = tok.start_pos + 1 + i
@@ -403,3 +418,12 @@ class ToIR:
 
 def _is_hex(text: str) -> bool:
     return len(text) == 4 and all(c in "0123456789abcdefABCDEF" for c in text)
+
+
+def _low_surrogate(body: str, i: int) -> int | None:
+    """The low surrogate written as ``\\uXXXX`` at ``body[i:]``, if there is one."""
+    if body[i : i + 2] == "\\u" and _is_hex(body[i + 2 : i + 6]):
+        code = int(body[i + 2 : i + 6], 16)
+        if 0xDC00 <= code <= 0xDFFF:
+            return code
+    return None

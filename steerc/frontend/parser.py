@@ -22,6 +22,15 @@ from lark.exceptions import UnexpectedCharacters, UnexpectedEOF, UnexpectedInput
 from lark.lark import PostLex
 
 from steerc.diagnostics import Diagnostic, Note
+from steerc.limits import (
+    MAX_LIST_ITEMS,
+    MAX_NAME_CHARS,
+    MAX_NESTING,
+    MAX_NUMBER_CHARS,
+    MAX_SOURCE_BYTES,
+    MAX_STRING_CHARS,
+    human,
+)
 from steerc.source import Source
 
 GRAMMAR_PATH = os.path.join(os.path.dirname(__file__), "steer.lark")
@@ -30,16 +39,34 @@ _OPENERS = {"LPAR": "RPAR", "LSQB": "RSQB"}
 _STATEMENT_STARTS = {"MODEL", "PARAM", "VECTOR", "PROBE", "INTERVENTION", "CONSTRAIN", "$END", "STEER"}
 _CLOSERS = {"RPAR", "RSQB"}
 
+# The literal policy: token type -> (most characters, what it is, how many quote characters it carries).
+_LENGTH_LIMITS = {
+    "NUMBER": (MAX_NUMBER_CHARS, "number", 0),
+    "INT": (MAX_NUMBER_CHARS, "whole number", 0),
+    "SIGNED_INT": (MAX_NUMBER_CHARS, "whole number", 0),
+    "PERCENT": (MAX_NUMBER_CHARS, "percentage", 0),
+    "NAME": (MAX_NAME_CHARS, "name", 0),
+    "STRING": (MAX_STRING_CHARS, "string", 2),
+    "LONG_STRING": (MAX_STRING_CHARS, "string", 6),
+}
+
+# Parse-tree nodes that open a nesting level (see MAX_NESTING); parentheses make no node.
+NESTING_RULES = frozenset(
+    {"add", "sub", "mul", "div", "neg", "call", "vector_literal", "compare", "gate_and", "gate_or", "gate_not"}
+)
+
 
 class _ParseState:
     """What the post-lexer learns during one parse."""
 
-    __slots__ = ("comments", "braces", "brackets", "last_token")
+    __slots__ = ("braces", "brackets", "comments", "items", "last_token", "source")
 
-    def __init__(self) -> None:
+    def __init__(self, source: Source) -> None:
+        self.source = source
         self.comments: list[tuple[int, int, str]] = []
         self.braces: list[Token] = []  # open `{` tokens, innermost last
         self.brackets: list[Token] = []  # open `(` and `[` tokens, innermost last
+        self.items: list[int] = [0]  # commas seen in the current line, then in each open bracket
         self.last_token: Token | None = None
 
 
@@ -59,6 +86,7 @@ class _Layout(PostLex):
         # Tokens are passed on at once: the contextual lexer picks the next
         # token's terminals from the parser state, so nothing may be held back.
         state = _state.get()
+        items = state.items
         depth = 0
         after_newline = True  # also drops newlines at the start of the file
         for tok in stream:
@@ -68,16 +96,26 @@ class _Layout(PostLex):
                     state.comments.append((tok.line, tok.column, tok.value.rstrip("\r\n")))
                 if depth == 0 and not after_newline:
                     after_newline = True
+                    items[0] = 0
                     yield tok
                 continue
             after_newline = False
-            if kind in _OPENERS:
+            limit = _LENGTH_LIMITS.get(kind)
+            if limit is not None and len(tok.value) - limit[2] > limit[0]:
+                raise SyntaxDiagnostic(_too_long(state.source, tok, *limit))
+            if kind == "COMMA":
+                items[-1] += 1
+                if items[-1] >= MAX_LIST_ITEMS:
+                    raise SyntaxDiagnostic(_too_many_items(state, tok))
+            elif kind in _OPENERS:
                 depth += 1
                 state.brackets.append(tok)
+                items.append(0)
             elif kind in _CLOSERS:
                 depth = max(depth - 1, 0)
                 if state.brackets:
                     state.brackets.pop()
+                    items.pop()
             elif kind == "LBRACE":
                 state.braces.append(tok)
             elif kind == "RBRACE" and state.braces:
@@ -101,9 +139,15 @@ class SyntaxDiagnostic(Exception):
 
 
 def parse_tree(source: Source) -> tuple[Tree, list[tuple[int, int, str]]]:
-    """Parse ``source``; return the tree and the comments as (line, column, text)."""
+    """Parse ``source``; return the tree and the comments as (line, column, text).
+
+    Raises :class:`SyntaxDiagnostic` for a text that is not a program, and for
+    one beyond the limits of :mod:`steerc.limits` (size, literal lengths, list
+    lengths, nesting), before any work proportional to the excess is done.
+    """
+    check_text(source)
     text = source.text if source.text.endswith("\n") else source.text + "\n"
-    state = _ParseState()
+    state = _ParseState(source)
     token = _state.set(state)
     try:
         tree = get_parser().parse(text)
@@ -111,7 +155,90 @@ def parse_tree(source: Source) -> tuple[Tree, list[tuple[int, int, str]]]:
         raise SyntaxDiagnostic(syntax_diagnostic(exc, source, state)) from None
     finally:
         _state.reset(token)
+    check_nesting(tree, source)
     return tree, state.comments
+
+
+# ------------------------------------------------------------------ limits
+
+
+def limit_diagnostic(message: str, span, help: str | None = None) -> Diagnostic:
+    return Diagnostic.error("limit-exceeded", message, span, help=help)
+
+
+def check_text(source: Source) -> None:
+    """The text is at most MAX_SOURCE_BYTES of UTF-8, and holds only characters (no lone surrogates)."""
+    text = source.text
+    ascii_only = text.isascii()
+    if len(text) > MAX_SOURCE_BYTES or (
+        not ascii_only and len(text) * 4 > MAX_SOURCE_BYTES
+        and len(text.encode("utf-8", "surrogatepass")) > MAX_SOURCE_BYTES
+    ):
+        # The first character past the limit (only the limit's worth of text is encoded to find it).
+        cut = len(text[:MAX_SOURCE_BYTES].encode("utf-8", "surrogatepass")[:MAX_SOURCE_BYTES].decode("utf-8", "ignore"))
+        raise SyntaxDiagnostic(limit_diagnostic(
+            f"this program is larger than {human(MAX_SOURCE_BYTES, 'bytes')} ({MAX_SOURCE_BYTES:,} bytes), "
+            "the most steerc reads",
+            source.span(cut, cut + 1),
+            help="split it into several programs, or load large vectors from files",
+        ))
+    if ascii_only:
+        return
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise SyntaxDiagnostic(Diagnostic.error(
+            "syntax-error",
+            f"the text holds a lone surrogate (U+{ord(text[exc.start]):04X}), which is not a character",
+            source.span(exc.start, exc.start + 1),
+            help="a program is UTF-8 text; remove the code point or write the character it stands for",
+        )) from None
+
+
+def _too_long(source: Source, tok: Token, most: int, what: str, quotes: int) -> Diagnostic:
+    length = len(tok.value) - quotes
+    hint = {
+        "number": "write it with an exponent (`1.5e-30`)",
+        "whole number": "no version, layer, head or position needs that many digits",
+        "percentage": "write fewer digits",
+        "name": "use a shorter name",
+        "string": "put long schemas and grammars in a file: `constrain json_schema from \"schema.json\"`",
+    }[what]
+    return limit_diagnostic(
+        f"this {what} is {length:,} characters long; steerc reads {what}s of at most {most:,}",
+        source.span(tok.start_pos, tok.end_pos),
+        help=hint,
+    )
+
+
+def _too_many_items(state: _ParseState, tok: Token) -> Diagnostic:
+    opener = state.brackets[-1] if state.brackets else None
+    where = f"the `{opener.value}` on line {opener.line}" if opener is not None else "this line"
+    return limit_diagnostic(
+        f"the list opened by {where} has more than {MAX_LIST_ITEMS:,} items, the most steerc reads",
+        state.source.span(tok.start_pos, tok.end_pos),
+        help="no model is wider than that; load long vectors from a file",
+    )
+
+
+def check_nesting(tree: Tree, source: Source) -> None:
+    """No expression or condition nests deeper than MAX_NESTING (walked without recursion)."""
+    stack = [(tree, 0)]
+    pop, push = stack.pop, stack.append
+    while stack:
+        node, level = pop()
+        for child in node.children:
+            if isinstance(child, Tree):
+                deeper = level + 1 if child.data in NESTING_RULES else level
+                if deeper > MAX_NESTING:
+                    meta = child.meta
+                    raise SyntaxDiagnostic(limit_diagnostic(
+                        f"this expression nests more than {MAX_NESTING} levels deep",
+                        source.span(meta.start_pos, meta.end_pos),
+                        help="name its parts (`param`, `vector`) and combine those; every operator, "
+                        "call and `[...]` opens a level, so `a + b + c + ...` nests one level per `+`",
+                    ))
+                push((child, deeper))
 
 
 # ------------------------------------------------------------ error messages

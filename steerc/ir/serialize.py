@@ -90,4 +90,8 @@ def from_json(data: dict):
 
 
 def loads(text: str):
-    return from_json(json.loads(text))
+    """The program of an IR JSON text (read under steerc's JSON limits: :mod:`steerc.jsonio`)."""
+    from steerc.jsonio import loads as loads_json
+    from steerc.limits import MAX_IR_JSON_BYTES
+
+    return from_json(loads_json(text, max_bytes=MAX_IR_JSON_BYTES))

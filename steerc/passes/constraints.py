@@ -16,9 +16,10 @@ import json
 from steerc.diagnostics import Note
 from steerc.ir import checked as ck
 from steerc.ir import nodes as ir
+from steerc.limits import MAX_SOURCE_BYTES, human
 from steerc.passes.context import CheckContext, Fault
-from steerc.passes.fold import with_constraint
 from steerc.passes.files import resolve_path
+from steerc.passes.fold import with_constraint
 from steerc.source import Source
 
 name = "constraints"
@@ -91,8 +92,13 @@ def _text_of(ctx: CheckContext, stmt: ir.ConstrainText):
     if stmt.from_file:
         path = resolve_path(ctx, stmt.value, f"{stmt.kind.replace('_', ' ')} file")
         try:
-            with open(path, encoding="utf-8") as fh:
-                text = fh.read()
+            with open(path, "rb") as fh:
+                data = fh.read(MAX_SOURCE_BYTES + 1)
+            if len(data) > MAX_SOURCE_BYTES:
+                ctx.error("limit-exceeded", f"`{stmt.value.value}` is larger than "
+                          f"{human(MAX_SOURCE_BYTES, 'bytes')}, the most steerc reads", stmt.value.span)
+                raise Fault
+            text = data.decode("utf-8").replace("\r\n", "\n").replace("\r", "\n")  # as text mode reads it
         except (OSError, UnicodeDecodeError) as exc:
             ctx.error("invalid-constraint", f"cannot read `{stmt.value.value}` as UTF-8 text ({exc})",
                       stmt.value.span)
@@ -111,12 +117,19 @@ def _text_of(ctx: CheckContext, stmt: ir.ConstrainText):
 
 def _unescape_index(raw: str) -> list[int]:
     """For each character of the unescaped string, its offset in ``raw``."""
+    from steerc.frontend.lower import _is_hex, _low_surrogate
+
     index = []
     i = 0
     while i < len(raw):
         index.append(i)
         if raw[i] == "\\":
-            i += 6 if raw[i + 1 : i + 2] == "u" else 2
+            if raw[i + 1 : i + 2] == "u":
+                high = raw[i + 2 : i + 6]
+                pair = _is_hex(high) and 0xD800 <= int(high, 16) <= 0xDBFF and _low_surrogate(raw, i + 6)
+                i += 12 if pair else 6
+            else:
+                i += 2
         else:
             i += 1
     index.append(len(raw))

@@ -9,6 +9,7 @@ from attrs import define, field
 
 from steerc.diagnostics import Diagnostics
 from steerc.ir import nodes as ir
+from steerc.limits import MAX_NAME_CHARS, MAX_REPEATS, MAX_SUGGESTION_CANDIDATES, MAX_VALUES
 from steerc.source import Source
 
 
@@ -59,6 +60,11 @@ class CheckContext:
     checked: object = None  # the CheckedProgram, once built
     facts: object = None  # ModelFacts, when checking against a model
     stop: bool = False
+    # "did you mean" searches left among the program's own names or a file's keys: each costs time in
+    # their number, and beyond MAX_REPEATS diagnostics of a code are not shown anyway.
+    suggestions_left: int = MAX_REPEATS
+    values_left: int = MAX_VALUES  # vector entries folding may still compute (see MAX_VALUES)
+    over_budget: bool = False  # MAX_VALUES was reported (once)
 
     @property
     def base_dir(self) -> str:
@@ -76,6 +82,28 @@ class CheckContext:
 
         return find_root(self.base_dir)
 
+    def suggest(self, name: str, candidates) -> str | None:
+        """``did_you_mean`` over a program-sized set (``candidates()`` is called only when searched)."""
+        if self.suggestions_left <= 0:
+            return None
+        self.suggestions_left -= 1
+        return did_you_mean(name, candidates())
+
+    def spend(self, values: int, span) -> None:
+        """Account for ``values`` vector entries about to be computed; faults past MAX_VALUES (reported once)."""
+        self.values_left -= values
+        if self.values_left >= 0:
+            return
+        if not self.over_budget:
+            self.over_budget = True
+            self.error(
+                "limit-exceeded",
+                f"checking this program computes more than {MAX_VALUES:,} vector entries, the most steerc does",
+                span,
+                help="load a vector once and reuse its name, or use smaller vectors and banks",
+            )
+        raise Fault
+
     def error(self, code, message, span, **kw) -> None:
         self.diagnostics.error(code, message, span, **kw)
 
@@ -84,8 +112,18 @@ class CheckContext:
 
 
 def did_you_mean(name: str, candidates) -> str | None:
-    """A ``help`` line suggesting the closest candidate, if one is close."""
-    match = difflib.get_close_matches(name, list(candidates), n=1, cutoff=0.6)
+    """A ``help`` line suggesting the closest candidate, if one is close.
+
+    Among more than MAX_SUGGESTION_CANDIDATES candidates only those of about the same
+    length and the same first letter are compared (each comparison costs time in both
+    lengths, and a program may ask for thousands of suggestions).
+    """
+    pool = list(candidates)
+    if len(pool) > MAX_SUGGESTION_CANDIDATES or len(name) > MAX_NAME_CHARS:
+        if len(name) > MAX_NAME_CHARS:
+            return None
+        pool = [c for c in pool if c[:1] == name[:1] and abs(len(c) - len(name)) <= 2][:MAX_SUGGESTION_CANDIDATES]
+    match = difflib.get_close_matches(name, pool, n=1, cutoff=0.6)
     return f"did you mean `{match[0]}`?" if match else None
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 
 from steerc.ir import nodes as ir
+from steerc.limits import MAX_PATH_CHARS
 from steerc.passes.context import CheckContext, Fault
 from steerc.paths import resolve
 
@@ -13,6 +14,10 @@ def resolve_path(ctx: CheckContext, path: ir.Str, what: str = "file") -> str:
     """The real path of a file named in the program; faults outside the root or missing."""
     if "\0" in path.value:
         ctx.error("invalid-value", "a path cannot contain a NUL character", path.span)
+        raise Fault
+    if len(path.value) > MAX_PATH_CHARS:  # resolving takes time in the length
+        ctx.error("limit-exceeded", f"this path is {len(path.value):,} characters long; steerc reads paths of "
+                  f"at most {MAX_PATH_CHARS:,}", path.span)
         raise Fault
     resolved = resolve(path.value, ctx.base_dir, ctx.root)
     if resolved.escapes:

@@ -20,6 +20,7 @@ from steerc.frontend.fmt import op as fmt_op
 from steerc.ir import checked as ck
 from steerc.ir import nodes as ir
 from steerc.ir.values import PerLayer
+from steerc.limits import FLOAT32_MAX
 from steerc.passes import types as ty
 from steerc.passes.context import CheckContext, Fault, did_you_mean
 from steerc.passes.layers import static_layers
@@ -116,8 +117,9 @@ def _probe(ev: Evaluator, p: ir.ProbeDecl) -> ck.Probe:
     elif isinstance(r, ir.Dot):
         bias = 0.0
         for off in r.offsets:
-            value = ev.scalar(off.value)
+            value = ev.operand(off.value)
             bias += value if off.sign == "+" else -value
+        ev.fits_float32(bias, r.span, "the bias of this readout")
         readout = ck.Readout("dot", (ev.vector(r.vector),), bias)
     else:
         readout = ck.Readout("norm")
@@ -171,20 +173,20 @@ def _build_operation(ev: Evaluator, op) -> ck.Operation:
     if isinstance(op, ir.Scale):
         if ev.ctx.types.get(id(op.factor)) == ty.VECTOR:
             return ck.Operation("scale", (ev.vector(op.factor),), span=span, operand_spans=(op.factor.span,))
-        return ck.Operation("scale", scalar=ev.scalar(op.factor), span=span)
+        return ck.Operation("scale", scalar=ev.operand(op.factor), span=span)
     if isinstance(op, ir.Ablate):
         dirs = tuple(ev.direction(d) for d in op.directions)
         ev.same_width(dirs, span, "the directions to ablate")
         return ck.Operation("ablate", dirs, span=span, operand_spans=tuple(d.span for d in op.directions))
     if isinstance(op, ir.Clamp):
         u = ev.direction(op.direction)
-        return ck.Operation("clamp", (u,), scalar=ev.scalar(op.value), span=span,
+        return ck.Operation("clamp", (u,), scalar=ev.operand(op.value), span=span,
                             operand_spans=(op.direction.span,))
     if isinstance(op, ir.Rotate):
         b1, b2 = ev.direction(op.first), ev.vector(op.second)
         ev.same_width((b1, b2), span, "the two vectors of a rotation plane")
         ev.plane(b1, b2, op.second.span)
-        return ck.Operation("rotate", (b1, b2), scalar=ev.scalar(op.angle), mode=op.mode, span=span,
+        return ck.Operation("rotate", (b1, b2), scalar=ev.operand(op.angle), mode=op.mode, span=span,
                             operand_spans=(op.first.span, op.second.span))
     raise TypeError(op)
 
@@ -192,8 +194,8 @@ def _build_operation(ev: Evaluator, op) -> ck.Operation:
 def _gate(ev: Evaluator, g) -> ck.Gate:
     if isinstance(g, ir.Compare):
         if isinstance(g.left, ir.Name) and ev.ctx.symbols[g.left.id].kind == "probe":
-            return ck.GateCompare(g.left.id, g.op, ev.scalar(g.right), span=g.span)
-        return ck.GateCompare(g.right.id, _FLIP[g.op], ev.scalar(g.left), span=g.span)
+            return ck.GateCompare(g.left.id, g.op, ev.operand(g.right), span=g.span)
+        return ck.GateCompare(g.right.id, _FLIP[g.op], ev.operand(g.left), span=g.span)
     if isinstance(g, ir.GateNot):
         return ck.GateNegate(_gate(ev, g.operand))
     cls, ir_cls = (ck.GateAll, ir.GateAnd) if isinstance(g, ir.GateAnd) else (ck.GateAny, ir.GateOr)
@@ -226,10 +228,26 @@ class Evaluator:
     # ------------------------------------------------------------ scalars
 
     def scalar(self, e) -> float:
+        """A scalar, computed in float64: it must be finite."""
         value = self._scalar(e)
         if not math.isfinite(value):
             self.fail("invalid-value", "this number is not finite", e.span)
         return value
+
+    def operand(self, e) -> float:
+        """A scalar that reaches the model (a factor, a target, an angle, a threshold): it must fit float32."""
+        value = self.scalar(e)
+        self.fits_float32(value, e.span, "this number")
+        return value
+
+    def fits_float32(self, value: float, span, what: str) -> None:
+        if abs(value) > FLOAT32_MAX:
+            self.fail(
+                "invalid-value",
+                f"{what}, {value:.6g}, does not fit float32 (largest {FLOAT32_MAX:.6g})",
+                span,
+                help="steering values are float32 on every target, as the model's activations are",
+            )
 
     def _scalar(self, e) -> float:
         if isinstance(e, ir.Number):

@@ -6,6 +6,7 @@ import numpy as np
 
 from steerc.ir import nodes as ir
 from steerc.ir.values import PerLayer
+from steerc.limits import FLOAT32_MAX
 from steerc.passes import types as ty
 from steerc.passes.loading import load_vector
 
@@ -18,17 +19,25 @@ class VectorFolder:
 
 
     def vector(self, e):
-        """A folded vector: a float64 array, or a PerLayer bank."""
+        """A folded vector: a float64 array, or a PerLayer bank.
+
+        Each new array is paid for (``CheckContext.spend``) before it is made.
+        """
+        spend = self.ev.ctx.spend
         if isinstance(e, ir.Name):
             return self.ev._lookup(e)
         if isinstance(e, ir.VectorLit):
-            return np.array([self.ev.scalar(i) for i in e.items], dtype=np.float64)
+            spend(len(e.items), e.span)
+            return np.array([self.ev.operand(i) for i in e.items], dtype=np.float64)
         if isinstance(e, ir.Neg):
-            return _map(self.vector(e.operand), np.negative)
+            v = self.vector(e.operand)
+            spend(_size(v), e.span)
+            return _map(v, np.negative)
         if isinstance(e, ir.Call):
             if e.func == "load":
                 return load_vector(self.ev.ctx, e)
             v = self.vector(e.args[0])
+            spend(_size(v), e.span)
             return _map(v, lambda r: self._normalized(r, e.span))
         return self._binop(e)
 
@@ -44,15 +53,32 @@ class VectorFolder:
         if lt == ty.SCALAR or rt == ty.SCALAR:
             vec = self.vector(e.right if lt == ty.SCALAR else e.left)
             s = self.ev.scalar(e.left if lt == ty.SCALAR else e.right)
-            if e.op == "*":
-                return _map(vec, lambda r: r * s)
-            if s == 0:
+            self.ev.ctx.spend(_size(vec), e.span)
+            if s == 0 and e.op == "/":
                 self.ev.fail("invalid-value", "division by zero", e.right.span)
-            return _map(vec, lambda r: r / s)
+            with np.errstate(over="ignore", invalid="ignore"):
+                scaled = _map(vec, (lambda r: r * s) if e.op == "*" else (lambda r: r / s))
+            return self._in_range(scaled, e.span)
         a, b = self.vector(e.left), self.vector(e.right)
         self.same_width((a, b), e.span, "vectors added or subtracted")
+        self.ev.ctx.spend(max(_size(a), _size(b)), e.span)
         fn = np.add if e.op == "+" else np.subtract
-        return _combine(a, b, fn)
+        return self._in_range(_combine(a, b, fn), e.span)
+
+    def _in_range(self, v, span):
+        """``v``, once every entry is known to fit float32 (what steering vectors are stored as)."""
+        for row in _rows(v):
+            with np.errstate(invalid="ignore"):
+                big = float(np.max(np.abs(row), initial=0.0))
+            if not big <= FLOAT32_MAX:  # also catches NaN
+                self.ev.fail(
+                    "invalid-value",
+                    f"this vector has an entry of magnitude {big:.6g}, which does not fit float32 "
+                    f"(largest {FLOAT32_MAX:.6g})",
+                    span,
+                    help="steering vectors are float32 on every target; scale it down",
+                )
+        return v
 
     def direction(self, e):
         """A vector used as a direction: it must not be zero."""
@@ -96,6 +122,11 @@ def _paired_rows(a, b):
             yield (a.rows[i] if isinstance(a, PerLayer) else a), (b.rows[i] if isinstance(b, PerLayer) else b)
     else:
         yield a, b
+
+
+def _size(v) -> int:
+    """How many entries a folded value holds."""
+    return sum(int(r.size) for r in v.rows.values()) if isinstance(v, PerLayer) else int(v.size)
 
 
 def _width(v) -> int | None:

@@ -15,6 +15,7 @@ from steerc.diagnostics import Note
 from steerc.facts import ModelFacts
 from steerc.ir import checked as ck
 from steerc.ir.values import PerLayer
+from steerc.limits import MAX_EXPANDED_SITES, MAX_VALUES
 from steerc.passes import causality
 from steerc.passes.context import CheckContext
 from steerc.passes.fold import report_missing_row
@@ -33,9 +34,33 @@ def run(ctx: CheckContext) -> None:
         layers = site_layers(ctx, probe.site, facts)
         _fits(ctx, probe.readout.vectors, probe.readout.spans, probe.site, layers, facts,
               probe.read_span or probe.span)
+    expanded = values = 0
     for iv in program.interventions:
         layers = site_layers(ctx, iv.site, facts)
         _fits(ctx, iv.op.vectors, iv.op.operand_spans, iv.site, layers, facts, iv.op.span)
+        heads = len(expand(iv.site.heads, facts.heads).indices) if iv.site.heads is not None else 1
+        sites = len(layers) * heads
+        expanded += sites
+        values += sites * sum(_width(v) or 0 for v in iv.op.vectors)
+        if values > MAX_VALUES:
+            ctx.error(
+                "limit-exceeded",
+                f"with this intervention the plan holds more than {MAX_VALUES:,} vector entries (each site "
+                "it reaches takes a copy of its vectors), the most steerc compiles",
+                iv.site.span,
+                help="narrow the selectors, or split the program",
+            )
+            return
+        if expanded > MAX_EXPANDED_SITES:
+            ctx.error(
+                "limit-exceeded",
+                f"with this intervention the program steers more than {MAX_EXPANDED_SITES:,} sites of the model "
+                f"(each layer and head a selector reaches counts), the most steerc compiles",
+                iv.site.span,
+                help="narrow the selectors (`head[*, *]` on this model alone is "
+                f"{facts.layers * facts.heads:,} sites), or split the program",
+            )
+            return
     # Pairs of sites named outright were checked without a model; check the rest now.
     causality.checked(ctx, lambda p: expand(p.layers, facts.layers).indices, only_dynamic=True)
 
@@ -63,13 +88,17 @@ def site_layers(ctx: CheckContext, site: ck.SitePattern, facts: ModelFacts) -> t
     return exp.indices
 
 
+def _width(vec) -> int | None:
+    return vec.width if isinstance(vec, PerLayer) else int(vec.shape[0])
+
+
 def _fits(ctx: CheckContext, vectors, spans, site: ck.SitePattern, layers, facts: ModelFacts, line_span) -> None:
     """Each vector has the width of the site; one error per width that does not fit, naming the vectors."""
     want = facts.width(site.kind)
     spans = tuple(spans) + (None,) * (len(vectors) - len(spans))
     wrong: dict[int, list] = {}
     for vec, span in zip(vectors, spans):
-        width = vec.width if isinstance(vec, PerLayer) else int(vec.shape[0])
+        width = _width(vec)
         if width is not None and width != want:
             wrong.setdefault(width, []).append(span)
             continue

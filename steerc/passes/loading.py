@@ -13,7 +13,8 @@ import numpy as np
 
 from steerc.ir import nodes as ir
 from steerc.ir.values import PerLayer
-from steerc.passes.context import CheckContext, Fault, did_you_mean
+from steerc.limits import MAX_HIDDEN, MAX_LAYERS
+from steerc.passes.context import CheckContext, Fault
 from steerc.passes.files import resolve_path
 from steerc.vectorio import FORMATS, VectorFile, VectorFileError, open_vector_file
 
@@ -49,6 +50,8 @@ def load_vector(ctx: CheckContext, call: ir.Call):
             return _bank(ctx, f, key, where, path)
         name = _pick(ctx, f, key, where, path)
         info = f.tensors[name]
+        if len(info.shape) == 1:
+            _width_ok(ctx, info.shape[0], name or path.value, where)
         if len(info.shape) != 1:
             ctx.error(
                 "shape-mismatch",
@@ -59,14 +62,14 @@ def load_vector(ctx: CheckContext, call: ir.Call):
                 else None,
             )
             raise Fault
-        return f.read(name).astype(np.float64)
+        return _read(ctx, f, name, where)
     except VectorFileError as exc:
         ctx.error(exc.code, exc.message, where, help=exc.help)
         raise Fault from None
 
 
 def _pick(ctx: CheckContext, f: VectorFile, key: str | None, where, path: ir.Str) -> str:
-    names = sorted(f.tensors)
+    names = f.names
     if f.kind == "npy":
         if key is not None:
             ctx.error(
@@ -92,7 +95,7 @@ def _pick(ctx: CheckContext, f: VectorFile, key: str | None, where, path: ir.Str
             "missing-key",
             f"no tensor `{key}` in `{path.value}`",
             where,
-            help=did_you_mean(key, names) or f"keys: {_listing(names)}",
+            help=ctx.suggest(key, lambda: names) or f"keys: {_listing(names)}",
         )
         raise Fault
     return key
@@ -110,35 +113,69 @@ def _bank(ctx: CheckContext, f: VectorFile, key: str | None, where, path: ir.Str
                 where,
             )
             raise Fault
-        data = f.read(name).astype(np.float64)
-        return PerLayer({i: data[i] for i in range(data.shape[0])}, data.shape[0], label)
+        rows, width = info.shape
+        most = _most_rows(ctx)
+        if rows > most:  # before anything is read or allocated
+            limit = (f", but the model has {most} layers" if ctx.facts is not None
+                     else f"; no model steerc reads has more than {most:,} layers")
+            ctx.error(
+                "shape-mismatch",
+                f"`{label}` has {rows:,} rows{limit}",
+                where,
+                help="a per-layer bank has one row per layer of the model it is made for",
+            )
+            raise Fault
+        _width_ok(ctx, width, label, where)
+        data = _read(ctx, f, name, where)
+        return PerLayer(f.memo(("bank", name), lambda: {i: data[i] for i in range(rows)}), rows, label)
     if key is None:
         ctx.error(
             "missing-key",
             f"`{path.value}` holds {len(f.tensors)} tensors and no single [layers, width] bank; say which with `key=`",
             where,
-            help=f"keys: {_listing(sorted(f.tensors))}",
+            help=f"keys: {_listing(f.names)}",
         )
         raise Fault
-    prefix = f"{key}."
-    rows = {}
-    for tensor_name in f.tensors:
-        suffix = tensor_name[len(prefix):]
-        if tensor_name.startswith(prefix) and suffix.isdigit():
-            rows[int(suffix)] = tensor_name
+    most = _most_rows(ctx)
+    # Only rows a model can have: `<key>.<i>` with i a layer index below the bound.
+    rows = {i: n for i, n in f.rows(key).items() if i < most}
     if not rows:
         ctx.error(
             "missing-key",
             f"no tensor `{key}` and no per-layer keys `{key}.0`, `{key}.1`, ... in `{path.value}`",
             where,
-            help=did_you_mean(key or "", sorted(f.tensors)) or f"keys: {_listing(sorted(f.tensors))}",
+            help=ctx.suggest(key or "", lambda: f.names) or f"keys: {_listing(f.names)}",
         )
         raise Fault
     widths = {f.tensors[n].shape for n in rows.values()}
     if len(widths) != 1 or len(next(iter(widths))) != 1:
         ctx.error("shape-mismatch", f"the rows `{key}.<i>` are not vectors of one length", where)
         raise Fault
-    return PerLayer({i: f.read(n).astype(np.float64) for i, n in sorted(rows.items())}, None, label)
+    _width_ok(ctx, next(iter(widths))[0], f"{key}.<i>", where)
+    # Rows are shared by every load of this bank (folded values are never changed in place).
+    return PerLayer(f.memo(("rows", key, most), lambda: {i: _read(ctx, f, n, where) for i, n in sorted(rows.items())}),
+                    None, label)
+
+
+def _read(ctx: CheckContext, f: VectorFile, name: str, where) -> np.ndarray:
+    """A tensor as float64, read once per file and paid for once (see MAX_VALUES)."""
+    return f.read64(name, before=lambda count: ctx.spend(count, where))
+
+
+def _most_rows(ctx: CheckContext) -> int:
+    """How many rows a bank may have: the model's layers, or any model's without one."""
+    return ctx.facts.layers if ctx.facts is not None else MAX_LAYERS
+
+
+def _width_ok(ctx: CheckContext, width: int, label: str, where) -> None:
+    if width > MAX_HIDDEN:
+        ctx.error(
+            "shape-mismatch",
+            f"`{label}` has {width:,} entries; no model steerc reads is wider than {MAX_HIDDEN:,}",
+            where,
+            help="steering vectors must be made for the model (as wide as its hidden size)",
+        )
+        raise Fault
 
 
 def _listing(names) -> str:

@@ -111,13 +111,13 @@ def _resolve(ctx: CheckContext, node: ir.Name, order: int, declared, stmt, in_ga
             else "a declaration cannot use the name it declares",
         )
         return
-    visible = [n for n, (o, s) in declared.items() if o < order
-               and (in_gate is None or isinstance(s, (ir.ProbeDecl, ir.ParamDecl)))]
     ctx.error(
         "undefined-name",
         f"undefined name `{node.id}`",
         node.span,
-        help=did_you_mean(node.id, visible) or _declare_hint(node.id, in_gate),
+        help=ctx.suggest(node.id, lambda: [n for n, (o, s) in declared.items() if o < order
+                                           and (in_gate is None or isinstance(s, (ir.ProbeDecl, ir.ParamDecl)))])
+        or _declare_hint(node.id, in_gate),
     )
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 from steerc.diagnostics import Note
 from steerc.ir import nodes as ir
 from steerc.ir.checked import SITE_KINDS
+from steerc.limits import MAX_HEADS, MAX_LAYERS, MAX_POSITION
 from steerc.passes.context import CheckContext, did_you_mean, one_of
 
 name = "structure"
@@ -153,6 +154,8 @@ def _intervention(ctx: CheckContext, iv: ir.InterventionDecl) -> None:
 
 
 def _scope(ctx: CheckContext, scope) -> None:
+    if not _positions_in_range(ctx, scope):
+        return
     if isinstance(scope, ir.ScopePositions):
         for p in scope.positions:
             if p < 0:
@@ -177,6 +180,25 @@ def _scope(ctx: CheckContext, scope) -> None:
                 scope.span,
                 help="use `generated[a:b]` with a, b >= 0, or `prompt[-k:]` for the end of the prompt",
             )
+
+
+def _positions_in_range(ctx: CheckContext, scope) -> bool:
+    if isinstance(scope, ir.ScopePositions):
+        values = scope.positions
+    elif isinstance(scope, (ir.ScopePrompt, ir.ScopeGenerated)) and scope.sel is not None:
+        sel = scope.sel
+        values = (sel.index,) if isinstance(sel, ir.PosIndex) else (sel.start, sel.stop)
+    else:
+        return True
+    for p in values:
+        if p is not None and abs(p) > MAX_POSITION:
+            ctx.error(
+                "invalid-value",
+                f"position {p} is beyond any sequence: positions run up to {MAX_POSITION:,}",
+                scope.span,
+            )
+            return False
+    return True
 
 
 # --------------------------------------------------------------------- sites
@@ -227,10 +249,18 @@ def _sel_text(atom) -> str:
 
 
 def _percent_ok(ctx: CheckContext, atom, code: str = "layer-out-of-range") -> bool:
+    """Percentages up to 100%, indices within what any model steerc reads can have."""
     bounds = (atom.start, atom.stop) if isinstance(atom, ir.SelSlice) else (atom,)
+    layers = code == "layer-out-of-range"
+    noun, most, plural = ("layer", MAX_LAYERS, "layers") if layers else ("head", MAX_HEADS, "attention heads")
     for b in bounds:
         if isinstance(b, ir.SelPercent) and b.percent > 100:
             ctx.error(code, f"{b.text} is more than 100%", b.span)
+            return False
+        if isinstance(b, ir.SelIndex) and abs(b.index) > most:
+            ctx.error(code, f"{noun} {b.index} does not exist in any model steerc reads (at most {most:,} {plural})",
+                      b.span,
+                      help="use -1 for the last one, or a percentage such as 50% to stay portable")
             return False
     return True
 

@@ -1,0 +1,172 @@
+"""Every resource limit of the compiler, in one place.
+
+steerc reads programs, model configs, facts files, vector files and plans
+written by people and by other programs, some of them hostile. Each input
+is bounded before work proportional to it starts, so that no input runs
+unbounded or exhausts memory, and the recursive passes (the checker, the
+formatter, the IR and plan writers) stay well inside Python's stack. A
+limit that is hit is a diagnostic (``limit-exceeded``, or the code of the
+check that owns the value: ``layer-out-of-range``, ``invalid-value``,
+``shape-mismatch``), never a traceback.
+
+``spec/limits.md`` documents each limit; its table is generated from
+:data:`LIMITS` below (``python tests/test_spec.py --write``).
+
+>>> MAX_NESTING
+64
+>>> LIMITS["MAX_LAYERS"].value == MAX_LAYERS
+True
+"""
+
+from __future__ import annotations
+
+from attrs import frozen
+
+# ------------------------------------------------------------------ programs
+
+MAX_SOURCE_BYTES = 2 * 1024 * 1024
+MAX_NESTING = 64
+MAX_NUMBER_CHARS = 100
+MAX_NAME_CHARS = 256
+MAX_STRING_CHARS = 64 * 1024
+MAX_LIST_ITEMS = 65_536
+MAX_PATH_CHARS = 4096
+MAX_POSITION = 2**31 - 1
+MAX_EXPANDED_SITES = 65_536
+MAX_VALUES = 32 * 1024 * 1024
+FLOAT32_MAX = 3.4028234663852886e38  # numpy.finfo(numpy.float32).max
+
+# -------------------------------------------------------------------- models
+
+MAX_LAYERS = 1024
+MAX_HEADS = 1024
+MAX_HEAD_DIM = 4096
+MAX_HIDDEN = 65_536
+MAX_INTERMEDIATE = 1024 * 1024
+MAX_VOCAB = 16 * 1024 * 1024
+
+# ------------------------------------------------------------- other inputs
+
+MAX_JSON_BYTES = 16 * 1024 * 1024
+MAX_IR_JSON_BYTES = 32 * MAX_SOURCE_BYTES
+MAX_JSON_DEPTH = 200
+MAX_JSON_INT_DIGITS = 100
+MAX_SAFETENSORS_HEADER = 100 * 1024 * 1024
+
+# ------------------------------------------------------------------- output
+
+MAX_ECHO_COLUMNS = 120
+MAX_MESSAGE_CHARS = 600
+MAX_REPEATS = 50
+MAX_SUGGESTION_CANDIDATES = 1000
+
+
+@frozen
+class Limit:
+    name: str
+    value: float
+    unit: str
+    what: str
+    why: str
+
+
+def _table(*rows: tuple[str, str, str, str]) -> dict[str, Limit]:
+    return {name: Limit(name, globals()[name], unit, what, why) for name, unit, what, why in rows}
+
+
+LIMITS: dict[str, Limit] = _table(
+    ("MAX_SOURCE_BYTES", "bytes",
+     "the size of a program (UTF-8), and of a file read by `constrain ... from`",
+     ("checking takes time and memory in the text's length (a few seconds per MiB); "
+      "2 MiB holds some 20,000 interventions")),
+    ("MAX_NESTING", "levels",
+     ("how deeply expressions and conditions nest: each binary operator, unary `-`, call, vector literal, "
+      "comparison, `and`, `or` and `not` opens a level (parentheses do not)"),
+     ("the checker, `fmt` and the IR writer walk expressions recursively; 64 levels keep them well inside "
+      "Python's stack (a chain `a + b + c + ...` nests one level per operator)")),
+    ("MAX_NUMBER_CHARS", "characters",
+     "the length of one number literal (digits, point, exponent)",
+     "a float64 has 17 significant digits; longer literals only cost time to convert"),
+    ("MAX_NAME_CHARS", "characters", "the length of one name", "names are echoed in messages"),
+    ("MAX_STRING_CHARS", "characters",
+     "the length of one string literal (a path, a key, an `after` text, an inline constraint)",
+     "long schemas and grammars belong in a file named by `constrain ... from`"),
+    ("MAX_LIST_ITEMS", "items",
+     ("the items of one list: a vector literal, call arguments, a selector, a choice list, a position list, "
+      "the scopes of a `tokens` line, the directions of `ablate`"),
+     "no model is wider than MAX_HIDDEN; each item costs parsing time"),
+    ("MAX_PATH_CHARS", "characters", "the length of a path in `load` or `constrain ... from`",
+     "PATH_MAX on Linux; resolving a path takes time in its length"),
+    ("MAX_POSITION", "", "the largest absolute token position or position offset in a scope",
+     "positions travel as 32-bit integers to the runtimes"),
+    ("MAX_EXPANDED_SITES", "sites",
+     ("with a model, the (site, operation) pairs a program expands to: each intervention counts the layers "
+      "(times the heads) it reaches"),
+     "the plan holds one kernel per pair; 65,536 compile in seconds"),
+    ("MAX_VALUES", "values",
+     ("the vector entries a check computes (each folded vector, each loaded tensor once), and, with a model, "
+      "the tensor entries of the plan (each site's kernels count their vectors' widths)"),
+     ("memory: a short program can fold a wide vector thousands of times, or steer every layer with it; "
+      "this is 256 MiB of float64")),
+    ("FLOAT32_MAX", "",
+     ("the largest magnitude of a value that reaches the model: vector entries, scale factors, clamp targets, "
+      "angles, gate thresholds, probe biases"),
+     "steering tensors and activations are float32; a larger value would be infinite there"),
+    ("MAX_LAYERS", "layers", "the layers of a model; also bounds layer indices and per-layer banks",
+     "the largest models have about 130 layers"),
+    ("MAX_HEADS", "heads", "attention heads (and key-value heads) per layer; also bounds head indices",
+     "the largest models have 128"),
+    ("MAX_HEAD_DIM", "", "the width of one attention head", "the largest models use 256"),
+    ("MAX_HIDDEN", "",
+     "the hidden size, the width of all heads together (`heads * head_dim`), and the length of a steering vector",
+     "the largest models have hidden sizes near 20,000"),
+    ("MAX_INTERMEDIATE", "", "the MLP's intermediate size", "the largest models use under 100,000"),
+    ("MAX_VOCAB", "tokens", "the vocabulary size", "the largest vocabularies have about 260,000 tokens"),
+    ("MAX_JSON_BYTES", "bytes", "a `config.json`, a facts JSON, or a serve plan",
+     "configs and plans are a few kilobytes"),
+    ("MAX_IR_JSON_BYTES", "bytes", "the IR JSON read back by `steerc.ir.serialize.loads`",
+     "the IR JSON of a program is up to about 20 times its text"),
+    ("MAX_JSON_DEPTH", "levels", "how deeply arrays and objects nest in any JSON steerc reads",
+     "readers of JSON walk it recursively; the IR JSON of the deepest program stays below this"),
+    ("MAX_JSON_INT_DIGITS", "digits", "the digits of one integer in JSON",
+     "no fact or field needs more; converting huge integers takes quadratic time"),
+    ("MAX_SAFETENSORS_HEADER", "bytes", "the JSON header of a safetensors file",
+     "the limit the safetensors format itself sets"),
+    ("MAX_ECHO_COLUMNS", "columns", "how much of a source line a diagnostic shows around its caret",
+     "a diagnostic on a very long line shows a window of it, marked with `...`"),
+    ("MAX_MESSAGE_CHARS", "characters", "the length of a diagnostic's message, help line or note",
+     "messages quote names, keys and paths, which can be long"),
+    ("MAX_REPEATS", "diagnostics",
+     ("diagnostics shown per code (the last one shown says how many more were left out); also the "
+      "`did you mean` searches among a program's names or a file's keys in one check"),
+     "a generated program can repeat one mistake thousands of times; each search costs time in the names"),
+    ("MAX_SUGGESTION_CANDIDATES", "names", "the candidates a `did you mean` suggestion is chosen among",
+     ("each comparison costs time; among more, only names of about the same length and the same first "
+      "letter are compared")),
+)
+
+
+def human(n: float, unit: str = "") -> str:
+    """A limit as people read it: ``2 MiB`` for sizes in bytes, ``65,536`` otherwise.
+
+    >>> human(2 * 1024 * 1024, "bytes"), human(65_536), human(FLOAT32_MAX)
+    ('2 MiB', '65,536', '3.4028235e+38')
+    """
+    if isinstance(n, float):
+        return f"{n:.8g}"
+    if unit == "bytes":
+        for size, name in ((1024**3, "GiB"), (1024**2, "MiB"), (1024, "KiB")):
+            if n >= size and n % size == 0:
+                return f"{n // size} {name}"
+    return f"{n:,}"
+
+
+def render_table() -> str:
+    """The table of ``spec/limits.md``."""
+    out = ["| limit | value | what it bounds | why |", "|---|---:|---|---|"]
+    for lim in LIMITS.values():
+        value = human(lim.value, lim.unit)
+        if lim.unit and lim.unit != "bytes":
+            value = f"{value} {lim.unit}"
+        out.append(f"| `{lim.name}` | {value} | {lim.what} | {lim.why} |")
+    return "\n".join(out) + "\n"
