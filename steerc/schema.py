@@ -88,7 +88,7 @@ def _check(value, schema, field: str, root: dict, depth: int) -> None:  # noqa: 
                 errors.append(exc)
         if passed != 1:
             if passed == 0:
-                raise max(errors, key=lambda e: (e.depth, len(e.field)))
+                raise max(errors, key=_rank)
             _fail(field, "matches more than one form", depth)
     if "type" in schema:
         types = schema["type"] if isinstance(schema["type"], list) else [schema["type"]]
@@ -148,6 +148,13 @@ def _check(value, schema, field: str, root: dict, depth: int) -> None:  # noqa: 
         elif isinstance(schema.get("items"), dict):
             for i, item in enumerate(value[len(prefix):], start=len(prefix)):
                 _check(item, schema["items"], f"{field}[{i}]", root, depth + 1)
+
+
+def _rank(err: SchemaError) -> tuple:
+    """Which failing ``oneOf`` branch to report: the one that matched deepest, and there a wrong value
+    over a missing or unknown key (the branch whose shape the document has)."""
+    structural = err.message in ("missing", "unknown key") or err.message.startswith("expected")
+    return err.depth, not structural, len(err.field)
 
 
 def _short(value) -> str:

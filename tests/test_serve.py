@@ -173,8 +173,10 @@ FAULTS = {
     "width 65, rehashed": ("op.bias", lambda d, a: _swap_artifact(d, a, [0.5] * 65)),
     "scope index 10**30": ("scope", lambda d, a: _first_kernel(d)["scope"].__setitem__(
         0, {"kind": "generated", "start": 10 ** 30, "stop": None})),
-    "NaN threshold": ("threshold", lambda d, a: _first_kernel(d)["gate"].__setitem__("threshold", float("nan"))),
-    "NaN scale": ("scale", lambda d, a: _first_kernel(d)["op"].__setitem__("scale", {"value": float("inf")})),
+    # NaN and Infinity are not JSON: the reader refuses them before the schema sees a field
+    "NaN threshold": ("NaN", lambda d, a: _first_kernel(d)["gate"]["all"][0].__setitem__("threshold",
+                                                                                        float("nan"))),
+    "NaN scale": ("Infinity", lambda d, a: _first_kernel(d)["op"].__setitem__("scale", {"value": float("inf")})),
     "layer 999": ("layer", lambda d, a: (d["sites"][0]["site"].__setitem__("layer", 999), _resalted(d))),
     "head 99": ("head", lambda d, a: d["sites"][0]["site"].update(kind="head", head=99)),
     "unknown key": ("surprise", lambda d, a: d.__setitem__("surprise", True)),
@@ -182,7 +184,8 @@ FAULTS = {
     "stale cache salt": ("cache_salt", lambda d, a: d.__setitem__("cache_salt", "steerc-" + "0" * 32)),
     "unused artifact listed": ("artifacts", lambda d, a: (d["artifacts"].append("f" * 64),
                                                          d["artifacts"].sort())),
-    "gate on an unknown probe": ("probe", lambda d, a: _first_kernel(d)["gate"].__setitem__("probe", "nope")),
+    "gate on an unknown probe": ("no probe named 'nope'", lambda d, a: _first_kernel(d)["gate"]["all"][0]
+                                 .__setitem__("probe", "nope")),
     "after scope": ("scope", lambda d, a: _first_kernel(d)["scope"].__setitem__(0, {"kind": "after", "text": "x"})),
     "huge layer number": ("layer", lambda d, a: d["sites"][0]["site"].__setitem__("layer", 10 ** 30)),
 }
@@ -215,6 +218,20 @@ def test_admission_refuses_what_the_worker_could_not_run(facts, tmp_path, fault)
     with pytest.raises(RequestError) as err:
         admit(args, facts, salt=None)
     assert field in str(err.value), str(err.value)
+
+
+@pytest.mark.parametrize("where, value", [("threshold", float("nan")), ("scale", float("inf"))])
+def test_non_finite_numbers_in_a_decoded_plan_are_refused_at_their_field(facts, tmp_path, where, value):
+    from steerc.targets.serve.admission import RequestError, check_document
+
+    doc, arts = _admission_inputs(facts, tmp_path)
+    if where == "threshold":
+        _first_kernel(doc)["gate"]["all"][0]["threshold"] = value
+    else:
+        _first_kernel(doc)["op"]["scale"] = {"value": value}
+    with pytest.raises(RequestError) as err:
+        check_document(doc, facts, arts)
+    assert where in err.value.field and "finite" in str(err.value)
 
 
 def test_admission_refuses_a_stored_artifact_tampered_on_disk(facts, tmp_path):

@@ -57,7 +57,10 @@ def schema() -> dict:
 
 
 def decode_json(field: str, value, limit: int):
-    """A JSON value from a request field (a string, or already decoded), bounded in size and depth."""
+    """A JSON value from a request field (a string, or already decoded), bounded in size and depth
+    (steerc's one JSON reader, :mod:`steerc.jsonio`: no NaN, no huge integers, no lone surrogates)."""
+    from steerc.jsonio import JSONError, loads
+
     if isinstance(value, (bytes, bytearray)):
         value = bytes(value).decode("utf-8", errors="replace")
     if not isinstance(value, str):
@@ -65,11 +68,9 @@ def decode_json(field: str, value, limit: int):
     if len(value) > limit:
         raise RequestError(field, f"{len(value)} characters is over the {limit}-character cap")
     try:
-        return json.loads(value)
-    except RecursionError:
-        raise RequestError(field, "nested too deeply") from None
-    except ValueError as exc:
-        raise RequestError(field, f"not JSON ({exc})") from None
+        return loads(value, max_bytes=4 * limit)
+    except JSONError as exc:
+        raise RequestError(field, f"not JSON steerc reads ({exc})") from None
 
 
 def inline_artifacts(extra: dict) -> dict[str, bytes]:
