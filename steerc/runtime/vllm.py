@@ -452,7 +452,9 @@ def load(model: str, plan, *, hmac_key_file: str | None = None, **engine_kwargs)
     loader delegates to. With ``hmac_key_file``, the workers accept only plans
     signed with that key (this one, and every later ``swap``). Prefix caching is on only for plans it cannot
     change (see :func:`prefix_cache_safe`); FULL CUDA graphs become
-    PIECEWISE (full graphs replay without the step metadata steerc writes).
+    PIECEWISE (full graphs replay without the step metadata steerc writes);
+    JSON-schema constraints come out compact (``structured_outputs_config``
+    ``disable_any_whitespace``, which vLLM's xgrammar backend reads per engine).
     """
     vllm = _vllm()
     register_loader()
@@ -467,6 +469,8 @@ def load(model: str, plan, *, hmac_key_file: str | None = None, **engine_kwargs)
     engine_kwargs.setdefault("enable_prefix_caching", safe)
     if not engine_kwargs.get("enforce_eager") and "compilation_config" not in engine_kwargs and _has_cuda():
         engine_kwargs["compilation_config"] = {"cudagraph_mode": "PIECEWISE"}
+    # JSON comes out compact on every backend; vLLM's xgrammar backend reads this per engine, not per request.
+    engine_kwargs.setdefault("structured_outputs_config", {"backend": "xgrammar", "disable_any_whitespace": True})
     extra = dict(engine_kwargs.pop("additional_config", None) or {})
     extra[CONFIG_KEY] = {"mode": "plan", "plan": plan_file(data), "boot_sha256": boot_sha256(obj["boot"]),
                          "load_format": engine_kwargs.pop("load_format", "auto")}

@@ -47,7 +47,15 @@ PROGRAMS = {
     "c": ('steer 1\nvector v = load("a.npy")\n'
           "intervention x {\n  at resid_post[4:8]\n  add 1.5 * v\n  tokens generated\n}\n"
           'constrain regex "[a-z ]{1,30}[.]"\n'),
+    "d": ('steer 1\nvector v = load("a.npy")\n'
+          "intervention x {\n  at resid_post[4:8]\n  add 1.5 * v\n  tokens generated\n}\n"
+          'constrain json_schema from "answer.json"\n'),
+    "e": ('steer 1\nvector v = load("a.npy")\n'
+          "intervention x {\n  at resid_post[4:8]\n  add 1.5 * v\n  tokens generated\n}\n"
+          'constrain choice ["yes", "no", "maybe"]\n'),
 }
+ANSWER = {"type": "object", "properties": {"answer": {"type": "string", "maxLength": 24}}, "required": ["answer"],
+          "additionalProperties": False}
 
 
 @pytest.fixture(scope="module")
@@ -61,6 +69,7 @@ def root(tmp_path_factory):
     np.save(path / "a.npy", _vec(1))
     np.save(path / "b.npy", _vec(2))
     np.save(path / "h.npy", _vec(3, 64))
+    (path / "answer.json").write_text(json.dumps(ANSWER))
     (path / "steer.toml").write_text("")
     return path
 
@@ -245,6 +254,16 @@ def test_cache_salt_keeps_prefixes_apart(server, folder, compiled, prompts):
     assert_hf_tokens(folder, compiled["b"][0], long, b1, "plan b after a cached plain prefix")
     assert_hf_tokens(folder, None, long, tokens_of(plain2), "plain after plan b's prefix")
     assert_hf_tokens(folder, compiled["a"][0], long, a1, "plan a after plan b's cached prefix")
+
+
+@pytest.mark.parametrize("name, check", [
+    ("d", lambda t: __import__("jsonschema").validate(json.loads(t), ANSWER) is None),
+    ("e", lambda t: t in ("yes", "no", "maybe")),
+])
+def test_json_schema_and_choice_constraints_with_steering(server, compiled, prompts, name, check):
+    code, reply = completion(server, prompts[2], fields_of(compiled[name][1]), new=40, ignore_eos=False)
+    assert code == 200, reply
+    assert check(reply["choices"][0]["text"]), reply["choices"][0]["text"]
 
 
 def test_constraint_and_steering_together(server, folder, compiled, prompts):

@@ -147,15 +147,24 @@ def test_update_in_place_changes_values_only(engine, folder):
     compare(hf_run(folder, stronger), engine.run(), what="still s=7 after a refused update")
 
 
-def _mutate(data: bytes, fn) -> bytes:
-    from steerc.targets.vllm.wire import pack, unpack
+def _mutate(data: bytes, fn, reseal: bool = True) -> bytes:
+    """The plan with one thing broken, re-sealed (so the check under test is the one that fires)."""
+    from steerc.targets.vllm.wire import pack, seal, unpack
 
     obj = unpack(data)
     fn(obj)
-    return pack(obj)
+    return pack(seal(obj) if reseal else obj)
 
 
 BIAS = "resid_post_1.k0.bias"
+
+
+def _as_for_another_model(obj) -> None:
+    """Header facts of another model (a larger vocabulary), consistently fingerprinted."""
+    from steerc.facts import ModelFacts
+
+    obj["header"]["facts"]["vocab"] = 1000
+    obj["header"]["facts_fingerprint"] = ModelFacts(**obj["header"]["facts"]).fingerprint
 BAD = {
     "unknown top-level key": (lambda o: o.__setitem__("extra", 1), "plan.extra"),
     "version": (lambda o: o.__setitem__("format", "steerc.vllm/9"), "plan.format"),
@@ -166,10 +175,11 @@ BAD = {
     "wrong dtype": (lambda o: o["state"]["tensors"][BIAS].__setitem__("dtype", "float16"), f"{BIAS}.dtype"),
     "unknown tensor": (lambda o: o["state"]["tensors"].__setitem__("evil", o["state"]["tensors"][BIAS]),
                        "plan.state.tensors.evil"),
-    "another model": (lambda o: o["header"].__setitem__("facts_fingerprint", "0" * 64),
-                      "plan.header.facts_fingerprint"),
+    "another model": (lambda o: _as_for_another_model(o), "plan.header.facts_fingerprint"),
     "changed structure": (lambda o: o["boot"]["hooks"][0].__setitem__("module", "model.layers.2"),
                           "plan.header.boot_sha256"),
+    "edited, not re-sealed": (lambda o: o["header"].__setitem__("source_name", "other.steer"),
+                              "plan.header.content_sha256"),
 }
 
 
@@ -185,7 +195,7 @@ def test_bad_payloads_are_refused_and_the_engine_keeps_steering(engine, folder, 
     engine.install(data)
     mutate, field = BAD[case]
     with pytest.raises(Exception) as err:
-        engine.rpc("steerc_update", _mutate(data, mutate))
+        engine.rpc("steerc_update", _mutate(data, mutate, reseal="re-sealed" not in case))
     assert field in str(err.value)
     compare(hf_run(folder, plan), engine.run(), what=f"after a refused payload ({case})")
 
