@@ -32,7 +32,7 @@ from steerc.ir import nodes as ir
 KEYWORDS = frozenset(
     """steer model param vector probe intervention constrain at read pool tokens when preserve norm
     add scale set suppress ablate clamp rotate in to by all prompt generated after and or not true false
-    cosine projected_cosine dot json_schema regex grammar choice from deg load normalize""".split()
+    cosine projected_cosine subspace_cosine dot json_schema regex grammar choice from deg load normalize""".split()
 )
 SITES = ("resid_pre", "resid_post", "attn_out", "mlp_out")
 WIDTH = 4  # the width of every vector these programs build
@@ -311,6 +311,7 @@ OPERATIONS = st.sampled_from(sorted(OPERATION_KINDS)).flatmap(OPERATION_KINDS.__
 READOUT_KINDS = {
     "cosine": _vec1.map(ir.Cosine),
     "projected_cosine": st.lists(_vec1, min_size=1, max_size=3).map(lambda xs: ir.ProjectedCosine(tuple(xs))),
+    "subspace_cosine": st.lists(_vec1, min_size=1, max_size=3).map(lambda xs: ir.SubspaceCosine(tuple(xs))),
     "dot": st.builds(ir.Dot, _vec1,
                      st.lists(st.builds(ir.Offset, st.sampled_from("+-"), SCALAR[1]), max_size=2).map(tuple)),
     "norm": st.builds(ir.Norm),
@@ -449,7 +450,7 @@ _INTERESTING = [
     "steer", "model", "param", "vector", "probe", "intervention", "constrain", "at", "read", "pool",
     "tokens", "when", "preserve norm", "add", "scale", "set", "suppress", "ablate", "clamp", "to", "rotate in",
     "by", "all", "prompt", "generated", "after", "and", "or", "not", "true", "false", "load", "normalize",
-    "cosine", "projected_cosine", "dot", "norm", "head", "resid_pre", "resid_post", "attn_out", "mlp_out",
+    "cosine", "projected_cosine", "subspace_cosine", "dot", "norm", "head", "resid_pre", "resid_post", "attn_out", "mlp_out",
     "prompt.mean", "token", "key=", "per_layer=true", "json_schema", "regex", "grammar", "choice", "from",
     "é", "\u2028", "\x00", "\r",
 ]

@@ -50,8 +50,7 @@ SUPPORTED, REFUSED = "lowers", "unsupported-by-target"
 EXAMPLES = {
     "01_add.steer": (SUPPORTED, ()),
     "02_abliterate.steer": (REFUSED, (("the embeddings at resid_pre[0]", "intervention abliterate"),)),
-    "03_cast_gate.steer": (REFUSED, (("strict comparison `harmful > 0.2`", "intervention refuse_when_harmful"),
-                                     ("`projected_cosine` readout", "intervention refuse_when_harmful"))),
+    "03_cast_gate.steer": (REFUSED, (("strict comparison `harmful > 0.2`", "intervention refuse_when_harmful"),)),
     "04_bank.steer": (SUPPORTED, ()),
     "05_ops_and_scopes.steer": (REFUSED, (("the embeddings", "intervention damp_early"),
                                           ("`scale 0.5`", "intervention damp_early"),
@@ -79,7 +78,8 @@ EXAMPLES = {
 
 # vLLM-Hook's kinds.ARTIFACT_TENSORS (G3).
 ARTIFACT_TENSORS = {"additive": ("vector",), "projection": ("vector",), "rotation": ("basis",),
-                    "head_additive": ("vector",), "affine": ("weights",), "cosine": ("directions",)}
+                    "head_additive": ("vector",), "affine": ("weights",), "cosine": ("directions",),
+                    "projected_cosine": ("directions",)}
 
 
 # ------------------------------------------------------------------ fixtures
@@ -150,12 +150,12 @@ def _check_spec(spec: dict, artifacts: dict, validator, facts) -> None:
             t = tensors[ARTIFACT_TENSORS[kind][0]]
             d = facts.hidden
             expected = {"additive": (d,), "projection": (d,), "rotation": (2, d), "affine": (1, d), "cosine": (1, d),
-                        "head_additive": (facts.heads, facts.head_dim)}[kind]
+                        "projected_cosine": (1, d), "head_additive": (facts.heads, facts.head_dim)}[kind]
             assert t.shape == expected
             if kind == "rotation":
                 b1, b2 = t.astype(np.float64)
                 assert abs(b1 @ b2) / (np.linalg.norm(b1) * np.linalg.norm(b2)) <= 1 - 1e-6
-            if kind in ("projection", "cosine"):
+            if kind in ("projection", "cosine", "projected_cosine"):
                 assert np.linalg.norm(t) > 0
     assert referenced == set(artifacts)
 
@@ -397,6 +397,10 @@ def hook_gate(gate: dict, tensors: dict, prompt_rows: np.ndarray) -> bool:
     readout = gate["readout"]["kind"]
     if readout == "affine":
         value = tensors["weights"][0].astype(np.float64) @ pooled
+    elif readout == "projected_cosine":  # gates.py: P = d dᵀ / (d·d + eps); cos(p, tanh(p P)) + eps
+        d = tensors["directions"][0].astype(np.float64)
+        projected = np.tanh(pooled @ (np.outer(d, d) / (d @ d + 1e-8)))
+        value = (pooled @ projected) / (np.linalg.norm(pooled) * np.linalg.norm(projected) + 1e-8)
     else:
         d = tensors["directions"][0].astype(np.float64)
         value = (pooled @ d) / (np.linalg.norm(pooled) * np.linalg.norm(d) + 1e-8)
@@ -428,6 +432,9 @@ def steerc_gate(gate, plan, prompt_rows: np.ndarray) -> bool:
     v = probe.vectors[0].array.astype(np.float64)
     if probe.kind == "dot":
         value = pooled @ v + probe.bias
+    elif probe.kind == "projected_cosine":  # CAST: cos(h, tanh(P h)), P = v vᵀ / (v·v)
+        projected = np.tanh(np.outer(v, v) @ pooled / (v @ v))
+        value = pooled @ projected / (np.linalg.norm(pooled) * np.linalg.norm(projected))
     else:
         denom = np.linalg.norm(pooled) * np.linalg.norm(v)
         value = pooled @ v / denom if denom > 0 else 0.0
@@ -572,6 +579,10 @@ intervention g { at resid_post[1]  add a  tokens generated  when p <= THRESHOLD 
 probe p { at resid_pre[2]  read dot(c) - 1.5  pool prompt.last }
 intervention g { at resid_post[0]  ablate a  tokens generated  when THRESHOLD >= p }
 """, 2, "last", "affine", "le"),
+    "projected_cosine_mean_ge": ("""
+probe p { at resid_pre[1]  read projected_cosine(b)  pool prompt.mean }
+intervention g { at resid_post[2]  add a  tokens generated  when p >= THRESHOLD }
+""", 1, "mean", "projected_cosine", "ge"),
 }
 
 
@@ -665,9 +676,12 @@ REFUSALS = {
     "gate_token": ("probe p { at resid_post[0]  read dot(w)  pool token }\n"
                    "intervention x { at resid_post[1]  add a  tokens generated  when p >= 0.5 }",
                    "the `token` pool of probe `p`"),
-    "gate_projected_cosine": ("probe p { at resid_post[0]  read projected_cosine(w)  pool prompt.mean }\n"
-                              "intervention x { at resid_post[1]  add a  tokens generated  when p >= 0.5 }",
-                              "`projected_cosine` readout of probe `p`"),
+    "gate_projected_cosine_two": ("probe p { at resid_post[0]  read projected_cosine(w, a)  pool prompt.mean }\n"
+                                  "intervention x { at resid_post[1]  add a  tokens generated  when p >= 0.5 }",
+                                  "`projected_cosine` readout of probe `p` over 2 directions"),
+    "gate_subspace_cosine": ("probe p { at resid_post[0]  read subspace_cosine(w)  pool prompt.mean }\n"
+                             "intervention x { at resid_post[1]  add a  tokens generated  when p >= 0.5 }",
+                             "`subspace_cosine` readout of probe `p`"),
     "gate_norm": ("probe p { at resid_post[0]  read norm  pool prompt.last }\n"
                   "intervention x { at resid_post[1]  add a  tokens generated  when p >= 0.5 }",
                   "`norm` readout of probe `p`"),
@@ -730,10 +744,10 @@ def test_capabilities_match_the_lowering():
     t = TARGETS["vllm-hook"]
     yes = {"op:add", "op:ablate", "op:rotate", "site:resid_pre", "site:resid_post", "site:head", "scope:all",
            "scope:generated", "scope:prompt-slice", "scope:union", "gate:prompt.mean", "gate:prompt.last",
-           "readout:cosine", "readout:dot"}
+           "readout:cosine", "readout:dot", "readout:projected_cosine"}
     no = {"op:scale", "op:scale-vector", "op:set", "op:suppress", "op:clamp", "op:preserve-norm", "site:attn_out",
           "site:mlp_out", "scope:prompt", "scope:generated-slice", "scope:positions", "scope:after", "gate:token",
-          "readout:projected_cosine", "readout:norm", "constraint:json_schema", "constraint:regex",
+          "readout:subspace_cosine", "readout:norm", "constraint:json_schema", "constraint:regex",
           "constraint:grammar", "constraint:choice"}
     assert {k for k in yes if t.supports(k)} == yes
     assert {k for k in no if not t.supports(k)} == no

@@ -216,8 +216,9 @@ def gate(g, ctx: int = 0) -> str:
 def readout(r) -> str:
     if isinstance(r, ir.Cosine):
         return f"cosine({expr(r.vector)})"
-    if isinstance(r, ir.ProjectedCosine):
-        return "projected_cosine(" + ", ".join(expr(v) for v in r.vectors) + ")"
+    if isinstance(r, (ir.ProjectedCosine, ir.SubspaceCosine)):
+        name = "projected_cosine" if isinstance(r, ir.ProjectedCosine) else "subspace_cosine"
+        return name + "(" + ", ".join(expr(v) for v in r.vectors) + ")"
     if isinstance(r, ir.Dot):
         text = f"dot({expr(r.vector)})"
         for off in r.offsets:

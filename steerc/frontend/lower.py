@@ -383,6 +383,9 @@ class ToIR:
     def projected_cosine_readout(self, meta, children):
         return ir.ProjectedCosine(tuple(children), span=self._span(meta))
 
+    def subspace_cosine_readout(self, meta, children):
+        return ir.SubspaceCosine(tuple(children), span=self._span(meta))
+
     def dot_readout(self, meta, children):
         vector, *offsets = children
         return ir.Dot(vector, tuple(offsets), span=self._span(meta))

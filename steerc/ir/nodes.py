@@ -255,6 +255,16 @@ class Cosine:
 
 @frozen
 class ProjectedCosine:
+    """CAST's condition: ``cos(h, tanh(P h))``, ``P`` the projector onto the vectors' span."""
+
+    vectors: tuple[Expr, ...]
+    span: Span | None = _span()
+
+
+@frozen
+class SubspaceCosine:
+    """``cos(h, P h)``: the cosine of the angle between ``h`` and the vectors' span."""
+
     vectors: tuple[Expr, ...]
     span: Span | None = _span()
 
@@ -280,7 +290,7 @@ class Norm:
     span: Span | None = _span()
 
 
-Readout = Union[Cosine, ProjectedCosine, Dot, Norm]
+Readout = Union[Cosine, ProjectedCosine, SubspaceCosine, Dot, Norm]
 
 
 @frozen
@@ -448,7 +458,7 @@ NODE_CLASSES: dict[str, type] = {
         SelIndex, SelPercent, SelSlice, SelAll, SelGroup, SiteRef,
         PosSlice, PosIndex, ScopeAll, ScopePrompt, ScopeGenerated, ScopePositions, ScopeAfter,
         Compare, GateAnd, GateOr, GateNot,
-        Cosine, ProjectedCosine, Offset, Dot, Norm, Pool,
+        Cosine, ProjectedCosine, SubspaceCosine, Offset, Dot, Norm, Pool,
         Add, Scale, Set, Suppress, Ablate, Clamp, Rotate,
         ModelField, ModelBlock, ParamDecl, VectorDecl, ProbeDecl, Preserve, InterventionDecl,
         ConstrainText, ConstrainChoice, Comment, Program,

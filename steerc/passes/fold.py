@@ -110,10 +110,11 @@ def _probe(ev: Evaluator, p: ir.ProbeDecl) -> ck.Probe:
     r = p.readout
     if isinstance(r, ir.Cosine):
         readout = ck.Readout("cosine", (ev.direction(r.vector),))
-    elif isinstance(r, ir.ProjectedCosine):
+    elif isinstance(r, (ir.ProjectedCosine, ir.SubspaceCosine)):
+        kind = "projected_cosine" if isinstance(r, ir.ProjectedCosine) else "subspace_cosine"
         vectors = tuple(ev.direction(v) for v in r.vectors)
-        ev.same_width(vectors, r.span, "the directions of `projected_cosine`")
-        readout = ck.Readout("projected_cosine", vectors)
+        ev.same_width(vectors, r.span, f"the directions of `{kind}`")
+        readout = ck.Readout(kind, vectors)
     elif isinstance(r, ir.Dot):
         bias = 0.0
         for off in r.offsets:
@@ -131,7 +132,7 @@ def _probe(ev: Evaluator, p: ir.ProbeDecl) -> ck.Probe:
 
 
 def _readout_exprs(r):
-    if isinstance(r, ir.ProjectedCosine):
+    if isinstance(r, (ir.ProjectedCosine, ir.SubspaceCosine)):
         return r.vectors
     if isinstance(r, (ir.Cosine, ir.Dot)):
         return (r.vector,)

@@ -91,12 +91,16 @@ def lower(checked: ck.CheckedProgram, facts) -> Plan:
     )
 
 
+# Readouts that project onto the span of their vectors (an orthonormal basis Q [k, d], P = Qᵀ Q).
+BASIS_READOUTS = ("projected_cosine", "subspace_cosine")
+
+
 def _probe(p: ck.Probe, facts) -> ProbePlan:
     (layer, head), = _concrete(p.site, facts)
     site = canonical_site(p.site.kind, layer, head)
     rows = [_row(v, layer) for v in p.readout.vectors]
     kind = p.readout.kind
-    if kind == "projected_cosine":
+    if kind in BASIS_READOUTS:
         vectors = tuple(Vec(q) for q in orthonormal_basis(rows))
     else:
         vectors = tuple(Vec(r) for r in rows)

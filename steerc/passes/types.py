@@ -42,8 +42,9 @@ def _readout(ctx: CheckContext, probe: ir.ProbeDecl) -> None:
     ok = True
     if isinstance(r, ir.Cosine):
         ok = expect(ctx, r.vector, VECTOR, "`cosine` compares the hidden state with a vector")
-    elif isinstance(r, ir.ProjectedCosine):
-        ok = all(expect(ctx, v, VECTOR, "`projected_cosine` projects onto vectors") for v in r.vectors)
+    elif isinstance(r, (ir.ProjectedCosine, ir.SubspaceCosine)):
+        name = "projected_cosine" if isinstance(r, ir.ProjectedCosine) else "subspace_cosine"
+        ok = all(expect(ctx, v, VECTOR, f"`{name}` projects onto vectors") for v in r.vectors)
     elif isinstance(r, ir.Dot):
         ok = expect(ctx, r.vector, VECTOR, "`dot(w)` needs a weight vector")
         ok &= all(expect(ctx, o.value, SCALAR, "the bias of `dot(w) + b` is a number") for o in r.offsets)

@@ -101,7 +101,10 @@ def readout(kind: str, h, vector, bias: float):
     """A probe's value for each row of ``h`` ([..., d] -> [...]).
 
     ``vector`` is the probe's vector ([d]) for ``dot`` and ``cosine``, the
-    orthonormal basis ([k, d]) for ``projected_cosine``, None for ``norm``.
+    orthonormal basis ``Q`` ([k, d]) for ``projected_cosine`` and
+    ``subspace_cosine``, None for ``norm``. With ``P = Qᵀ Q`` the projector
+    onto the basis' span: ``projected_cosine`` is CAST's condition,
+    ``cos(h, tanh(P h))``; ``subspace_cosine`` is ``cos(h, P h)``.
     """
     if kind == "norm":
         return h.norm(dim=-1)
@@ -109,7 +112,9 @@ def readout(kind: str, h, vector, bias: float):
         return h @ vector + bias
     if kind == "cosine":
         return (h @ vector) / (h.norm(dim=-1) * vector.norm()).clamp_min(1e-30)
-    ph = (h @ vector.T) @ vector  # projected_cosine: cos(h, P h)
+    ph = (h @ vector.T) @ vector
+    if kind == "projected_cosine":
+        ph = torch.tanh(ph)
     return (h * ph).sum(-1) / (h.norm(dim=-1) * ph.norm(dim=-1)).clamp_min(1e-30)
 
 

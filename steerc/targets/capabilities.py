@@ -46,7 +46,7 @@ FEATURE_GROUPS = {
     "site": ("resid_pre", "resid_post", "attn_out", "mlp_out", "head"),
     "scope": ("all", "prompt", "generated", "prompt-slice", "generated-slice", "positions", "after", "union"),
     "gate": ("prompt.mean", "prompt.last", "token"),
-    "readout": ("cosine", "projected_cosine", "dot", "norm"),
+    "readout": ("cosine", "projected_cosine", "subspace_cosine", "dot", "norm"),
     "constraint": ("json_schema", "regex", "grammar", "choice"),
     "dtype": ("float32", "float16", "bfloat16", "float64"),
     "parallel": ("tensor", "pipeline"),
@@ -192,9 +192,12 @@ TARGETS: dict[str, Target] = {
                       "(--target serve)"),
             cosine=_yes("readout:cosine", "`cosine` (vLLM-Hook adds 1e-8 to the denominator: a rounding-level "
                                           "difference)"),
-            projected_cosine=_no("readout:projected_cosine", "vLLM-Hook's projected_cosine squashes the projection "
-                                 "with tanh: cos(h, tanh(h P))", "read cosine or dot, or use the steerc serve "
-                                 "format (--target serve)"),
+            projected_cosine=_yes("readout:projected_cosine", "`projected_cosine` of one direction (CAST's "
+                                                              "cos(h, tanh(P h)); vLLM-Hook's epsilons are a "
+                                                              "rounding-level difference)"),
+            subspace_cosine=_no("readout:subspace_cosine", "vLLM-Hook's readouts have no untanh'd projection",
+                                "read projected_cosine (CAST's condition), cosine or dot, or use the steerc serve "
+                                "format (--target serve)"),
             dot=_yes("readout:dot", "`affine` readout; the offset moves into the threshold"),
             norm=_no("readout:norm", "vLLM-Hook has no norm readout",
                      "read dot or cosine, or use the steerc serve format (--target serve)"),

@@ -23,6 +23,7 @@ from steerc.facts.sites import site_table
 from steerc.ir import checked as ck
 from steerc.ir import nodes as ir
 from steerc.ir.plan import Affine, Plan, Project, Rotate, Site
+from steerc.passes.lower_plan import BASIS_READOUTS
 
 
 def scope_item(s) -> tuple:
@@ -168,7 +169,7 @@ def _probe_call(p, prefix: str, tensors: dict) -> ProbeCall:
     if p.vectors:
         name = f"{prefix}.{p.name}"
         arr = np.stack([v.array for v in p.vectors])
-        tensors[name] = arr if p.kind == "projected_cosine" else arr[0]
+        tensors[name] = arr if p.kind in BASIS_READOUTS else arr[0]
     return ProbeCall(p.name, p.kind, name, float(p.bias), p.pool)
 
 

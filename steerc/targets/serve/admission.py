@@ -38,7 +38,8 @@ MAX_PLAN_CHARS = 4 * 1024 * 1024
 MAX_ARTIFACT_BYTES = 64 * 1024 * 1024
 MAX_INLINE_CHARS = 4 * MAX_ARTIFACT_BYTES
 SCHEMA_PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "serve.schema.json")
-READOUT_ROWS = {"dot": (1, 1), "cosine": (1, 1), "projected_cosine": (1, None), "norm": (0, 0)}
+READOUT_ROWS = {"dot": (1, 1), "cosine": (1, 1), "projected_cosine": (1, None), "subspace_cosine": (1, None),
+                "norm": (0, 0)}
 
 
 class RequestError(ValueError):

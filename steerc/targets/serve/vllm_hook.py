@@ -29,6 +29,7 @@ probe at ``resid_pre[0]``          condition layer 0 (the embeddings)
 pool ``prompt.mean`` / ``.last``   pooling ``mean`` / ``last``
 readout ``dot(w) + b``             readout ``affine`` (``weights`` [1, d]), threshold t - b
 readout ``cosine(v)``              readout ``cosine`` (``directions`` [1, d] = v/|v|)
+readout ``projected_cosine(v)``    readout ``projected_cosine`` (``directions`` [1, d] = v/|v|)
 =================================  ==============================================
 
 Every op is ``{"layers": [l], "transform": {..., "modifiers": []}, "scope":
@@ -337,16 +338,25 @@ class _Lowering:
             # for any pooled hidden state with |p| >= 1, i.e. a floating-point-level
             # difference, not a different function. Accepted.
         elif probe.kind == "projected_cosine":
-            problems.append(_Refused(
-                f"the `projected_cosine` readout of probe `{probe.name}`",
-                "vLLM-Hook's projected_cosine is cos(p, tanh(p P)) — it squashes the projection with tanh "
-                "(and takes a single direction); steerc's is cos(p, P p)",
-                "read cosine(...) or dot(...) instead, or " + _SERVE, notes))
+            if len(probe.vectors) != 1:
+                problems.append(_Refused(
+                    f"the `projected_cosine` readout of probe `{probe.name}` over {len(probe.vectors)} directions",
+                    "vLLM-Hook's projected_cosine projects onto one direction (a rank-one projector)",
+                    "read projected_cosine(v) of one direction, or " + _SERVE, notes))
+            else:
+                (q,) = probe.vectors  # the plan's orthonormal basis: one unit row
+                direction = q.array.astype(np.float64)
+                readout, tensors = "projected_cosine", {"directions": direction[None, :]}
+                threshold = float(g.threshold)
+                # vLLM-Hook: P = d dᵀ / (d·d + 1e-8), value (p·tanh(pP)) / (|p| |tanh(pP)| + 1e-8);
+                # steerc (CAST): P = d dᵀ with |d| = 1, value p·tanh(Pp) / (|p| |tanh(Pp)|). P is
+                # symmetric, so pP = Pp; the epsilons change the value by about 1e-8 relative,
+                # below float32 resolution: the same function, as for `cosine` above.
         else:
             problems.append(_Refused(
                 f"the `{probe.kind}` readout of probe `{probe.name}`",
-                "vLLM-Hook's readouts are affine (a dot product), cosine and projected_cosine",
-                "read dot(...) or cosine(...) instead, or " + _SERVE, notes))
+                "vLLM-Hook's readouts are affine (a dot product), cosine and projected_cosine (CAST's)",
+                "read dot(...), cosine(...) or projected_cosine(v) instead, or " + _SERVE, notes))
         if threshold is not None and not math.isfinite(threshold):
             problems.append(_Refused(
                 f"the gate threshold of probe `{probe.name}`", "threshold minus offset overflows a float",

@@ -229,12 +229,12 @@ def _header_facts(header: dict):
 
 
 _ROLES = {"affine": ({"scale"}, {"bias"}), "project": ({"basis"}, {"target"}), "rotate": ({"e1", "e2", "angle"}, set())}
-_PROBE_ROWS = {"dot": (None, None), "cosine": (None, None), "projected_cosine": (1, None)}
 
 
 def _check_boot(boot: dict, facts) -> None:
     """The structure: hooks on the modules the site table names, shapes, and every index in range."""
     from steerc.facts.sites import site_table
+    from steerc.passes.lower_plan import BASIS_READOUTS
 
     try:
         table = site_table(facts.family, "vllm")
@@ -297,9 +297,9 @@ def _check_boot(boot: dict, facts) -> None:
                 elif row["tensor"] is None:
                     raise PlanError(f"{rfield}.tensor", f"a {row['kind']} readout needs its vector")
                 else:
-                    rows = buffer(f"{rfield}.tensor", row["tensor"],
-                                  (None, width) if row["kind"] == "projected_cosine" else (width,))
-                    if row["kind"] == "projected_cosine" and rows[0] > width:
+                    basis = row["kind"] in BASIS_READOUTS
+                    rows = buffer(f"{rfield}.tensor", row["tensor"], (None, width) if basis else (width,))
+                    if basis and rows[0] > width:
                         raise PlanError(f"{rfield}.tensor", "more directions than the site is wide")
             for k, kernel in enumerate(site["kernels"]):
                 _check_kernel(f"{sfield}.kernels[{k}]", kernel, width, boot, buffer)
