@@ -5,7 +5,8 @@ client would send them (``steerc.serve_client.request_fields``):
 
 * concurrent requests in the same batches — two different plans, one of them twice, and a plain
   one: each steered request's tokens equal the HF target running its own plan alone; the plain
-  request is bit-identical (tokens and raw logits) to a server started without steerc;
+  request equals a server started without steerc (tokens; raw logits to rounding, as the two servers'
+  batches form as requests arrive — bit for bit, with the same batches, in test_serve_offline.py);
 * bad requests get HTTP 400 naming the field at fault, and the server keeps serving;
 * with prefix caching on (vLLM's default), ``cache_salt`` keeps one plan's cached prefixes from
   another plan and from plain requests;
@@ -286,7 +287,13 @@ def plain_server(folder, server):
     srv.stop()
 
 
-def test_plain_request_is_bit_identical_to_a_server_without_steerc(plain_server, server, prompts):
+def test_plain_request_equals_a_server_without_steerc(plain_server, server, prompts):
+    """The plain request of the mixed batch against the same request on a server without steerc.
+
+    Over HTTP the two servers' batches form as the requests happen to arrive, and vLLM's matrix products
+    round differently for different batch shapes, so the raw logits agree to rounding here (within 1e-3)
+    and the tokens exactly; the bit-for-bit check, with the batches made the same, is in
+    test_serve_offline.py."""
     steered_batch = getattr(server, "steered_batch", None)
     if steered_batch is None:
         pytest.fail("test_concurrent_plans_each_match_hf_alone did not run first")
@@ -295,4 +302,5 @@ def test_plain_request_is_bit_identical_to_a_server_without_steerc(plain_server,
     replies = _concurrently(calls)
     mine, theirs = steered_batch[3][1]["choices"][0], replies[3][1]["choices"][0]
     assert mine["token_ids"] == theirs["token_ids"]
-    assert mine["logprobs"] == theirs["logprobs"], "raw logits, bit for bit"
+    for a, b in zip(mine["logprobs"]["top_logprobs"], theirs["logprobs"]["top_logprobs"]):
+        assert a.keys() == b.keys() and all(abs(a[k] - b[k]) < 1e-3 for k in a), (a, b)

@@ -42,21 +42,31 @@ def llm(tmp_path_factory):
     folder = model_folder("tiny-llama")
     engine = vllm.LLM(model=folder, dtype="float32", max_model_len=256, max_num_seqs=8, skip_tokenizer_init=True,
                       enforce_eager=True, load_format="steerc", additional_config={"steerc": {"mode": "serve"}},
+                      logprobs_mode="raw_logits", max_logprobs=5, max_num_batched_tokens=16,
                       logits_processors=["steerc.runtime.serve:SteercGuard"],
                       worker_extension_cls="steerc.runtime.serve.SteercServeExtension")
     yield folder, engine
     engine.llm_engine.engine_core.shutdown()
 
 
-def _generate(engine, requests):
+def _outputs(engine, requests):
     from vllm import SamplingParams
     from vllm.inputs import TokensPrompt
 
     prompts, params = [], []
     for tokens, extra in requests:
         prompts.append(TokensPrompt(prompt_token_ids=tokens))
-        params.append(SamplingParams(max_tokens=NEW, temperature=0.0, detokenize=False, extra_args=extra))
-    return [list(o.outputs[0].token_ids) for o in engine.generate(prompts, params, use_tqdm=False)]
+        params.append(SamplingParams(max_tokens=NEW, temperature=0.0, detokenize=False, extra_args=extra,
+                                     logprobs=5))
+    return [o.outputs[0] for o in engine.generate(prompts, params, use_tqdm=False)]
+
+
+def _generate(engine, requests):
+    return [list(o.token_ids) for o in _outputs(engine, requests)]
+
+
+def _logits(output):
+    return [{int(t): float(lp.logprob) for t, lp in step.items()} for step in output.logprobs]
 
 
 def test_a_request_refused_in_the_worker_fails_alone(llm, tmp_path):
@@ -91,3 +101,30 @@ def test_front_end_refuses_what_it_can_check(llm):
                         SamplingParams(max_tokens=2, extra_args=bad, detokenize=False), use_tqdm=False)
     assert _generate(engine, [(PROMPTS[2], None)])[0] == hf_run(model_folder("tiny-llama"), None,
                                                                  [PROMPTS[2]], NEW)[0][0]
+
+
+def test_plain_rows_are_bit_identical_to_an_engine_without_steerc(llm, tmp_path):
+    """Three steered requests (two plans) and a plain one, submitted together so that both engines form
+    the same batches (chunked prefill included): the plain request's tokens and raw logits equal, bit for
+    bit, those of the same four prompts on an engine started without steerc."""
+    import vllm
+
+    from steerc.serve_client import offline_request
+
+    folder, engine = llm
+    a = f"steer 1\nintervention x {{\n  at resid_post[1]\n  add 6.0 * {vec(128, 1)}\n}}\n"
+    b = f"steer 1\nintervention y {{\n  at attn_out[*]\n  ablate {vec(128, 4)}\n}}\n"
+    _, out_a = _serve_plan(folder, a, tmp_path / "a")
+    _, out_b = _serve_plan(folder, b, tmp_path / "b")
+    steered = [(PROMPTS[0], offline_request(out_a, PROMPTS[0])[1]), (PROMPTS[1], offline_request(out_b, PROMPTS[1])[1]),
+               (PROMPTS[2], offline_request(out_a, PROMPTS[2])[1]), (PROMPTS[0] + PROMPTS[2], None)]
+    mixed = _outputs(engine, steered)
+    plain_engine = vllm.LLM(model=folder, dtype="float32", max_model_len=256, max_num_seqs=8, skip_tokenizer_init=True,
+                            enforce_eager=True, logprobs_mode="raw_logits", max_logprobs=5, max_num_batched_tokens=16)
+    try:
+        alone = _outputs(plain_engine, [(tokens, None) for tokens, _ in steered])
+    finally:
+        plain_engine.llm_engine.engine_core.shutdown()
+    assert list(mixed[3].token_ids) == list(alone[3].token_ids)
+    assert _logits(mixed[3]) == _logits(alone[3]), "raw logits, bit for bit"
+    assert _logits(mixed[0]) != _logits(alone[0]), "the steered rows did change"

@@ -207,3 +207,35 @@ def test_garbage_payloads_are_refused(engine, installed_add):
     with pytest.raises(Exception, match="payload"):
         engine.rpc("steerc_update", b"\0" * (256 * 1024 * 1024 + 1))
     assert engine.rpc("steerc_status")[0]["installed"]
+
+
+def _cast(h, c) -> float:
+    projected = np.tanh(np.outer(c, c) @ h / (c @ c))
+    return float(h @ projected / (np.linalg.norm(h) * np.linalg.norm(projected)))
+
+
+def test_projected_cosine_is_casts_condition_on_the_engine(engine, folder):
+    """The gate reads CAST's value: a threshold 1e-4 below it opens, 1e-4 above it stays closed
+    (vLLM's float32 hidden states agree with HF's to about 1e-5)."""
+    import torch
+
+    c = np.array(eval(vec(W, 35)), dtype=np.float64)
+    model = hf_model(folder)
+    values = []
+    for p in PROMPTS:
+        with torch.no_grad():
+            h = model(input_ids=torch.tensor([p]), output_hidden_states=True).hidden_states[2][0].double().numpy()
+        values.append(_cast(h.mean(axis=0), c))
+    base = ("steer 1\n"
+            f"probe p {{\n  at resid_pre[2]\n  read projected_cosine({vec(W, 35)})\n  pool prompt.mean\n}}\n"
+            f"intervention x {{\n  at resid_post[3]\n  add 9.0 * {vec(W, 21)}\n  tokens generated\n  when p > T\n}}\n")
+    unsteered = checked_plan(folder, program("resid_post[3]", "scale 1.0"))
+    engine.install(vllm_bytes(folder, unsteered))
+    reference = engine.run()
+    for i, value in enumerate(values):
+        for offset, should_open in ((-1e-4, True), (1e-4, False)):
+            plan = checked_plan(folder, base.replace("T", repr(value + offset)))
+            engine.install(vllm_bytes(folder, plan))
+            got = engine.run()
+            opened = got[i][1] != reference[i][1]
+            assert opened == should_open, (i, value, offset)
