@@ -89,6 +89,26 @@ def _fmt(x: float) -> str:
     return f"{x:.4g}"
 
 
+SCHEDULE_STEPS = 8
+
+
+def schedule_text(schedule) -> str:
+    parts = []
+    for kind, a, b in schedule:
+        parts.append(f"ramp({a:g})" if kind == "ramp" else f"decay({a:g})" if kind == "decay"
+                     else f"window({a:g}, {b:g})")
+    return " * ".join(parts)
+
+
+def describe_schedule(schedule) -> dict:
+    """The schedule as written and its value at the first steps (step 0 is the prompt's last position,
+    whose output predicts the first generated token; step 1 is the first generated token's position)."""
+    from steerc.ir.interpret import schedule_factor
+
+    values = schedule_factor(schedule, list(range(SCHEDULE_STEPS)))
+    return {"factors": schedule_text(schedule), "steps": [round(float(v), 6) for v in values]}
+
+
 def describe_op(op) -> dict:
     if isinstance(op, Affine):
         scalar = isinstance(op.scale, float)
@@ -104,6 +124,8 @@ def describe_op(op) -> dict:
             out["scale"] = "per component"
         if op.bias is not None:
             out["bias_norm"] = round(_norm(op.bias), 6)
+        if op.schedule:
+            out["schedule"] = describe_schedule(op.schedule)
         return out
     if isinstance(op, Project):
         k = len(op.basis)
@@ -247,6 +269,11 @@ def render(doc: dict) -> str:
             extra += f", |b| = {op['bias_norm']}" if "bias_norm" in op else ""
             lines.append(f"  {n}. {op['kind']}: {op['form']}{extra}   [{names}]")
             lines.append(f"     tokens {k['scope']}: {k['positions']}")
+            if "schedule" in op:
+                sched = op["schedule"]
+                shown = ", ".join(f"{v:g}" for v in sched["steps"])
+                lines.append(f"     b scaled by {sched['factors']}: steps 0.. {len(sched['steps']) - 1}: {shown} "
+                             "(step 0 = position P-1, which predicts the first generated token)")
             if k["note"]:
                 lines.append(f"     note: {k['note']}")
             if k["gate"]:

@@ -32,6 +32,7 @@ MAX_STRING_CHARS = 64 * 1024
 MAX_LIST_ITEMS = 65_536
 MAX_PATH_CHARS = 4096
 MAX_POSITION = 2**31 - 1
+MAX_SCHEDULE_STEP = 2**24
 MAX_EXPANDED_SITES = 65_536
 MAX_VALUES = 32 * 1024 * 1024
 FLOAT32_MAX = 3.4028234663852886e38  # numpy.finfo(numpy.float32).max
@@ -99,6 +100,8 @@ LIMITS: dict[str, Limit] = _table(
      "PATH_MAX on Linux; resolving a path takes time in its length"),
     ("MAX_POSITION", "", "the largest absolute token position or position offset in a scope",
      "positions travel as 32-bit integers to the runtimes"),
+    ("MAX_SCHEDULE_STEP", "", "the largest step count in a schedule (`ramp(n)`, `window(a, b)`)",
+     "schedule numbers travel as float32, which holds every whole number up to 2^24 exactly"),
     ("MAX_EXPANDED_SITES", "sites",
      ("with a model, the (site, operation) pairs a program expands to: each intervention counts the layers "
       "(times the heads) it reaches"),

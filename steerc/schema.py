@@ -6,7 +6,7 @@ malformed with the field at fault. This module checks a decoded document
 against such a schema using the subset of 2020-12 keywords those schemas
 use — ``type``, ``const``, ``enum``, ``properties``, ``required``,
 ``additionalProperties: false``, ``items``, ``minItems``, ``maxItems``,
-``uniqueItems``, ``prefixItems`` (with ``items: false``), ``minimum``,
+``uniqueItems``, ``prefixItems`` (with ``items: false``), ``minimum``, ``exclusiveMinimum``,
 ``maximum``, ``pattern``, ``minLength``, ``maxLength``, ``oneOf``, ``not``,
 ``$ref`` (local) — so that the schema stays the one description of the
 format, plus one type of steerc's own, ``bytes`` (msgpack's binary type). Numbers must be finite (JSON has no NaN; Python's ``json``
@@ -103,6 +103,8 @@ def _check(value, schema, field: str, root: dict, depth: int) -> None:  # noqa: 
     if _TYPES["number"](value):
         if "minimum" in schema and value < schema["minimum"]:
             _fail(field, f"{value} is below the minimum {schema['minimum']}", depth + 1)
+        if "exclusiveMinimum" in schema and value <= schema["exclusiveMinimum"]:
+            _fail(field, f"{value} is not above {schema['exclusiveMinimum']}", depth + 1)
         if "maximum" in schema and value > schema["maximum"]:
             _fail(field, f"{value} is above the maximum {schema['maximum']}", depth + 1)
     if "not" in schema:

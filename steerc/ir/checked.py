@@ -120,6 +120,9 @@ class Operation:
     vectors: tuple[Operand, ...] = ()
     scalar: float | None = None
     mode: str | None = None
+    # add only: factors of the generation step that multiply the vector, sorted:
+    # ("ramp", n, 0.0), ("decay", r, 0.0), ("window", a, b) (see spec/language.md, schedules)
+    schedule: tuple[tuple[str, float, float], ...] = ()
     text: str = ""  # the operation as written (canonical layout), for explain
     span: Span | None = _span()
     operand_spans: tuple[Span | None, ...] = field(default=(), eq=False, repr=False, kw_only=True)  # of `vectors`

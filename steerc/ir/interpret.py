@@ -25,11 +25,38 @@ def _arr(v) -> np.ndarray:
     return v.array.astype(np.float64)
 
 
-def apply_op(op, h: np.ndarray) -> np.ndarray:
+def schedule_factor(schedule, steps) -> np.ndarray:
+    """The product of a schedule's factors at generation steps ``steps`` (``n = p - (P - 1)``).
+
+    ``ramp(n)``: min(1, (step + 1) / n); ``decay(r)``: r ** step; ``window(a, b)``: 1 for a <= step < b.
+    Steps before 0 (prompt positions a schedule never steers) count as step 0.
+
+    >>> schedule_factor((("decay", 0.5, 0.0), ("ramp", 2.0, 0.0)), np.array([0, 1, 2]))
+    array([0.5 , 0.5 , 0.25])
+    """
+    steps = np.maximum(np.asarray(steps, dtype=np.float64), 0.0)
+    out = np.ones_like(steps)
+    for kind, a, b in schedule:
+        if kind == "ramp":
+            out = out * np.minimum((steps + 1.0) / a, 1.0)
+        elif kind == "decay":
+            out = out * np.power(a, steps)
+        else:
+            out = out * ((steps >= a) & (steps < b))
+    return out
+
+
+def apply_op(op, h: np.ndarray, steps=None) -> np.ndarray:
+    """``op`` on the rows of ``h``; ``steps`` (per row) for an affine kernel with a schedule."""
     if isinstance(op, Affine):
         scale = _arr(op.scale) if not isinstance(op.scale, float) else op.scale
         out = h * scale
-        return out + _arr(op.bias) if op.bias is not None else out
+        if op.bias is None:
+            return out
+        bias = _arr(op.bias)
+        if op.schedule:
+            return out + schedule_factor(op.schedule, steps)[:, None] * bias
+        return out + bias
     if isinstance(op, Project):
         if not op.basis:
             return h.copy()
@@ -59,15 +86,15 @@ def preserve_norm(before: np.ndarray, after: np.ndarray) -> np.ndarray:
     return after * factor
 
 
-def apply_kernel(kernel: Kernel, h: np.ndarray, mask: np.ndarray) -> np.ndarray:
-    out = apply_op(kernel.op, h)
+def apply_kernel(kernel: Kernel, h: np.ndarray, mask: np.ndarray, steps=None) -> np.ndarray:
+    out = apply_op(kernel.op, h, steps)
     if kernel.preserve_norm:
         out = preserve_norm(h, out)
     return np.where(mask[:, None], out, h)
 
 
-def run_kernels(kernels, h: np.ndarray, mask_of) -> np.ndarray:
+def run_kernels(kernels, h: np.ndarray, mask_of, steps=None) -> np.ndarray:
     """Apply kernels in order; ``mask_of(kernel)`` gives each one's position mask."""
     for k in kernels:
-        h = apply_kernel(k, h, mask_of(k))
+        h = apply_kernel(k, h, mask_of(k), steps)
     return h

@@ -50,6 +50,9 @@ class Site:
 class Affine:
     scale: float | Vec  # a scalar, or one factor per component
     bias: Vec | None = None
+    # Factors of the generation step that multiply the bias, sorted (empty: constant).
+    # ("ramp", n, 0), ("decay", r, 0), ("window", a, b); see schedule_factor in interpret.
+    schedule: tuple[tuple[str, float, float], ...] = ()
 
     @property
     def kills(self) -> bool:

@@ -144,6 +144,8 @@ def _intervention(ev: Evaluator, iv: ir.InterventionDecl, index: int) -> ck.Inte
     op = _operation(ev, iv.op)
     for v in op.vectors:
         ev.rows_available(v, site, iv.op.span)
+    if op.schedule:
+        _schedule_scopes(ev, iv)
     gate = _gate(ev, iv.gate) if iv.gate is not None else None
     return ck.Intervention(
         name=iv.name,
@@ -158,6 +160,34 @@ def _intervention(ev: Evaluator, iv: ir.InterventionDecl, index: int) -> ck.Inte
     )
 
 
+def step_scope(s) -> bool:
+    """Whether a scope item selects only positions at generation step 0 or later (position P-1 on)."""
+    if isinstance(s, ir.ScopeGenerated):
+        sel = s.sel
+        return sel is None or (isinstance(sel, ir.PosIndex) and sel.index >= 0) or \
+            (isinstance(sel, ir.PosSlice) and (sel.start is None or sel.start >= 0))
+    if isinstance(s, ir.ScopePrompt):
+        sel = s.sel
+        return (isinstance(sel, ir.PosIndex) and sel.index == -1) or \
+            (isinstance(sel, ir.PosSlice) and sel.start == -1 and sel.stop is None)
+    return False
+
+
+def _schedule_scopes(ev: Evaluator, iv: ir.InterventionDecl) -> None:
+    scopes = iv.scopes or (ir.ScopeAll(),)
+    bad = next((s for s in scopes if not step_scope(s)), None)
+    if bad is not None:
+        ev.ctx.error(
+            "schedule-outside-generation",
+            "a schedule counts generation steps, but this intervention also steers positions before the "
+            "prompt's last token" + ("" if iv.scopes else " (it has no `tokens` line, so it steers all of them)"),
+            bad.span if iv.scopes and bad.span is not None else iv.op.span,
+            help="steer `tokens generated` (steps 1 on), or `tokens prompt[-1:], generated` to include step 0, "
+                 "the last prompt position, which predicts the first generated token",
+        )
+        raise Fault
+
+
 def _operation(ev: Evaluator, op) -> ck.Operation:
     built = _build_operation(ev, op)
     return evolve(built, text=" ".join(t for t in fmt_op(op) if t))
@@ -166,6 +196,9 @@ def _operation(ev: Evaluator, op) -> ck.Operation:
 def _build_operation(ev: Evaluator, op) -> ck.Operation:
     span = op.span
     if isinstance(op, ir.Add):
+        if ev.ctx.types.get(id(op.vector)) == ty.SCHEDULED:
+            vector, schedule = ev.scheduled(op.vector)
+            return ck.Operation("add", (vector,), schedule=schedule, span=span, operand_spans=(op.vector.span,))
         return ck.Operation("add", (ev.vector(op.vector),), span=span, operand_spans=(op.vector.span,))
     if isinstance(op, ir.Set):
         return ck.Operation("set", (ev.vector(op.vector),), span=span, operand_spans=(op.vector.span,))
@@ -269,6 +302,72 @@ class Evaluator:
         if b == 0:
             self.fail("invalid-value", "division by zero", e.right.span)
         return a / b
+
+    # ------------------------------------------------------------ schedules
+
+    def schedule(self, e) -> tuple[float, tuple]:
+        """(coefficient, factors) of a schedule: scalars, ramp, decay and window multiplied together."""
+        t = self.ctx.types.get(id(e))
+        if t == ty.SCALAR:
+            return self.operand(e), ()
+        if isinstance(e, ir.Call):
+            return 1.0, (self._factor(e),)
+        if isinstance(e, ir.Neg):
+            c, f = self.schedule(e.operand)
+            return -c, f
+        c, f = self.schedule(e.left)
+        if e.op == "/":
+            d = self.scalar(e.right)
+            if d == 0:
+                self.fail("invalid-value", "division by zero", e.right.span)
+            return c / d, f
+        c2, f2 = self.schedule(e.right)
+        return c * c2, f + f2
+
+    def scheduled(self, e) -> tuple:
+        """(vector, sorted factors) of a scheduled vector: the coefficients fold into the vector."""
+        types = self.ctx.types
+        if types.get(id(e)) == ty.VECTOR:
+            return self.vector(e), ()
+        if isinstance(e, ir.Neg):
+            v, f = self.scheduled(e.operand)
+            return self._vectors().scaled(v, -1.0, e.span), f
+        if e.op == "/":
+            v, f = self.scheduled(e.left)
+            d = self.scalar(e.right)
+            if d == 0:
+                self.fail("invalid-value", "division by zero", e.right.span)
+            return self._vectors().scaled(v, 1.0 / d, e.span), f
+        left_timed = types.get(id(e.left)) in (ty.SCALAR, ty.SCHEDULE)
+        factor, vec = (e.left, e.right) if left_timed else (e.right, e.left)
+        c, f1 = self.schedule(factor)
+        v, f2 = self.scheduled(vec)
+        out = self._vectors().scaled(v, c, e.span) if c != 1.0 else v
+        return out, tuple(sorted(f1 + f2))
+
+    def _factor(self, e: ir.Call) -> tuple[str, float, float]:
+        from steerc.limits import MAX_SCHEDULE_STEP as MAX_POSITION
+
+        args = [self.operand(a) for a in e.args]
+        if e.func == "decay":
+            (r,) = args
+            if not 0.0 < r <= 1.0:
+                self.fail("invalid-value", f"a decay rate is in (0, 1], got {r:g}", e.args[0].span,
+                          help="decay(r) multiplies by r at each step: r <= 0 flips or zeroes the vector at "
+                               "once, r > 1 grows it without bound")
+            return ("decay", r, 0.0)
+        for a, value in zip(e.args, args):
+            if value != int(value) or not 0 <= value <= MAX_POSITION:
+                self.fail("invalid-value", f"`{e.func}` counts steps: a whole number from 0 to {MAX_POSITION:,}, "
+                          f"got {value:g}", a.span)
+        if e.func == "ramp":
+            if args[0] < 1:
+                self.fail("invalid-value", "ramp(n) needs n >= 1 steps", e.args[0].span)
+            return ("ramp", args[0], 0.0)
+        a, b = args
+        if a >= b:
+            self.fail("invalid-value", f"window({a:g}, {b:g}) is empty: it needs a < b", e.span)
+        return ("window", a, b)
 
     # ------------------------------------------------------------ vectors
     # Vector folding needs numpy; it is imported on the first vector, so

@@ -65,6 +65,12 @@ class VectorFolder:
         fn = np.add if e.op == "+" else np.subtract
         return self._in_range(_combine(a, b, fn), e.span)
 
+    def scaled(self, v, s: float, span):
+        """``v`` times the number ``s`` (each new array paid for, every entry fitting float32)."""
+        self.ev.ctx.spend(_size(v), span)
+        with np.errstate(over="ignore", invalid="ignore"):
+            return self._in_range(_map(v, lambda r: r * s), span)
+
     def _in_range(self, v, span):
         """``v``, once every entry is known to fit float32 (what steering vectors are stored as)."""
         for row in _rows(v):

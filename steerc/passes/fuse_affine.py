@@ -2,7 +2,8 @@
 
 ``s2 * (s1 * h + b1) + b2 = (s2 s1) * h + (s2 b1 + b2)``: one kernel instead
 of two, identical up to float rounding (property-tested at tight
-tolerance). Kernels that preserve the norm are not fused: their rescaling
+tolerance). A scheduled bias (``f(n) b``) fuses only with biases of the same
+schedule, or with none: ``s2 f b1 + f b2 = f (s2 b1 + b2)``. Kernels that preserve the norm are not fused: their rescaling
 depends on their own input. Nor are kernels whose fused scale or bias would
 not fit float32 (two `scale 1e30` make 1e60): each one alone fits, as the
 checker made sure, and the plan never holds an infinite value.
@@ -39,7 +40,15 @@ def compose(first: Affine, second: Affine) -> Affine | None:
     if not _fits(scale) or (bias is not None and not _fits(bias)):
         return None
     new_scale = Vec(scale) if isinstance(scale, np.ndarray) else float(scale)
-    return Affine(new_scale, Vec(bias) if bias is not None else None)
+    return Affine(new_scale, Vec(bias) if bias is not None else None, _bias_schedule(first) or _bias_schedule(second))
+
+
+def _bias_schedule(op: Affine):
+    return op.schedule if op.bias is not None else ()
+
+
+def _schedules_agree(a: Affine, b: Affine) -> bool:
+    return a.bias is None or b.bias is None or a.schedule == b.schedule
 
 
 def _fits(x) -> bool:
@@ -52,6 +61,7 @@ def fusable(a: Kernel, b: Kernel) -> bool:
         and isinstance(b.op, Affine)
         and a.scope == b.scope
         and a.gate == b.gate
+        and _schedules_agree(a.op, b.op)
         and not a.preserve_norm
         and not b.preserve_norm
     )

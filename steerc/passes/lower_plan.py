@@ -37,7 +37,7 @@ def lower_op(op: ck.Operation, layer: int):
     vecs = [_row(v, layer) for v in op.vectors]
     kind = op.kind
     if kind == "add":
-        return Affine(1.0, Vec(vecs[0]))
+        return Affine(1.0, Vec(vecs[0]), op.schedule)
     if kind == "scale":
         return Affine(Vec(vecs[0]) if vecs else float(op.scalar), None)
     if kind == "set":

@@ -16,7 +16,7 @@ from steerc.passes.context import CheckContext, Symbol, did_you_mean, one_of
 
 name = "names"
 
-FUNCTIONS = ("load", "normalize")
+FUNCTIONS = ("load", "normalize", "ramp", "decay", "window")
 
 _KINDS = {
     ir.ParamDecl: "param",

@@ -98,6 +98,10 @@ def _unit_rows(vectors, width: int, where: str) -> None:
 
 def _verify_op(op, width: int, where: str) -> None:
     if isinstance(op, Affine):
+        _check(not op.schedule or op.bias is not None, f"{where}: a schedule without a bias")
+        for kind, a, b in op.schedule:
+            _check(kind in ("ramp", "decay", "window") and math.isfinite(a) and math.isfinite(b),
+                   f"{where}: bad schedule {kind}")
         for v in (op.scale, op.bias):
             if v is None:
                 continue

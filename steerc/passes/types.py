@@ -2,8 +2,12 @@
 
 Types are syntactic (no values yet): numbers and params are scalars; loaded
 vectors, literals and ``normalize`` are vectors; vectors add to vectors and
-multiply or divide by scalars. Each operation, readout and gate checks its
-operands. Reports ``type-error`` with what was expected where.
+multiply or divide by scalars. ``ramp(n)``, ``decay(r)`` and ``window(a, b)``
+are schedules: scalars that vary with the generation step; they combine
+with scalars and each other by products only, and a schedule times a vector
+is a scheduled vector, which only `add` takes. Each operation, readout and
+gate checks its operands. Reports ``type-error`` with what was expected
+where.
 """
 
 from __future__ import annotations
@@ -14,7 +18,12 @@ from steerc.passes.context import CheckContext, did_you_mean
 name = "types"
 
 SCALAR, VECTOR, PROBE, STRING, BOOL = "scalar", "vector", "probe", "string", "bool"
-_ARTICLE = {SCALAR: "a scalar", VECTOR: "a vector", PROBE: "a probe", STRING: "a string", BOOL: "a boolean"}
+SCHEDULE, SCHEDULED = "schedule", "scheduled vector"
+_ARTICLE = {SCALAR: "a scalar", VECTOR: "a vector", PROBE: "a probe", STRING: "a string", BOOL: "a boolean",
+            SCHEDULE: "a schedule", SCHEDULED: "a scheduled vector"}
+# name -> how many scalar arguments (the values are checked by `fold`)
+SCHEDULES = {"ramp": 1, "decay": 1, "window": 2}
+_ONLY_ADD = "schedules vary with the generation step and scale the vector of an `add` only"
 LOAD_KEYWORDS = {"key": STRING, "per_layer": BOOL}
 
 
@@ -55,7 +64,8 @@ def _intervention(ctx: CheckContext, iv: ir.InterventionDecl) -> None:
     op = iv.op
     ok = True
     if isinstance(op, ir.Add):
-        ok = expect(ctx, op.vector, VECTOR, "`add` adds a vector")
+        t = type_of(ctx, op.vector)
+        ok = t in (VECTOR, SCHEDULED) or (t is not None and expect(ctx, op.vector, VECTOR, "`add` adds a vector"))
     elif isinstance(op, ir.Set):
         ok = expect(ctx, op.vector, VECTOR, "`set` replaces the hidden state with a vector")
     elif isinstance(op, ir.Scale):
@@ -111,6 +121,8 @@ def expect(ctx: CheckContext, expr, want: str, why: str, help: str | None = None
     if t is None:
         return False
     if t != want:
+        if t in (SCHEDULE, SCHEDULED) and help is None:
+            help = _ONLY_ADD + ": `add strength * decay(0.9) * v`"
         ctx.error("type-error", f"expected {_ARTICLE[want]}, found {_ARTICLE[t]}: {why}", expr.span, help=help)
         return False
     return True
@@ -170,6 +182,9 @@ def _binop(ctx: CheckContext, e: ir.BinOp) -> str | None:
     if STRING in (left, right) or BOOL in (left, right):
         ctx.error("type-error", "strings and booleans take no part in arithmetic", e.span)
         return None
+    timed = {SCHEDULE, SCHEDULED} & {left, right}
+    if timed:
+        return _timed(ctx, e, left, right)
     if e.op in "+-":
         if left == right:
             return left
@@ -196,7 +211,36 @@ def _binop(ctx: CheckContext, e: ir.BinOp) -> str | None:
     return left
 
 
+def _timed(ctx: CheckContext, e: ir.BinOp, left: str, right: str) -> str | None:
+    """Arithmetic with a schedule: products (and division by a scalar) only."""
+    if e.op == "*":
+        kinds = sorted((left, right))
+        if kinds in ([SCALAR, SCHEDULE], [SCHEDULE, SCHEDULE]):
+            return SCHEDULE
+        if kinds in ([SCHEDULE, VECTOR], [SCALAR, SCHEDULED], [SCHEDULE, SCHEDULED]):
+            return SCHEDULED
+        ctx.error("type-error", f"cannot multiply {_ARTICLE[left]} by {_ARTICLE[right]}", e.span,
+                  help="a schedule multiplies one vector: `strength * decay(0.9) * v`")
+        return None
+    if e.op == "/" and right == SCALAR:
+        return left
+    what = "add to or subtract from" if e.op in "+-" else "divide by"
+    ctx.error("type-error", f"cannot {what} a schedule", e.span,
+              help="schedules combine by products (`ramp(8) * decay(0.9)`) and scale a vector")
+    return None
+
+
 def _call(ctx: CheckContext, e: ir.Call) -> str | None:
+    if e.func in SCHEDULES:
+        n = SCHEDULES[e.func]
+        if len(e.args) != n or e.kwargs:
+            ctx.error("type-error", f"`{e.func}` takes {n} number{'s' if n > 1 else ''}", e.span,
+                      help={"ramp": "ramp(n): from 1/n up to 1 over the first n steps",
+                            "decay": "decay(r): r to the power of the step, 0 < r <= 1",
+                            "window": "window(a, b): 1 for steps a to b-1, 0 elsewhere"}[e.func])
+            return None
+        ok = all(expect(ctx, a, SCALAR, f"the arguments of `{e.func}` are numbers") for a in e.args)
+        return SCHEDULE if ok else None
     if e.func == "normalize":
         if len(e.args) != 1 or e.kwargs:
             ctx.error("type-error", "`normalize` takes exactly one vector", e.span)

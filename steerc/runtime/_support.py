@@ -28,10 +28,33 @@ def compute_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
 
 
-def affine(h, scale, bias):
-    """``scale * h + bias`` (scale: a number or a vector; bias: a vector or None)."""
+def affine(h, scale, bias, factor=None):
+    """``scale * h + factor * bias`` (scale: a number or a vector; bias: a vector or None; factor: the
+    schedule's value per position, ``h`` without its last axis, or None for 1)."""
     out = h * scale if not (isinstance(scale, float) and scale == 1.0) else h
-    return out + bias if bias is not None else out
+    if bias is None:
+        return out
+    return out + (bias if factor is None else factor.unsqueeze(-1) * bias)
+
+
+def schedule_factor(kinds, params, pos, plen):
+    """A schedule's value at each position: the product of its factors at step ``n = pos - (plen - 1)``.
+
+    ``kinds`` names the factors; ``params`` ([m, 2], the compute dtype) holds their numbers:
+    ramp (n, -): min(1, (step + 1) / n); decay (r, -): r ** step; window (a, b): 1 for a <= step < b.
+    Steps before 0 count as 0 (a schedule never steers them: the checker makes sure).
+    """
+    steps = (pos - plen + 1).clamp_min(0).to(params.dtype)
+    out = torch.ones_like(steps)
+    for i, kind in enumerate(kinds):
+        a, b = params[i, 0], params[i, 1]
+        if kind == "ramp":
+            out = out * torch.clamp((steps + 1.0) / a, max=1.0)
+        elif kind == "decay":
+            out = out * torch.pow(a, steps)
+        else:
+            out = out * ((steps >= a) & (steps < b)).to(params.dtype)
+    return out
 
 
 def project(h, basis, target):

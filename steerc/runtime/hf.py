@@ -93,7 +93,8 @@ def _kernel(call: KernelCall, x, ctx, tensors: S.Tensors):
     if call.gate is not None:
         m = m & ctx.gate_mask(call.gate)
     if call.kind == "affine":
-        new = S.affine(x, call.scale if call.scale is not None else t("scale"), t("bias"))
+        factor = S.schedule_factor(call.schedule, t("schedule"), ctx.pos, ctx.plen) if call.schedule else None
+        new = S.affine(x, call.scale if call.scale is not None else t("scale"), t("bias"), factor)
     elif call.kind == "project":
         new = S.project(x, t("basis"), t("target"))
     else:

@@ -153,7 +153,10 @@ def _kernel(state: SteerState, k: dict, x, n: int):
     if k["gate"] is not None:
         mask = mask & state.gate_mask(state.boot["gates"][k["gate"]], n)
     if k["kind"] == "affine":
-        new = S.affine(x, t["scale"], t.get("bias"))
+        factor = None
+        if k.get("schedule"):
+            factor = S.schedule_factor(k["schedule"], t["schedule"], state.pos[:n], state.plen[:n])
+        new = S.affine(x, t["scale"], t.get("bias"), factor)
     elif k["kind"] == "project":
         new = S.project(x, t["basis"], t.get("target"))
     else:

@@ -42,7 +42,8 @@ class Target:
 
 
 FEATURE_GROUPS = {
-    "op": ("add", "scale", "scale-vector", "set", "suppress", "ablate", "clamp", "rotate", "preserve-norm"),
+    "op": ("add", "scale", "scale-vector", "set", "suppress", "ablate", "clamp", "rotate", "preserve-norm",
+           "schedule"),
     "site": ("resid_pre", "resid_post", "attn_out", "mlp_out", "head"),
     "scope": ("all", "prompt", "generated", "prompt-slice", "generated-slice", "positions", "after", "union"),
     "gate": ("prompt.mean", "prompt.last", "token"),
@@ -195,6 +196,9 @@ TARGETS: dict[str, Target] = {
             projected_cosine=_yes("readout:projected_cosine", "`projected_cosine` of one direction (CAST's "
                                                               "cos(h, tanh(P h)); vLLM-Hook's epsilons are a "
                                                               "rounding-level difference)"),
+            schedule=_no("op:schedule", "vLLM-Hook's strengths are constant: no transform varies with the "
+                                        "generation step", "drop the schedule, or " + "use the steerc serve format "
+                                        "(--target serve)"),
             subspace_cosine=_no("readout:subspace_cosine", "vLLM-Hook's readouts have no untanh'd projection",
                                 "read projected_cosine (CAST's condition), cosine or dot, or use the steerc serve "
                                 "format (--target serve)"),

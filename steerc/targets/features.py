@@ -35,6 +35,8 @@ def program_features(checked: ck.CheckedProgram):
     used_probes: dict[str, object] = {}
     for iv in checked.interventions:
         yield _op_feature(iv.op), iv.op.span
+        if iv.op.schedule:
+            yield "op:schedule", iv.op.span
         if iv.preserve_norm:
             yield "op:preserve-norm", iv.span
         yield f"site:{iv.site.kind}", iv.site.span

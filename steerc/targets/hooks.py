@@ -67,6 +67,7 @@ class KernelCall:
     gate: tuple | None
     preserve_norm: bool
     label: str  # "name (file:line): op text"
+    schedule: tuple[str, ...] = ()  # an affine kernel's schedule kinds; their numbers: tensor "schedule" [m, 2]
 
     def tensor(self, role: str) -> str | None:
         return dict(self.tensors).get(role)
@@ -145,6 +146,8 @@ def _kernel_call(kernel, prefix: str, tensors: dict) -> KernelCall:
             put("scale", op.scale.array)
         if op.bias is not None:
             put("bias", op.bias.array)
+        if op.schedule:
+            put("schedule", np.asarray([[a, b] for _, a, b in op.schedule], dtype=np.float64))
     elif isinstance(op, Project):
         kind = "project"
         put("basis", np.stack([b.array for b in op.basis]))
@@ -160,8 +163,9 @@ def _kernel_call(kernel, prefix: str, tensors: dict) -> KernelCall:
         else f"{p.intervention}: {p.note}"
         for p in kernel.provenance
     )
+    schedule = tuple(k for k, _, _ in op.schedule) if isinstance(op, Affine) else ()
     return KernelCall(kind, tuple(named), scale, angle, mode, scope_data(kernel.scope),
-                      gate_data(kernel.gate), kernel.preserve_norm, label)
+                      gate_data(kernel.gate), kernel.preserve_norm, label, schedule)
 
 
 def _probe_call(p, prefix: str, tensors: dict) -> ProbeCall:

@@ -54,6 +54,9 @@ PROGRAMS = {
     "e": ('steer 1\nvector v = load("a.npy")\n'
           "intervention x {\n  at resid_post[4:8]\n  add 1.5 * v\n  tokens generated\n}\n"
           'constrain choice ["yes", "no", "maybe"]\n'),
+    "f": ('steer 1\nvector v = load("a.npy")\n'
+          "intervention x {\n  at resid_post[6:10]\n  add 3.0 * decay(0.8) * ramp(3) * v\n"
+          "  tokens prompt[-1:], generated\n}\n"),
 }
 ANSWER = {"type": "object", "properties": {"answer": {"type": "string", "maxLength": 24}}, "required": ["answer"],
           "additionalProperties": False}
@@ -233,6 +236,12 @@ def test_bad_requests_get_400_naming_the_field(server, compiled, prompts, case):
     assert code == 400, reply
     assert field in reply["error"]["param"] + reply["error"]["message"], reply
     assert server.alive()
+
+
+def test_a_scheduled_plan_matches_hf(server, folder, compiled, prompts):
+    code, reply = completion(server, prompts[1], fields_of(compiled["f"][1]))
+    assert code == 200, reply
+    assert_hf_tokens(folder, compiled["f"][0], prompts[1], tokens_of(reply), "scheduled plan f")
 
 
 def test_server_keeps_serving_after_bad_requests(server, folder, compiled, prompts):

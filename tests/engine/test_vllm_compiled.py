@@ -22,7 +22,7 @@ require_vllm()
 
 W = 128
 TEXT = (
-    "steer 1\nparam s = 4.0\n"
+    "steer 1\nparam s = 4.0\nparam rate = 0.9\n"
     f"probe tok {{\n  at   resid_post[0]\n  read norm\n  pool token\n}}\n"
     f"probe pooled {{\n  at   resid_pre[1]\n  read cosine({vec(W, 33)})\n  pool prompt.mean\n}}\n"
     f"intervention a {{\n  at resid_post[1]\n  add s * {vec(W, 1)}\n  tokens generated\n}}\n"
@@ -30,6 +30,8 @@ TEXT = (
     f"intervention c {{\n  at attn_out[3]\n  rotate in ({vec(W, 7)}, {vec(W, 8)}) to 40deg\n  tokens generated\n"
     "  when pooled > -2.0\n}\n"
     f"intervention d {{\n  at head[2, 1]\n  scale 2.0\n  tokens prompt[-2:], generated[:3]\n}}\n"
+    f"intervention e {{\n  at resid_post[2]\n  add 3.0 * decay(rate) * ramp(2) * {vec(W, 9)}\n"
+    "  tokens prompt[-1:], generated\n}\n"
 )
 
 
@@ -42,7 +44,7 @@ def folder():
 def runs(folder):
     """Everything measured on the compiled steered engine, then on a plain compiled engine."""
     plan = checked_plan(folder, TEXT)
-    stronger = checked_plan(folder, TEXT, params={"s": 12.0})
+    stronger = checked_plan(folder, TEXT, params={"s": 12.0, "rate": 0.5})  # new values, schedule included
     out = {"plan": plan, "stronger": stronger}
     eng = Engine(folder, vllm_bytes(folder, plan))
     try:

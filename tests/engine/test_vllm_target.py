@@ -239,3 +239,17 @@ def test_projected_cosine_is_casts_condition_on_the_engine(engine, folder):
             got = engine.run()
             opened = got[i][1] != reference[i][1]
             assert opened == should_open, (i, value, offset)
+
+
+SCHEDULED = {
+    "decay": ("add 6.0 * decay(0.6) * " + vec(W, 60), "prompt[-1:], generated"),
+    "ramp and window": ("add 5.0 * ramp(3) * window(1, 4) * " + vec(W, 61), "generated"),
+    "decay on a slice": ("add 4.0 * decay(0.8) * ramp(2) * " + vec(W, 62), "prompt[-1:], generated[1:3]"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(SCHEDULED))
+def test_schedules_match_hf(engine, folder, case):
+    """The schedule's value comes from the position buffers in the graph: equal to the HF target's."""
+    op, scope = SCHEDULED[case]
+    check(engine, folder, program("resid_post[2]", op, scope))

@@ -67,7 +67,9 @@ def _kernel_lines(k: KernelCall, scopes: _Names, gates: _Names, v: str) -> list[
         lines.append(f"m = m & ctx.gate_mask({gates(k.gate)})")
     if k.kind == "affine":
         scale = repr(k.scale) if k.scale is not None else _tensor(k.tensor("scale"), v)
-        new = f"S.affine({v}, {scale}, {_tensor(k.tensor('bias'), v)})"
+        if k.schedule:
+            lines.append(f"f = S.schedule_factor({k.schedule!r}, {_tensor(k.tensor('schedule'), v)}, ctx.pos, ctx.plen)")
+        new = f"S.affine({v}, {scale}, {_tensor(k.tensor('bias'), v)}{', f' if k.schedule else ''})"
     elif k.kind == "project":
         new = f"S.project({v}, {_tensor(k.tensor('basis'), v)}, {_tensor(k.tensor('target'), v)})"
     else:

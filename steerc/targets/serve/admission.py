@@ -154,6 +154,17 @@ class _Refs:
         return value
 
 
+def _step_scope(scope: dict) -> bool:
+    """The serve JSON twin of steerc.passes.fold.step_scope: positions from P-1 on only."""
+    if scope["kind"] == "generated":
+        start = scope.get("index", scope.get("start"))
+        return start is None or start >= 0
+    if scope["kind"] == "prompt":
+        return scope.get("index") == -1 or (scope.get("start") == -1 and scope.get("stop") is None
+                                            and "index" not in scope)
+    return False
+
+
 def _check_gate(field: str, gate: dict, probes: set[str]) -> None:
     if "probe" in gate:
         if gate["probe"] not in probes:
@@ -223,6 +234,16 @@ def check_document(doc, facts, artifacts: dict[str, bytes], *, tp_size: int = 1,
             for s, scope in enumerate(k["scope"]):
                 if scope["kind"] == "after":
                     _fail(f"{field}.scope[{s}]", "`after` scopes are not supported by the serve target")
+            if op["kind"] == "affine" and op.get("schedule"):
+                if op["bias"] is None:
+                    _fail(f"{field}.op.schedule", "a schedule scales the bias, and this kernel has none")
+                for f, factor in enumerate(op["schedule"]):
+                    if factor["kind"] == "window" and factor["start"] >= factor["stop"]:
+                        _fail(f"{field}.op.schedule[{f}]", "an empty window: start < stop is needed")
+                for s, scope in enumerate(k["scope"]):
+                    if not _step_scope(scope):
+                        _fail(f"{field}.scope[{s}]", "a scheduled kernel steers only from the prompt's last "
+                                                     "position on (generated, generated[a:b], prompt[-1:])")
             if k["gate"] is not None:
                 _check_gate(f"{field}.gate", k["gate"], probe_names)
     if sorted(refs.used) != doc["artifacts"]:

@@ -112,12 +112,32 @@ def _op(op, arts: _Artifacts) -> dict:
 
     if isinstance(op, Affine):
         scale = {"value": op.scale} if isinstance(op.scale, float) else arts.put(op.scale.array)
-        return {"kind": "affine", "scale": scale, "bias": arts.put(op.bias.array) if op.bias is not None else None}
+        out = {"kind": "affine", "scale": scale, "bias": arts.put(op.bias.array) if op.bias is not None else None}
+        if op.schedule:
+            out["schedule"] = [_schedule_json(f) for f in op.schedule]
+        return out
     if isinstance(op, Project):
         return {"kind": "project", "basis": arts.put(np.stack([b.array for b in op.basis])),
                 "target": list(op.target) if op.target is not None else None}
     return {"kind": "rotate", "e1": arts.put(op.e1.array), "e2": arts.put(op.e2.array), "angle": op.angle,
             "mode": op.mode}
+
+
+def _schedule_json(factor) -> dict:
+    kind, a, b = factor
+    if kind == "ramp":
+        return {"kind": "ramp", "steps": int(a)}
+    if kind == "decay":
+        return {"kind": "decay", "rate": a}
+    return {"kind": "window", "start": int(a), "stop": int(b)}
+
+
+def _schedule_from(d: dict) -> tuple[str, float, float]:
+    if d["kind"] == "ramp":
+        return ("ramp", float(d["steps"]), 0.0)
+    if d["kind"] == "decay":
+        return ("decay", float(d["rate"]), 0.0)
+    return ("window", float(d["start"]), float(d["stop"]))
 
 
 def _site(site: Site) -> dict:
@@ -238,7 +258,8 @@ def _op_from(d: dict, load):
     kind = d["kind"]
     if kind == "affine":
         scale = float(d["scale"]["value"]) if "value" in d["scale"] else _vec(d["scale"], load)
-        return Affine(scale, _vec(d["bias"], load) if d["bias"] is not None else None)
+        schedule = tuple(sorted(_schedule_from(f) for f in d.get("schedule") or ()))
+        return Affine(scale, _vec(d["bias"], load) if d["bias"] is not None else None, schedule)
     if kind == "project":
         rows = read_artifact(load(d["basis"]["artifact"]), d["basis"]["artifact"])
         target = tuple(float(t) for t in d["target"]) if d["target"] is not None else None

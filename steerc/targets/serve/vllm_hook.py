@@ -226,6 +226,9 @@ class _Lowering:
                 vector[site.head] = op.bias.array
             return [({"kind": "head_additive", "strength": 1.0}, {"vector": vector})]
         width = self.facts.hidden
+        if isinstance(op, Affine) and op.schedule:
+            raise _Refused(text, "vLLM-Hook's strengths are constant: no transform varies with the generation step",
+                           "drop the schedule, or " + _SERVE)
         if isinstance(op, Affine):
             if isinstance(op.scale, float) and op.scale == 1.0:
                 bias = op.bias.array if op.bias is not None else np.zeros(width, dtype=np.float32)

@@ -47,7 +47,9 @@ def _kernel(k: KernelCall, prefix: str, tensors: dict, scopes: list, gates: list
     if k.gate is not None:
         gates.append(numbered_gate(k.gate, thresholds))
         gate = len(gates) - 1
+    extra = {"schedule": list(k.schedule)} if k.schedule else {}
     return {
+        **extra,
         "kind": k.kind,
         "tensors": {role: named[role] for role in sorted(named)},
         "mode": k.mode,

@@ -189,7 +189,28 @@ def validate_plan(obj, *, fingerprint: str | None = None, boot: dict | None = No
         if name not in tensors:
             raise PlanError(f"plan.state.tensors.{name}", "missing")
         out[name] = tensor_from_wire(f"plan.state.tensors.{name}", tensors[name], spec["shape"])
+    _check_schedules(plan_boot, out)
     return out
+
+
+def _check_schedules(boot: dict, tensors: dict) -> None:
+    """Schedule numbers that mean something: a decay rate in (0, 1], whole step counts, a window a < b."""
+    from steerc.limits import MAX_SCHEDULE_STEP
+
+    for hook in boot["hooks"]:
+        for site in hook["sites"]:
+            for kernel in site["kernels"]:
+                for i, kind in enumerate(kernel.get("schedule") or ()):
+                    name = kernel["tensors"]["schedule"]
+                    a, b = (float(x) for x in tensors[name][i])
+                    field = f"plan.state.tensors.{name}"
+                    steps = (a,) if kind == "ramp" else (a, b) if kind == "window" else ()
+                    if kind == "decay" and not 0.0 < a <= 1.0:
+                        raise PlanError(field, f"row {i}: a decay rate is in (0, 1], got {a:g}")
+                    if any(x != int(x) or not 0 <= x <= MAX_SCHEDULE_STEP for x in steps):
+                        raise PlanError(field, f"row {i}: {kind} counts whole steps up to {MAX_SCHEDULE_STEP}")
+                    if (kind == "ramp" and a < 1) or (kind == "window" and a >= b):
+                        raise PlanError(field, f"row {i}: an empty {kind}")
 
 
 def _short(value) -> str:
@@ -228,7 +249,8 @@ def _header_facts(header: dict):
     return facts
 
 
-_ROLES = {"affine": ({"scale"}, {"bias"}), "project": ({"basis"}, {"target"}), "rotate": ({"e1", "e2", "angle"}, set())}
+_ROLES = {"affine": ({"scale"}, {"bias", "schedule"}), "project": ({"basis"}, {"target"}),
+          "rotate": ({"e1", "e2", "angle"}, set())}
 
 
 def _check_boot(boot: dict, facts) -> None:
@@ -338,6 +360,11 @@ def _check_kernel(field: str, k: dict, width: int, boot: dict, buffer) -> None:
         for role in ("e1", "e2"):
             buffer(f"{field}.tensors.{role}", t[role], (width,))
         buffer(f"{field}.tensors.angle", t["angle"], (1,))
+    schedule = k.get("schedule")
+    if schedule or "schedule" in t:
+        if not schedule or "schedule" not in t or "bias" not in t:
+            raise PlanError(f"{field}.schedule", "a schedule needs its kinds, its [m, 2] numbers and a bias to scale")
+        buffer(f"{field}.tensors.schedule", t["schedule"], (len(schedule), 2))
     if (k["kind"] == "rotate") != (k["mode"] is not None):
         raise PlanError(f"{field}.mode", "a rotation has a mode (to or by); other kernels have none")
     if k["scope"] >= len(boot["scopes"]):
