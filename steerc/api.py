@@ -28,7 +28,7 @@ from attrs import define, field
 from steerc.diagnostics import Diagnostic, Diagnostics, capped, render_text, to_json_dict
 from steerc.frontend import parse
 from steerc.ir import nodes as ir
-from steerc.passes import causality, constraints, fold, names, structure, types, unused
+from steerc.passes import causality, constraints, fold, names, request, structure, types, unused
 from steerc.passes.context import CheckContext, Options
 from steerc.source import Source
 
@@ -36,7 +36,7 @@ __all__ = ["CheckResult", "Options", "check_file", "check_source", "CHECK_PASSES
 
 # The model-independent check pipeline, in order. Each pass reads and
 # annotates the context; a pass may stop the pipeline (`ctx.stop`).
-CHECK_PASSES = (structure, names, types, fold, causality, constraints, unused)
+CHECK_PASSES = (structure, names, types, fold, request, causality, constraints, unused)
 
 
 @define

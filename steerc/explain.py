@@ -138,6 +138,8 @@ def describe_op(op) -> dict:
 
 def _gate_text(g) -> str:
     if isinstance(g, ck.GateCompare):
+        if g.param is not None:
+            return f"{g.probe} {g.op} {_fmt(g.threshold)} (= {_fmt(g.coefficient)} * {g.param})"
         return f"{g.probe} {g.op} {_fmt(g.threshold)}"
     if isinstance(g, ck.GateNegate):
         return f"not ({_gate_text(g.operand)})"
@@ -167,7 +169,20 @@ def _kernel(kernel: Kernel, plan: Plan) -> dict:
         "gate": _gate(kernel, plan),
         "preserve_norm": kernel.preserve_norm,
     }
+    if kernel.bindings:
+        out["per_request"] = [_binding(b) for b in kernel.bindings]
     return out
+
+
+ROLE_TEXT = {"bias": "b", "scale": "s", "target": "t", "angle": "angle"}
+
+
+def _binding(b) -> dict:
+    c = b.coefficient
+    text = _fmt(math.degrees(c)) + " deg" if b.role == "angle" else (
+        _fmt(c) if isinstance(c, float) else f"a vector of norm {_fmt(_norm(c))}")
+    return {"role": b.role, "param": b.param, "coefficient": text,
+            "text": f"{ROLE_TEXT[b.role]} = {b.param} * {text}"}
 
 
 def _aliases(site: Site, layers: int) -> list[str]:
@@ -221,6 +236,8 @@ def explain(result, target: str = "hf") -> dict:
         "sites": sites,
         "probes": probes,
         "constraint": constraint,
+        **({"params": [{"name": p.name, "default": p.default, "min": p.low, "max": p.high} for p in plan.params]}
+           if plan.params else {}),
         "changes": [
             {"pass": c.pass_name, "site": c.site.text, "what": c.what, "interventions": list(c.interventions)}
             for c in plan.changes
@@ -274,6 +291,8 @@ def render(doc: dict) -> str:
                 shown = ", ".join(f"{v:g}" for v in sched["steps"])
                 lines.append(f"     b scaled by {sched['factors']}: steps 0.. {len(sched['steps']) - 1}: {shown} "
                              "(step 0 = position P-1, which predicts the first generated token)")
+            for b in k.get("per_request", ()):
+                lines.append(f"     per request: {b['text']}")
             if k["note"]:
                 lines.append(f"     note: {k['note']}")
             if k["gate"]:
@@ -292,6 +311,11 @@ def render(doc: dict) -> str:
         lines.append(f"\nconstraint: {c['kind']}{origin}, applied to {c['applies_to']}")
         lines.append(f"  {c['note']}" + (f": {', '.join(c['overlapping_interventions'])}"
                                          if c["overlapping_interventions"] else ""))
+    if doc.get("params"):
+        lines.append("\nper-request params (kernels that use them are kept apart: never fused or dropped)")
+        for p in doc["params"]:
+            rng = f", in [{p['min']:g}, {p['max']:g}]" if p["min"] is not None else ""
+            lines.append(f"  {p['name']}: default {p['default']:g}{rng}")
     if doc["changes"]:
         lines.append("\noptimisations")
         for c in doc["changes"]:

@@ -15,18 +15,22 @@ With the ``openai`` client::
     client.chat.completions.create(model=..., messages=..., **fields)
 
 ``fields`` is ``{"extra_body": {...}}`` (and ``response_format`` for a
-schema). Offline, :func:`offline_request` gives the prompt dict and the
+schema). A plan with per-request params (``param strength = 1 in [0, 4]
+per request``) takes values: ``request_fields("out/", params={"strength":
+2})`` adds ``steerc_params`` and the salt of those values. Offline, :func:`offline_request` gives the prompt dict and the
 ``extra_args`` for ``vllm.SamplingParams``. Needs neither torch nor vLLM.
 """
 
 from __future__ import annotations
 
 import base64
+import hashlib
 import json
 import os
 
 PLAN_KEY = "steerc_plan"
 ARTIFACTS_KEY = "steerc_artifacts"
+PARAMS_KEY = "steerc_params"
 
 
 def read_compiled(folder: str) -> tuple[dict, dict[str, bytes]]:
@@ -41,19 +45,41 @@ def read_compiled(folder: str) -> tuple[dict, dict[str, bytes]]:
     return plan, artifacts
 
 
-def extra_args(plan: dict, artifacts: dict[str, bytes], *, inline: bool = True) -> dict:
+def _compact(value) -> str:
+    return json.dumps(value, sort_keys=True, separators=(",", ":"))
+
+
+def _number(v):
+    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else v
+
+
+def request_salt(plan: dict, params: dict | None) -> str:
+    """The ``cache_salt`` of a request: the plan's, or — when ``params`` move a per-request param off its
+    default — a hash of the plan's salt and every param's value (KV under other values is never shared)."""
+    defaults = {p["name"]: float(p["default"]) for p in plan.get("params") or ()}
+    values = dict(defaults, **{k: _number(v) for k, v in (params or {}).items()})
+    if values == defaults:
+        return plan["cache_salt"]
+    digest = hashlib.sha256((plan["cache_salt"] + _compact(values)).encode("utf-8")).hexdigest()
+    return "steerc-" + digest[:32]
+
+
+def extra_args(plan: dict, artifacts: dict[str, bytes], *, inline: bool = True, params: dict | None = None) -> dict:
     """``SamplingParams.extra_args`` for a steered request (strings only: ``vllm_xargs`` takes no maps)."""
-    out = {PLAN_KEY: json.dumps(plan, sort_keys=True, separators=(",", ":"))}
+    out = {PLAN_KEY: _compact(plan)}
+    if params:
+        out[PARAMS_KEY] = _compact(params)
     if inline:
         encoded = {k: base64.b64encode(v).decode("ascii") for k, v in sorted(artifacts.items())}
         out[ARTIFACTS_KEY] = json.dumps(encoded, sort_keys=True, separators=(",", ":"))
     return out
 
 
-def request_fields(folder: str, *, inline: bool = True) -> dict:
-    """Keyword arguments for the OpenAI client's ``create(...)`` call."""
+def request_fields(folder: str, *, inline: bool = True, params: dict | None = None) -> dict:
+    """Keyword arguments for the OpenAI client's ``create(...)`` call (``params``: per-request values)."""
     plan, artifacts = read_compiled(folder)
-    body = {"vllm_xargs": extra_args(plan, artifacts, inline=inline), "cache_salt": plan["cache_salt"]}
+    body = {"vllm_xargs": extra_args(plan, artifacts, inline=inline, params=params),
+            "cache_salt": request_salt(plan, params)}
     request = plan.get("request") or {}
     if "structured_outputs" in request:
         body["structured_outputs"] = request["structured_outputs"]
@@ -63,9 +89,9 @@ def request_fields(folder: str, *, inline: bool = True) -> dict:
     return fields
 
 
-def offline_request(folder: str, prompt, *, inline: bool = True) -> tuple[dict, dict]:
+def offline_request(folder: str, prompt, *, inline: bool = True, params: dict | None = None) -> tuple[dict, dict]:
     """(prompt dict with ``cache_salt``, ``extra_args``) for ``LLM.generate`` with ``SamplingParams``."""
     plan, artifacts = read_compiled(folder)
     prompt_dict = {"prompt": prompt} if isinstance(prompt, str) else {"prompt_token_ids": list(prompt)}
-    prompt_dict["cache_salt"] = plan["cache_salt"]
-    return prompt_dict, extra_args(plan, artifacts, inline=inline)
+    prompt_dict["cache_salt"] = request_salt(plan, params)
+    return prompt_dict, extra_args(plan, artifacts, inline=inline, params=params)

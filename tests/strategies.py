@@ -452,7 +452,7 @@ _INTERESTING = [
     "by", "all", "prompt", "generated", "after", "and", "or", "not", "true", "false", "load", "normalize",
     "cosine", "projected_cosine", "subspace_cosine", "dot", "norm", "head", "resid_pre", "resid_post", "attn_out", "mlp_out",
     "prompt.mean", "token", "key=", "per_layer=true", "json_schema", "regex", "grammar", "choice", "from",
-    "é", "\u2028", "\x00", "\r",
+    "per request", "in [0, 1]", "é", "\u2028", "\x00", "\r",
 ]
 
 

@@ -207,7 +207,8 @@ def test_gc_state_is_restored():
 
 
 def test_check_pipeline_is_a_visible_tuple():
-    assert [p.name for p in CHECK_PASSES] == ["structure", "names", "types", "fold", "causality", "constraints", "unused"]
+    assert [p.name for p in CHECK_PASSES] == ["structure", "names", "types", "fold", "request", "causality", "constraints",
+                                             "unused"]
 
 
 def test_the_compiler_core_imports_no_torch():

@@ -237,6 +237,30 @@ def test_the_readme_first_program_is_in_canonical_layout_and_is_the_example():
     assert program == parse(Source("joy.steer", example), Diagnostics())
 
 
+def test_the_readme_per_request_example_checks(examples_dir, tmp_path):
+    """The README's `per request` line is the example's, and the example compiles for serve (the joy
+    vector replaced by a random one of its shape, as ./dev demo may not have run)."""
+    import numpy as np
+    from safetensors.numpy import save_file
+
+    from steerc.api import Options, check_file
+    from steerc.facts import load_facts
+
+    (line,) = [b for b in _blocks("steer") if "per request" in b]
+    source = os.path.join(REPO, "examples", "smollm2", "joy_per_request.steer")
+    with open(source, encoding="utf-8") as fh:
+        text = fh.read()
+    assert line.strip() in text.splitlines()
+    (tmp_path / "vectors").mkdir()
+    save_file({"joy": np.random.default_rng(0).normal(size=576).astype(np.float32)},
+              str(tmp_path / "vectors" / "joy.safetensors"))
+    (tmp_path / "joy_per_request.steer").write_text(text)
+    facts = load_facts(os.path.join(examples_dir, "models", "real", "smollm2-135m-instruct"))
+    result = check_file(str(tmp_path / "joy_per_request.steer"), options=Options(root=str(tmp_path)), facts=facts)
+    assert result.ok and not result.diagnostics, result.render()
+    assert [p.name for p in result.plan.params] == ["strength"]
+
+
 def _readme_command_lines():
     import shlex
 

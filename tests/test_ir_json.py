@@ -121,7 +121,8 @@ def test_nodes_without_spans_have_no_span_keys():
     assert data["program"] == {
         "node": "Program",
         "version": 1,
-        "statements": [{"node": "ParamDecl", "name": "g", "value": {"node": "Number", "value": 2, "text": ""}}],
+        "statements": [{"node": "ParamDecl", "name": "g", "value": {"node": "Number", "value": 2, "text": ""},
+                        "range": None, "per_request": False}],
     }
 
 

@@ -56,6 +56,8 @@ CODES: dict[str, Code] = _table(
     ("unknown-family", "error", "the model's architecture is not one steerc knows the layout of"),
     ("model-without-weights", "error", "`steerc run` was given a model without weights (a config, a facts JSON) or without a tokenizer"),
     ("schedule-outside-generation", "error", "a schedule (ramp, decay, window) would steer positions before the prompt's last token, where generation steps are not counted"),
+    ("param-out-of-range", "error", "a param's value (its default, or --set) is outside the range it declares"),
+    ("per-request-param", "error", "a per-request param is used where the compiled kernels would not stay correct for every value"),
     ("invalid-model", "error", "the --model config or facts file gives sizes or flags no model has (or cannot be read as one)"),
     ("limit-exceeded", "error", "an input is larger or deeper than steerc's resource limits allow"),
     ("unused-name", "warning", "a param, vector or probe is declared but never used"),

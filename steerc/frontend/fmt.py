@@ -380,7 +380,12 @@ class _Printer:
     def statement(self, stmt, name_width: int) -> None:
         line = stmt.span.line if stmt.span else None
         if isinstance(stmt, ir.ParamDecl):
-            self.emit(_wrap_decl("param", stmt.name, name_width, stmt.value), line)
+            text = _wrap_decl("param", stmt.name, name_width, stmt.value)
+            if stmt.range is not None:
+                text += f" in [{expr(stmt.range[0])}, {expr(stmt.range[1])}]"
+            if stmt.per_request:
+                text += " per request"
+            self.emit(text, line)
         elif isinstance(stmt, ir.VectorDecl):
             self.emit(_wrap_decl("vector", stmt.name, name_width, stmt.value), line)
         elif isinstance(stmt, ir.ConstrainText):

@@ -139,8 +139,16 @@ class ToIR:
         return ir.ModelField(name.value, value, span=self._span(meta))
 
     def param_decl(self, meta, children):
-        name, value = children
-        return ir.ParamDecl(name.value, value, span=self._span(meta), name_span=self._tok(name))
+        name, value, bounds, per_request = children
+        lo_hi, range_span = bounds if bounds is not None else (None, None)
+        return ir.ParamDecl(name.value, value, span=self._span(meta), name_span=self._tok(name), range=lo_hi,
+                            per_request=per_request is not None, range_span=range_span)
+
+    def param_range(self, meta, children):
+        return (children[0], children[1]), self._span(meta)
+
+    def per_request(self, meta, children):
+        return True
 
     def vector_decl(self, meta, children):
         name, value = children

@@ -44,6 +44,9 @@ class GateCompare:
     op: str  # < <= > >=
     threshold: float
     span: Span | None = _span()
+    # a threshold that is `coefficient * <per-request param>` (the threshold above is at the param's default)
+    param: str | None = None
+    coefficient: float | None = None
 
 
 @frozen
@@ -139,6 +142,9 @@ class Intervention:
     preserve_norm: bool
     span: Span | None = _span()
     gate_span: Span | None = _span()
+    # (role, per-request param, coefficient): the operand of `role` is `coefficient * param` (the op holds
+    # it at the param's default). Roles: bias (add, set), scale, target (clamp), angle (rotate).
+    bindings: tuple[tuple[str, str, object], ...] = field(default=(), eq=False)
 
     @property
     def scope_text(self) -> str:
@@ -177,3 +183,5 @@ class CheckedProgram:
     probes: dict[str, Probe]
     interventions: tuple[Intervention, ...]
     constraint: Constraint | None
+    # per-request params: name -> (default, lowest, highest); bounds are None when not declared
+    request_params: dict[str, tuple[float, float | None, float | None, Span | None]] = field(factory=dict)

@@ -372,6 +372,10 @@ class ParamDecl:
     value: Expr
     span: Span | None = _span()
     name_span: Span | None = _span()
+    # `in [lo, hi]`: the values --set (and a request) may give; `per request`: a serve request may set it
+    range: tuple[Expr, Expr] | None = None
+    per_request: bool = False
+    range_span: Span | None = _span()
 
 
 @frozen

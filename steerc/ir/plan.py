@@ -13,15 +13,23 @@ Each :class:`Kernel` carries its token scope, its gate, whether it
 preserves the norm of its input, and where it came from (provenance is not
 part of equality, so fusion compares meaning).
 
+A plan may declare per-request params (:class:`Param`): a kernel operand or
+a gate threshold that is ``coefficient * value`` records a :class:`Binding`,
+and :func:`rebind` gives the plan for other values — what serve workers,
+``hf.install(..., params=...)`` and the vllm target's ``set_params`` run.
+Bound kernels are never fused or dropped, so every value finds its kernel.
+
 Canonical sites: ``resid_post[l]`` stands for ``resid_pre[l+1]`` too; the
 only ``resid_pre`` site in a plan is ``resid_pre[0]``.
 """
 
 from __future__ import annotations
 
+import math
+from collections.abc import Mapping
 from typing import Union
 
-from attrs import field, frozen
+from attrs import evolve, field, frozen
 
 from steerc.ir import nodes as ir
 from steerc.ir.checked import Constraint, Gate
@@ -87,12 +95,41 @@ class Provenance:
 
 
 @frozen
+class Binding:
+    """The operand of ``role`` is ``coefficient * <param>``.
+
+    Roles: ``bias`` (an add's or set's vector, a Vec), ``scale`` (a float or
+    a Vec), ``target`` (a clamp's value), ``angle`` (a rotation, radians).
+    """
+
+    role: str
+    param: str
+    coefficient: float | Vec
+
+
+@frozen
+class Param:
+    """A per-request param: its default (the compiled value) and its declared range, if any."""
+
+    name: str
+    default: float
+    low: float | None = None
+    high: float | None = None
+
+
+@frozen
 class Kernel:
     op: Op
     scope: tuple[ir.Scope, ...]
     gate: Gate | None = None
     preserve_norm: bool = False
     provenance: tuple[Provenance, ...] = field(default=(), eq=False)
+    bindings: tuple[Binding, ...] = ()
+
+    @property
+    def bound(self) -> bool:
+        """Whether a per-request param sets part of this kernel (its operand or a gate threshold)."""
+        return bool(self.bindings) or _gate_bound(self.gate)
 
     @property
     def names(self) -> tuple[str, ...]:
@@ -135,6 +172,7 @@ class Plan:
     probes: tuple[ProbePlan, ...] = ()
     constraint: Constraint | None = field(default=None, eq=False)
     changes: tuple[Change, ...] = field(default=(), eq=False)
+    params: tuple[Param, ...] = ()
 
     def site(self, site: Site) -> SitePlan | None:
         return next((s for s in self.sites if s.site == site), None)
@@ -145,3 +183,162 @@ class Plan:
 
     def probe(self, name: str) -> ProbePlan:
         return next(p for p in self.probes if p.name == name)
+
+
+# ------------------------------------------------------------ per-request params
+
+
+class ParamError(ValueError):
+    """A per-request value a plan refuses; ``field`` is the param's name."""
+
+    def __init__(self, field: str, message: str):
+        super().__init__(f"{field}: {message}")
+        self.field = field
+        self.message = message
+
+
+def _gate_bound(g) -> bool:
+    from steerc.ir import checked as ck
+
+    if g is None:
+        return False
+    if isinstance(g, ck.GateCompare):
+        return g.param is not None
+    if isinstance(g, ck.GateNegate):
+        return _gate_bound(g.operand)
+    return any(_gate_bound(p) for p in g.parts)
+
+
+def _coefficients(plan: Plan):
+    """(param, |coefficient| max) for every binding and bound threshold of the plan."""
+    from steerc.ir import checked as ck
+
+    def gate(g):
+        if isinstance(g, ck.GateCompare):
+            if g.param is not None:
+                yield g.param, abs(g.coefficient)
+        elif isinstance(g, ck.GateNegate):
+            yield from gate(g.operand)
+        elif g is not None:
+            for p in g.parts:
+                yield from gate(p)
+
+    for sp in plan.sites:
+        for k in sp.kernels:
+            for b in k.bindings:
+                c = b.coefficient
+                yield b.param, float(abs(c)) if isinstance(c, float) else float(abs(c.array).max(initial=0.0))
+            yield from gate(k.gate)
+
+
+def declared_problem(rows) -> tuple[int, str, str] | None:
+    """The first fault of params written as data (``{"name", "default", "min", "max"}`` rows, as the vllm
+    and serve formats hold them): (row, key, message), or None. Names are unique; a range has both
+    ends or neither and holds its default."""
+    names = set()
+    for i, p in enumerate(rows or ()):
+        if p["name"] in names:
+            return i, "name", f"param {str(p['name'])[:40]!r} is declared twice"
+        names.add(p["name"])
+        if (p["min"] is None) != (p["max"] is None):
+            return i, "min", "a range has both ends (or neither)"
+        if p["min"] is not None and not p["min"] <= p["default"] <= p["max"]:
+            return i, "default", f"{p['default']!r} is outside [{p['min']!r}, {p['max']!r}]"
+    return None
+
+
+def check_params(plan: Plan, values: Mapping | None) -> dict[str, float]:
+    """Every per-request param's value: ``values`` checked (names, types, ranges), defaults for the rest.
+
+    Raises :class:`ParamError` naming the param: one the plan does not
+    declare, a value that is not a finite number (booleans are not numbers
+    here), one outside the declared range, or one that would push a steered
+    value past float32.
+    """
+    return check_values(plan.params, values, _coefficients(plan))
+
+
+def check_values(declared, values: Mapping | None, coefficients=()) -> dict[str, float]:
+    """:func:`check_params` over ``declared`` :class:`Param` s and (param, largest |coefficient|) pairs:
+    what the vllm target's workers run on the params of their buffer form."""
+    from steerc.limits import FLOAT32_MAX
+
+    declared = {p.name: p for p in declared}
+    out = {name: p.default for name, p in declared.items()}
+    if values is not None and not isinstance(values, Mapping):
+        raise ParamError("params", f"expected a map of param name to number, got {type(values).__name__}")
+    for name, value in (values or {}).items():
+        if name not in declared:
+            known = ", ".join(sorted(declared)) or "none"
+            raise ParamError(str(name)[:64], f"this plan has no per-request param of that name (its params: {known})")
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ParamError(name, f"expected a number, got {type(value).__name__}")
+        try:
+            value = float(value)
+        except OverflowError:
+            value = math.inf
+        if not math.isfinite(value):
+            raise ParamError(name, "expected a finite number")
+        p = declared[name]
+        if (p.low is not None and value < p.low) or (p.high is not None and value > p.high):
+            raise ParamError(name, f"{value:g} is outside its declared range [{p.low:g}, {p.high:g}]")
+        out[name] = value
+    for name, coefficient in coefficients:
+        if coefficient * abs(out[name]) > FLOAT32_MAX:
+            raise ParamError(name, f"{out[name]:g} makes a steered value overflow float32")
+    return out
+
+
+def _times(coefficient, value: float):
+    import numpy as np
+
+    if isinstance(coefficient, Vec):
+        return Vec(coefficient.array.astype(np.float64) * value)
+    return float(coefficient) * value
+
+
+def _rebind_op(op: Op, bindings, values) -> Op:
+    for b in bindings:
+        v = _times(b.coefficient, values[b.param])
+        if b.role == "bias":
+            op = evolve(op, bias=v)
+        elif b.role == "scale":
+            op = evolve(op, scale=v)
+        elif b.role == "target":
+            op = evolve(op, target=(v,))
+        else:
+            op = evolve(op, angle=v)
+    return op
+
+
+def _rebind_gate(g, values):
+    from steerc.ir import checked as ck
+
+    if g is None:
+        return None
+    if isinstance(g, ck.GateCompare):
+        return g if g.param is None else evolve(g, threshold=g.coefficient * values[g.param])
+    if isinstance(g, ck.GateNegate):
+        return evolve(g, operand=_rebind_gate(g.operand, values))
+    return evolve(g, parts=tuple(_rebind_gate(p, values) for p in g.parts))
+
+
+def rebind(plan: Plan, values: Mapping | None = None) -> Plan:
+    """The plan with its per-request params at ``values`` (checked by :func:`check_params`).
+
+    A bound operand becomes ``coefficient * value`` (one float64 product,
+    then float32, as ``--set`` folds ``value * vector``); params not given
+    keep their defaults. Bindings stay, so a rebound plan rebinds again.
+    """
+    if not plan.params:
+        if values:
+            check_params(plan, values)  # names the unknown param
+        return plan
+    full = check_params(plan, values)
+    sites = []
+    for sp in plan.sites:
+        kernels = tuple(
+            evolve(k, op=_rebind_op(k.op, k.bindings, full), gate=_rebind_gate(k.gate, full)) if k.bound else k
+            for k in sp.kernels)
+        sites.append(SitePlan(sp.site, kernels))
+    return evolve(plan, sites=tuple(sites))

@@ -11,7 +11,7 @@ from __future__ import annotations
 import attrs
 
 _CHILD_FIELDS: dict[type, tuple[str, ...]] = {}
-_SKIP = {"span", "name_span", "func_span", "version_span", "text", "comments", "long"}
+_SKIP = {"span", "name_span", "func_span", "version_span", "range_span", "text", "comments", "long"}
 
 
 def _child_fields(cls: type) -> tuple[str, ...]:

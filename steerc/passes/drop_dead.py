@@ -22,7 +22,9 @@ _ALL = (ir.ScopeAll(),)
 
 
 def _is_killer(k: Kernel) -> bool:
-    return not k.preserve_norm and isinstance(k.op, Affine) and k.op.kills
+    # a per-request scale kills at 0 only; a bound `set` kills at every value
+    return (not k.preserve_norm and isinstance(k.op, Affine) and k.op.kills
+            and not any(b.role == "scale" for b in k.bindings))
 
 
 def _dead(kernels) -> dict[int, Kernel]:

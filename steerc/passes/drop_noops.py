@@ -1,7 +1,8 @@
 """Pass `drop-noops`: remove kernels that cannot change anything.
 
 ``scale 1``, an ``add`` of a zero vector, a rotation ``by 0``, an ablation
-of no direction. Each dropped kernel is recorded for ``steerc explain``;
+of no direction (at every value of its per-request params: a bound kernel
+stays). Each dropped kernel is recorded for ``steerc explain``;
 an intervention all of whose kernels are dropped is reported ``no-effect``.
 """
 
@@ -30,7 +31,7 @@ def run(plan: Plan) -> Plan:
     for sp in plan.sites:
         kept = []
         for k in sp.kernels:
-            if is_noop(k.op):
+            if is_noop(k.op) and not k.bound:  # a bound kernel is a no-op at one value only
                 changes.append(Change(name, sp.site, "dropped a kernel that changes nothing", k.names))
             else:
                 kept.append(k)

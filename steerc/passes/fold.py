@@ -33,6 +33,7 @@ _FLIP = {"<": ">", ">": "<", "<=": ">=", ">=": "<="}
 def run(ctx: CheckContext) -> None:
     env: dict[str, object] = {}
     params: dict[str, float] = {}
+    request_params: dict[str, tuple] = {}
     probes: dict[str, ck.Probe] = {}
     interventions: list[ck.Intervention] = []
     assertions: list[ck.ModelAssertion] = []
@@ -48,6 +49,10 @@ def run(ctx: CheckContext) -> None:
             if isinstance(stmt, ir.ParamDecl):
                 value = ctx.options.overrides.get(stmt.name)
                 params[stmt.name] = env[stmt.name] = ev.scalar(stmt.value) if value is None else float(value)
+                if stmt.range is not None or stmt.per_request:
+                    bounds = _param_bounds(ev, stmt, env[stmt.name], value is not None)
+                    if stmt.per_request:
+                        request_params[stmt.name] = (env[stmt.name],) + bounds + (stmt.span,)
             elif isinstance(stmt, ir.VectorDecl):
                 env[stmt.name] = ev.vector(stmt.value)
             elif isinstance(stmt, ir.ProbeDecl):
@@ -65,7 +70,25 @@ def run(ctx: CheckContext) -> None:
         probes=probes,
         interventions=tuple(interventions),
         constraint=None,
+        request_params=request_params,
     )
+
+
+def _param_bounds(ev: Evaluator, stmt: ir.ParamDecl, value: float, overridden: bool) -> tuple:
+    """(lowest, highest) of a param with `in [lo, hi]` (each None without one), its value checked."""
+    if stmt.range is None:
+        return None, None
+    lo, hi = (ev.operand(b) for b in stmt.range)
+    if lo > hi:
+        ev.fail("invalid-value", f"the range [{lo:g}, {hi:g}] is empty", stmt.range_span)
+    if not lo <= value <= hi:
+        if overridden:
+            ev.fail("param-out-of-range", f"`--set {stmt.name}={value:g}` is outside the range [{lo:g}, {hi:g}] "
+                    f"that `{stmt.name}` declares", stmt.range_span,
+                    help=f"give a value from {lo:g} to {hi:g}, or widen the range")
+        ev.fail("param-out-of-range", f"the default {value:g} of `{stmt.name}` is outside its range "
+                f"[{lo:g}, {hi:g}]", stmt.value.span)
+    return lo, hi
 
 
 def _assertions(block: ir.ModelBlock, already: list) -> list[ck.ModelAssertion]:

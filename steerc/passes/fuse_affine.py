@@ -6,7 +6,8 @@ tolerance). A scheduled bias (``f(n) b``) fuses only with biases of the same
 schedule, or with none: ``s2 f b1 + f b2 = f (s2 b1 + b2)``. Kernels that preserve the norm are not fused: their rescaling
 depends on their own input. Nor are kernels whose fused scale or bias would
 not fit float32 (two `scale 1e30` make 1e60): each one alone fits, as the
-checker made sure, and the plan never holds an infinite value.
+checker made sure, and the plan never holds an infinite value. Nor kernels
+a per-request param sets: each value must find its own operand.
 """
 
 from __future__ import annotations
@@ -64,6 +65,8 @@ def fusable(a: Kernel, b: Kernel) -> bool:
         and _schedules_agree(a.op, b.op)
         and not a.preserve_norm
         and not b.preserve_norm
+        and not a.bound
+        and not b.bound
     )
 
 

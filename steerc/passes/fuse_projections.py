@@ -1,7 +1,7 @@
 """Pass `fuse-projections`: merge projections only where the result is the same.
 
 For ``P_i(h) = h - Q_i Q_i^T h + Q_i t_i`` applied one after the other with
-the same scope and gate (and no ``preserve norm``):
+the same scope and gate (no ``preserve norm``, no per-request params):
 
 * if the two bases are mutually orthogonal, ``P_2 P_1 = P`` with
   ``Q = [Q_1; Q_2]``, ``t = [t_1; t_2]`` — one projection;
@@ -49,6 +49,8 @@ def _same_context(a: Kernel, b: Kernel) -> bool:
         and a.gate == b.gate
         and not a.preserve_norm
         and not b.preserve_norm
+        and not a.bound  # a per-request clamp target stays in its own kernel
+        and not b.bound
     )
 
 

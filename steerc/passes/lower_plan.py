@@ -16,7 +16,8 @@ import numpy as np
 from steerc.ir import checked as ck
 from steerc.ir import nodes as ir
 from steerc.ir.linalg import orthonormal_basis, plane
-from steerc.ir.plan import Affine, Kernel, Plan, ProbePlan, Project, Provenance, Rotate, Site, SitePlan
+from steerc.ir.plan import (Affine, Binding, Kernel, Param, Plan, ProbePlan, Project, Provenance, Rotate, Site,
+                            SitePlan)
 from steerc.ir.values import PerLayer, Vec
 from steerc.passes.layers import expand
 
@@ -76,7 +77,8 @@ def lower(checked: ck.CheckedProgram, facts) -> Plan:
         scope = canonical_scope(iv.scopes)
         for layer, head in _concrete(iv.site, facts):
             site = canonical_site(iv.site.kind, layer, head)
-            kernel = Kernel(lower_op(iv.op, layer), scope, iv.gate, iv.preserve_norm, prov)
+            kernel = Kernel(lower_op(iv.op, layer), scope, iv.gate, iv.preserve_norm, prov,
+                            tuple(_binding(role, param, c, layer) for role, param, c in iv.bindings))
             kernels.setdefault(site, []).append(kernel)
     sites = tuple(SitePlan(s, tuple(k)) for s, k in sorted(kernels.items(), key=lambda kv: kv[0].order))
     probes = tuple(_probe(p, facts) for p in checked.probes.values())
@@ -88,7 +90,15 @@ def lower(checked: ck.CheckedProgram, facts) -> Plan:
         sites=sites,
         probes=probes,
         constraint=checked.constraint,
+        params=tuple(Param(name, float(d), lo, hi) for name, (d, lo, hi, _span) in checked.request_params.items()),
     )
+
+
+def _binding(role: str, param: str, coefficient, layer: int) -> Binding:
+    """A kernel's binding at ``layer``: vectors take the layer's row, clamp targets and angles stay floats."""
+    if role in ("bias", "scale") and not isinstance(coefficient, (int, float)):
+        return Binding(role, param, Vec(_row(coefficient, layer)))
+    return Binding(role, param, float(coefficient))
 
 
 # Readouts that project onto the span of their vectors (an orthonormal basis Q [k, d], P = Qᵀ Q).

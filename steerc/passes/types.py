@@ -32,7 +32,10 @@ def run(ctx: CheckContext) -> None:
         if getattr(stmt, "name", None) in ctx.poisoned:
             continue
         if isinstance(stmt, ir.ParamDecl):
-            _poison_if(ctx, stmt, expect(ctx, stmt.value, SCALAR, "a param is a number"))
+            ok = expect(ctx, stmt.value, SCALAR, "a param is a number")
+            for bound in stmt.range or ():
+                ok &= expect(ctx, bound, SCALAR, "the bounds of a param's range are numbers")
+            _poison_if(ctx, stmt, ok)
         elif isinstance(stmt, ir.VectorDecl):
             _poison_if(ctx, stmt, expect(ctx, stmt.value, VECTOR, "a vector declaration needs a vector value"))
         elif isinstance(stmt, ir.ProbeDecl):

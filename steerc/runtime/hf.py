@@ -155,8 +155,18 @@ def install_program(model, program: HookProgram, tokenizer=None, *, check: bool 
         raise SteerInstallError(f"the model has no module the plan hooks: {exc}") from None
 
 
-def install(model, plan, tokenizer=None, *, check: bool = True) -> S.Handle:
-    """Install a plan's steering on ``model``; returns a removable handle (also a context manager)."""
+def install(model, plan, tokenizer=None, *, check: bool = True, params=None) -> S.Handle:
+    """Install a plan's steering on ``model``; returns a removable handle (also a context manager).
+
+    ``params`` gives values to the plan's per-request params (``param ... per
+    request``; the others keep their compiled defaults): the same kernels as a
+    program compiled with ``--set`` to those values. A name the plan does not
+    declare, or a value that is not a number in the declared range, raises
+    :class:`~steerc.ir.plan.ParamError` naming the param.
+    """
+    from steerc.ir.plan import rebind
+
+    plan = rebind(plan, params)
     facts = facts_from_model(model)
     if check and facts.fingerprint != plan.facts_fingerprint:
         raise SteerInstallError(

@@ -9,8 +9,10 @@ vLLM parses the request:
 
 * a bad request is answered ``400`` with an OpenAI-style error whose
   ``param`` names the field at fault; vLLM never sees it;
-* ``cache_salt`` must be the plan's own (required while prefix caching is
-  on, so that a steered prefix is never served to another plan);
+* ``cache_salt`` must be the plan's own, or with ``steerc_params`` the salt
+  of those values (required while prefix caching is on, so that a steered
+  prefix is never served to another plan or other values); a bad param value
+  is a 400 whose ``param`` is ``steerc_params.<name>``;
 * artifacts the request names but does not carry come from the server's
   store and are inlined, and inline ones are staged there, so the workers
   read nothing but the request;
@@ -26,7 +28,7 @@ from __future__ import annotations
 import base64
 import json
 
-from steerc.serve_client import ARTIFACTS_KEY
+from steerc.serve_client import ARTIFACTS_KEY, PARAMS_KEY
 from steerc.targets.serve.admission import MAX_INLINE_CHARS, MAX_PLAN_CHARS, RequestError, admit
 
 MAX_BODY = MAX_PLAN_CHARS + MAX_INLINE_CHARS + (1 << 20)
@@ -77,6 +79,8 @@ class SteercAdmission:
         xargs[ARTIFACTS_KEY] = json.dumps({k: base64.b64encode(v).decode("ascii")
                                            for k, v in sorted(admitted.artifacts.items())},
                                           separators=(",", ":"))
+        if not isinstance(xargs.get(PARAMS_KEY, ""), str):  # a JSON object is fine here; vLLM takes strings
+            xargs[PARAMS_KEY] = json.dumps(xargs[PARAMS_KEY], sort_keys=True, separators=(",", ":"))
         doc["vllm_xargs"] = xargs
         new_body = json.dumps(doc, separators=(",", ":")).encode("utf-8")
         return await self.app(_with_length(scope, len(new_body)), _replay(new_body, receive), send)

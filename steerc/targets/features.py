@@ -56,3 +56,5 @@ def program_features(checked: ck.CheckedProgram):
         yield f"site:{probe.site.kind}", probe.site.span
     if checked.constraint is not None:
         yield f"constraint:{checked.constraint.kind}", checked.constraint.span
+    for _name, (*_, span) in checked.request_params.items():
+        yield "param:per-request", span

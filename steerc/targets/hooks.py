@@ -17,7 +17,7 @@ from __future__ import annotations
 import os
 
 import numpy as np
-from attrs import frozen
+from attrs import field, frozen
 
 from steerc.facts.sites import site_table
 from steerc.ir import checked as ck
@@ -46,6 +46,17 @@ def scope_data(scopes) -> tuple:
     return tuple(scope_item(s) for s in scopes)
 
 
+def gate_params(g) -> tuple:
+    """(param, coefficient) or None per comparison of a gate, depth first (the order of gate_data)."""
+    if g is None:
+        return ()
+    if isinstance(g, ck.GateCompare):
+        return ((g.param, float(g.coefficient)) if g.param is not None else None,)
+    if isinstance(g, ck.GateNegate):
+        return gate_params(g.operand)
+    return tuple(x for p in g.parts for x in gate_params(p))
+
+
 def gate_data(g) -> tuple | None:
     if g is None:
         return None
@@ -68,6 +79,10 @@ class KernelCall:
     preserve_norm: bool
     label: str  # "name (file:line): op text"
     schedule: tuple[str, ...] = ()  # an affine kernel's schedule kinds; their numbers: tensor "schedule" [m, 2]
+    # per-request params: (role, param, coefficient: float or float32 array) of the op's operands, and
+    # (param, coefficient) or None for each comparison of the gate, in the order gate_data lists them
+    bindings: tuple = field(default=(), eq=False)
+    gate_params: tuple = ()
 
     def tensor(self, role: str) -> str | None:
         return dict(self.tensors).get(role)
@@ -164,8 +179,11 @@ def _kernel_call(kernel, prefix: str, tensors: dict) -> KernelCall:
         for p in kernel.provenance
     )
     schedule = tuple(k for k, _, _ in op.schedule) if isinstance(op, Affine) else ()
+    bindings = tuple((b.role, b.param, b.coefficient if isinstance(b.coefficient, float)
+                      else np.ascontiguousarray(b.coefficient.array, dtype=np.float32)) for b in kernel.bindings)
     return KernelCall(kind, tuple(named), scale, angle, mode, scope_data(kernel.scope),
-                      gate_data(kernel.gate), kernel.preserve_norm, label, schedule)
+                      gate_data(kernel.gate), kernel.preserve_norm, label, schedule, bindings,
+                      gate_params(kernel.gate))
 
 
 def _probe_call(p, prefix: str, tensors: dict) -> ProbeCall:

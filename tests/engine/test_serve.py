@@ -10,7 +10,10 @@ client would send them (``steerc.serve_client.request_fields``):
 * bad requests get HTTP 400 naming the field at fault, and the server keeps serving;
 * with prefix caching on (vLLM's default), ``cache_salt`` keeps one plan's cached prefixes from
   another plan and from plain requests;
-* an output constraint works together with steering.
+* an output constraint works together with steering;
+* a per-request param: a request with ``strength=2`` gives the tokens of the program compiled with
+  ``--set strength=2`` (on HF and on this server), a value out of range is HTTP 400 naming
+  ``steerc_params.strength``.
 """
 
 from __future__ import annotations
@@ -57,6 +60,8 @@ PROGRAMS = {
     "f": ('steer 1\nvector v = load("a.npy")\n'
           "intervention x {\n  at resid_post[6:10]\n  add 3.0 * decay(0.8) * ramp(3) * v\n"
           "  tokens prompt[-1:], generated\n}\n"),
+    "g": ('steer 1\nparam strength = 1 in [0, 4] per request\nvector v = load("a.npy")\n'
+          "intervention x {\n  at resid_post[6:10]\n  add strength * v\n  tokens generated\n}\n"),
 }
 ANSWER = {"type": "object", "properties": {"answer": {"type": "string", "maxLength": 24}}, "required": ["answer"],
           "additionalProperties": False}
@@ -286,6 +291,47 @@ def test_constraint_and_steering_together(server, folder, compiled, prompts):
     unsteered = completion(server, prompts[3], {"extra_body": {"structured_outputs": {"regex": "[a-z ]{1,30}[.]"}}},
                            new=40, ignore_eos=False)[1]["choices"][0]["text"]
     assert re.fullmatch(r"[a-z ]{1,30}[.]", unsteered) and unsteered != text, (text, unsteered)
+
+
+def test_a_request_with_strength_2_equals_set_strength_2(server, folder, root, compiled, prompts):
+    from steerc.runtime.hf import facts_from_model
+    from steerc.serve_client import request_fields
+    from steerc.targets.serve.emit import emit
+
+    plan, out = compiled["g"]
+    twin = checked_plan(folder, PROGRAMS["g"], root=str(root), params={"strength": 2.0})
+    emit(twin, facts_from_model(hf_model(folder)), str(root / "out-g-twin"))
+    calls = [lambda: completion(server, prompts[0], request_fields(out, params={"strength": 2})),
+             lambda: completion(server, prompts[0], fields_of(str(root / "out-g-twin"))),
+             lambda: completion(server, prompts[0], fields_of(out))]
+    (c1, by_request), (c2, by_set), (c3, default) = _concurrently(calls)
+    assert c1 == c2 == c3 == 200, (by_request, by_set, default)
+    assert tokens_of(by_request) == tokens_of(by_set), "the request's value and its --set twin, token for token"
+    assert_hf_tokens(folder, twin, prompts[0], tokens_of(by_request), "strength=2 by request vs HF --set")
+    assert_hf_tokens(folder, plan, prompts[0], tokens_of(default), "the default strength")
+    assert tokens_of(default) != tokens_of(by_request), "the value is in effect"
+    code, reply = completion(server, prompts[0], request_fields(out, params={"strength": 9}), new=2)
+    assert code == 400 and reply["error"]["param"] == "steerc_params.strength", reply
+    assert "outside its declared range" in reply["error"]["message"]
+    fields = request_fields(out, params={"strength": 2})
+    fields["extra_body"]["cache_salt"] = json.loads(open(os.path.join(out, "plan.json")).read())["cache_salt"]
+    code, reply = completion(server, prompts[0], fields, new=2)
+    assert code == 400 and reply["error"]["param"] == "cache_salt", "another value's salt is refused"
+
+
+def test_the_example_client_runs(server, compiled, capsys):
+    """examples/serve/client.py, as the README runs it, with a per-request value."""
+    import importlib.util
+
+    path = os.path.join(os.path.dirname(__file__), "..", "..", "examples", "serve", "client.py")
+    spec = importlib.util.spec_from_file_location("steerc_example_client", path)
+    client = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(client)
+    rc = client.main([compiled["g"][1], "Name three colours.", "--url", server.base + "/v1", "--param", "strength=2"])
+    out = capsys.readouterr().out
+    assert rc == 0 and "--- unsteered ---" in out and "--- steered ---" in out, out
+    unsteered, steered = out.split("--- steered ---")
+    assert unsteered.replace("--- unsteered ---", "").strip() != steered.strip(), out
 
 
 @pytest.fixture(scope="module")

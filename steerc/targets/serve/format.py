@@ -30,7 +30,8 @@ import math
 from steerc import __version__
 from steerc.ir import checked as ck
 from steerc.ir import nodes as ir
-from steerc.ir.plan import Affine, Kernel, Plan, ProbePlan, Project, Provenance, Rotate, Site, SitePlan
+from steerc.ir.plan import (Affine, Binding, Kernel, Param, Plan, ProbePlan, Project, Provenance, Rotate, Site,
+                            SitePlan)
 from steerc.source import Span
 from steerc.targets.constraints import constraint_from_json, constraint_json, request_fields
 
@@ -100,7 +101,8 @@ def _scope(s) -> dict:
 
 def _gate(g) -> dict:
     if isinstance(g, ck.GateCompare):
-        return {"probe": g.probe, "op": g.op, "threshold": g.threshold}
+        bound = {"param": g.param, "coefficient": g.coefficient} if g.param is not None else {}
+        return {"probe": g.probe, "op": g.op, "threshold": g.threshold, **bound}
     if isinstance(g, ck.GateNegate):
         return {"not": _gate(g.operand)}
     key = "all" if isinstance(g, ck.GateAll) else "any"
@@ -144,8 +146,16 @@ def _site(site: Site) -> dict:
     return {"kind": site.kind, "layer": site.layer, "head": site.head}
 
 
+def _binding(b: Binding, arts: _Artifacts) -> dict:
+    c = b.coefficient
+    return {"role": b.role, "param": b.param,
+            "coefficient": {"value": c} if isinstance(c, float) else arts.put(c.array)}
+
+
 def _kernel(k: Kernel, arts: _Artifacts) -> dict:
+    bindings = {"bindings": [_binding(b, arts) for b in k.bindings]} if k.bindings else {}
     return {
+        **bindings,
         "op": _op(k.op, arts),
         "scope": [_scope(s) for s in k.scope],
         "gate": _gate(k.gate) if k.gate is not None else None,
@@ -179,6 +189,8 @@ def to_serve(plan: Plan, facts: dict, key: bytes | None = None) -> tuple[dict, d
         "constraint": constraint_json(plan.constraint),
         "request": request_fields(plan.constraint) if plan.constraint is not None else {},
     }
+    if plan.params:
+        doc["params"] = [{"name": p.name, "default": p.default, "min": p.low, "max": p.high} for p in plan.params]
     doc["artifacts"] = sorted(arts.blobs)
     doc["cache_salt"] = cache_salt(doc)
     _check_floats(doc)
@@ -238,6 +250,9 @@ def _scope_from(d: dict):
 
 def _gate_from(d: dict):
     if "probe" in d:
+        if "param" in d:
+            return ck.GateCompare(d["probe"], d["op"], float(d["threshold"]), param=d["param"],
+                                  coefficient=float(d["coefficient"]))
         return ck.GateCompare(d["probe"], d["op"], float(d["threshold"]))
     if "not" in d:
         return ck.GateNegate(_gate_from(d["not"]))
@@ -284,6 +299,7 @@ def from_serve(doc: dict, load) -> Plan:
                 bool(k["preserve_norm"]),
                 tuple(Provenance(p["intervention"], _line_span(doc, p["line"]), p["source"])
                       for p in k["provenance"]),
+                tuple(_binding_from(b, load) for b in k.get("bindings") or ()),
             )
             for k in entry["kernels"]
         )
@@ -305,7 +321,18 @@ def from_serve(doc: dict, load) -> Plan:
         sites=tuple(sites),
         probes=tuple(probes),
         constraint=constraint_from_json(doc.get("constraint")),
+        params=tuple(Param(p["name"], float(p["default"]), _opt_float(p["min"]), _opt_float(p["max"]))
+                     for p in doc.get("params") or ()),
     )
+
+
+def _opt_float(x):
+    return None if x is None else float(x)
+
+
+def _binding_from(d: dict, load) -> Binding:
+    c = d["coefficient"]
+    return Binding(d["role"], d["param"], float(c["value"]) if "value" in c else _vec(c, load))
 
 
 def _line_span(doc: dict, line):

@@ -32,7 +32,8 @@ def numbered_gate(gate, thresholds: list) -> list:
     return [kind, [numbered_gate(g, thresholds) for g in gate[1]]]
 
 
-def _kernel(k: KernelCall, prefix: str, tensors: dict, scopes: list, gates: list, thresholds: list) -> dict:
+def _kernel(k: KernelCall, prefix: str, tensors: dict, scopes: list, gates: list, thresholds: list,
+            bindings: list, coefficients: dict) -> dict:
     named = dict(k.tensors)
     if k.kind == "affine" and "scale" not in named:
         tensors[f"{prefix}.scale"] = np.asarray([k.scale], dtype=np.float32)
@@ -45,8 +46,19 @@ def _kernel(k: KernelCall, prefix: str, tensors: dict, scopes: list, gates: list
         scopes.append(scope)
     gate = None
     if k.gate is not None:
+        first = len(thresholds)
         gates.append(numbered_gate(k.gate, thresholds))
         gate = len(gates) - 1
+        for j, bound in enumerate(k.gate_params):
+            if bound is not None:
+                coefficients[first + j] = bound[1]
+                bindings.append({"param": bound[0], "buffer": "gates.thresholds", "index": first + j,
+                                 "coefficient": "gates.coefficients"})
+    for role, param, coefficient in k.bindings:
+        buffer = named["scale" if role == "scale" else role]
+        name = f"{buffer}_coefficient"
+        tensors[name] = np.asarray(coefficient, dtype=np.float32).reshape(np.shape(tensors[buffer]))
+        bindings.append({"param": param, "buffer": buffer, "index": None, "coefficient": name})
     extra = {"schedule": list(k.schedule)} if k.schedule else {}
     return {
         **extra,
@@ -67,6 +79,8 @@ def build(plan, facts) -> tuple[dict, dict]:
     scopes: list = []
     gates: list = []
     thresholds: list = []
+    bindings: list = []
+    coefficients: dict = {}  # threshold index -> coefficient of its per-request param
     hooks = []
     probes = []
     for h in program.hooks:
@@ -80,7 +94,7 @@ def build(plan, facts) -> tuple[dict, dict]:
                                    "bias": bias_name})
                 probes.append({"name": p.name, "pool": p.pool, "layer": sc.site.layer, "site": sc.site.text})
             prefix = f"{h.name}.h{sc.site.head}" if sc.site.head is not None else h.name
-            kernels = [_kernel(k, f"{prefix}.k{i}", tensors, scopes, gates, thresholds)
+            kernels = [_kernel(k, f"{prefix}.k{i}", tensors, scopes, gates, thresholds, bindings, coefficients)
                        for i, k in enumerate(sc.kernels)]
             sites.append({"site": sc.site.text, "layer": sc.site.layer, "head": sc.site.head,
                           "columns": list(sc.columns) if sc.columns else None,
@@ -88,7 +102,13 @@ def build(plan, facts) -> tuple[dict, dict]:
         hooks.append({"name": h.name, "module": h.module, "kind": h.kind, "tensor": h.tensor,
                       "layer": h.sites[0].site.layer, "sites": sites})
     tensors["gates.thresholds"] = np.asarray(thresholds or [0.0], dtype=np.float32)
+    if coefficients:
+        tensors["gates.coefficients"] = np.asarray([coefficients.get(i, 0.0) for i in range(len(thresholds))],
+                                                   dtype=np.float32)
+    # per-request params: buffer (or buffer[index]) = coefficient * value (see set_params); the params
+    # themselves (defaults, ranges) are values, in the header
     boot = {
+        **({"bindings": bindings} if plan.params else {}),
         "hooks": hooks,
         "scopes": scopes,
         "gates": gates,
@@ -111,6 +131,9 @@ def plan_document(plan, facts) -> dict:
         "boot_sha256": boot_sha256(boot),
         "constraint": constraint_json(plan.constraint),
     }
+    if plan.params:
+        header["params"] = [{"name": p.name, "default": p.default, "min": p.low, "max": p.high}
+                            for p in plan.params]
     return {
         "format": FORMAT,
         "header": header,

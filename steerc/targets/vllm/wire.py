@@ -7,7 +7,8 @@ bytes)::
      "header": {steerc_version, source_name, source_sha256, facts, facts_fingerprint,
                 family, vllm: {read_from, band}, boot_sha256, constraint},
      "boot":   {hooks: [...], scopes: [...], gates: [...], probes: [...],
-                buffers: {name: {shape, dtype}}},
+                buffers: {name: {shape, dtype}},
+                bindings: [...]},                  # only with per-request params (header: params)
      "state":  {tensors: {name: {dtype: "float32", shape: [...], data: <raw little-endian bytes>}}}}
 
 ``boot`` fixes everything that shapes the computation traced into vLLM's
@@ -21,6 +22,13 @@ dtype (bf16 included) and are cast on the device.
 :func:`validate_plan` is what workers run on every payload: unknown keys,
 wrong shapes or dtypes, non-finite values, oversize payloads and version
 mismatches are refused with an error that names the field.
+
+Per-request params (``param ... per request``) are listed in
+``header.params`` (names, defaults, ranges: values, which a ``swap`` may
+change); each of ``boot.bindings`` (structure) says that a buffer (or one
+element of it) is a coefficient buffer times a param's value, and
+:func:`param_tensors` gives the buffers' new values for a set of values
+(what ``set_params`` writes in place).
 """
 
 from __future__ import annotations
@@ -179,7 +187,7 @@ def validate_plan(obj, *, fingerprint: str | None = None, boot: dict | None = No
     buffers = plan_boot["buffers"]
     if sum(math.prod(b["shape"]) for b in buffers.values()) * 4 > MAX_BYTES:
         raise PlanError("plan.boot.buffers", f"more than {MAX_BYTES} bytes of buffers")
-    _check_boot(plan_boot, facts)
+    _check_boot(plan_boot, facts, header.get("params"))
     tensors = obj["state"]["tensors"]
     extra = sorted(set(tensors) - set(buffers))
     if extra:
@@ -253,7 +261,7 @@ _ROLES = {"affine": ({"scale"}, {"bias", "schedule"}), "project": ({"basis"}, {"
           "rotate": ({"e1", "e2", "angle"}, set())}
 
 
-def _check_boot(boot: dict, facts) -> None:
+def _check_boot(boot: dict, facts, params=None) -> None:
     """The structure: hooks on the modules the site table names, shapes, and every index in range."""
     from steerc.facts.sites import site_table
     from steerc.passes.lower_plan import BASIS_READOUTS
@@ -330,6 +338,7 @@ def _check_boot(boot: dict, facts) -> None:
         raise PlanError("plan.boot.buffers.gates.thresholds", "a [n] buffer of gate thresholds is required")
     for g, gate in enumerate(boot["gates"]):
         _check_gate(f"plan.boot.gates[{g}]", gate, probe_names, thresholds[0])
+    _check_bindings(boot, params, shapes, used)
     unused = sorted(set(shapes) - used)
     if unused:
         raise PlanError(f"plan.boot.buffers.{_short(unused[0])}", "is used by no hook")
@@ -371,6 +380,74 @@ def _check_kernel(field: str, k: dict, width: int, boot: dict, buffer) -> None:
         raise PlanError(f"{field}.scope", f"scope {k['scope']}, the boot section has {len(boot['scopes'])}")
     if k["gate"] is not None and k["gate"] >= len(boot["gates"]):
         raise PlanError(f"{field}.gate", f"gate {k['gate']}, the boot section has {len(boot['gates'])}")
+
+
+BINDABLE = ("scale", "bias", "target", "angle")
+
+
+def _check_bindings(boot: dict, params, shapes: dict, used: set) -> None:
+    """Params declared once with sane ranges; each binding writes a kernel's scalar or vector operand (or
+    one gate threshold) from a coefficient buffer of the same shape."""
+    from steerc.ir.plan import declared_problem
+
+    problem = declared_problem(params)
+    if problem is not None:
+        raise PlanError(f"plan.header.params[{problem[0]}].{problem[1]}", problem[2])
+    names = {p["name"] for p in params or ()}
+    if ("bindings" in boot) != (params is not None):
+        raise PlanError("plan.boot.bindings", "a plan has bindings exactly when its header declares params")
+    bindable = {"gates.thresholds"}
+    for hook in boot["hooks"]:
+        for site in hook["sites"]:
+            for k in site["kernels"]:
+                bindable.update(k["tensors"][r] for r in BINDABLE if r in k["tensors"])
+    bound = set()
+    for i, b in enumerate(boot.get("bindings") or ()):
+        field = f"plan.boot.bindings[{i}]"
+        if b["param"] not in names:
+            raise PlanError(f"{field}.param", f"no param named {_short(b['param'])}")
+        target = (b["buffer"], b["index"])
+        if b["buffer"] not in bindable or target in bound:
+            raise PlanError(f"{field}.buffer", f"{_short(b['buffer'])} is no kernel operand or threshold"
+                            + (" that is not bound already" if target in bound else ""))
+        bound.add(target)
+        shape = shapes[b["buffer"]]
+        if (b["buffer"] == "gates.thresholds") != (b["index"] is not None) or (
+                b["index"] is not None and b["index"] >= shape[0]):
+            raise PlanError(f"{field}.index", "a threshold binding has the index of its threshold; others none")
+        if shapes.get(b["coefficient"]) != shape:
+            raise PlanError(f"{field}.coefficient", f"names no buffer of shape {list(shape)}")
+        used.add(b["coefficient"])
+
+
+def param_tensors(header: dict, boot: dict, tensors: dict, values) -> dict:
+    """{buffer: new float32 value} for per-request ``values`` (checked; others at their defaults).
+
+    Each bound value is the float64 product of its float32 coefficient and the
+    value, rounded once to float32: what :func:`steerc.ir.plan.rebind` computes.
+    """
+    import numpy as np
+
+    from steerc.ir.plan import Param, ParamError, check_values
+
+    declared = [Param(p["name"], float(p["default"]), p["min"], p["max"]) for p in header.get("params") or ()]
+    bindings = boot.get("bindings") or ()
+    largest = [(b["param"], float(np.abs(tensors[b["coefficient"]] if b["index"] is None
+                                         else tensors[b["coefficient"]][b["index"]]).max(initial=0.0)))
+               for b in bindings]
+    try:
+        full = check_values(declared, values, largest)
+    except ParamError as exc:
+        raise PlanError(f"params.{exc.field}", exc.message) from None
+    out: dict = {}
+    for b in bindings:
+        coefficient = tensors[b["coefficient"]].astype(np.float64)
+        if b["index"] is None:
+            out[b["buffer"]] = (coefficient * full[b["param"]]).astype(np.float32)
+        else:
+            row = out.setdefault(b["buffer"], np.array(tensors[b["buffer"]], dtype=np.float32))
+            row[b["index"]] = np.float32(coefficient[b["index"]] * full[b["param"]])
+    return out
 
 
 def _check_gate(field: str, gate: list, probes: dict, thresholds: int) -> None:
