@@ -261,6 +261,30 @@ def test_the_readme_per_request_example_checks(examples_dir, tmp_path):
     assert [p.name for p in result.plan.params] == ["strength"]
 
 
+def test_the_readme_schedule_example_explains_as_shown(examples_dir, tmp_path):
+    """The README's explain excerpt for joy_fading.steer is what explain prints (joy is a unit vector;
+    a random unit vector stands in where ./dev demo has not run)."""
+    import numpy as np
+    from safetensors.numpy import save_file
+
+    from steerc.api import Options, check_file
+    from steerc.explain import explain, render
+    from steerc.facts import load_facts
+
+    (shown,) = [b for b in _blocks("text") if "decay(0.85)" in b]
+    (tmp_path / "vectors").mkdir()
+    joy = np.random.default_rng(0).normal(size=576)
+    save_file({"joy": (joy / np.linalg.norm(joy)).astype(np.float32)}, str(tmp_path / "vectors" / "joy.safetensors"))
+    with open(os.path.join(REPO, "examples", "smollm2", "joy_fading.steer"), encoding="utf-8") as fh:
+        (tmp_path / "joy_fading.steer").write_text(fh.read())
+    facts = load_facts(os.path.join(examples_dir, "models", "real", "smollm2-135m-instruct"))
+    result = check_file(str(tmp_path / "joy_fading.steer"), options=Options(root=str(tmp_path)), facts=facts)
+    assert result.ok and not result.diagnostics, result.render()
+    printed = render(explain(result)).splitlines()
+    for line in shown.strip("\n").splitlines():
+        assert line in printed, line
+
+
 def _readme_command_lines():
     import shlex
 
