@@ -106,9 +106,9 @@ def _check(source: Source, options: Options, facts) -> CheckResult:
     ctx = CheckContext(program, source, diagnostics, options)
     passes = CHECK_PASSES
     if facts is not None:
-        from steerc.passes import layout
+        from steerc.passes import layout, provenance
 
-        passes = passes + (layout,)
+        passes = passes + (layout, provenance)
         ctx.facts = facts
     for p in passes:
         p.run(ctx)

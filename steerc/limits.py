@@ -57,6 +57,9 @@ MAX_SAFETENSORS_HEADER = 100 * 1024 * 1024
 # ------------------------------------------------------------------- output
 
 MAX_ECHO_COLUMNS = 120
+MAX_DATA_BYTES = 64 * 1024 * 1024
+MAX_EXAMPLES = 100_000
+MAX_EXAMPLE_CHARS = 64 * 1024
 MAX_MESSAGE_CHARS = 600
 MAX_REPEATS = 50
 MAX_SUGGESTION_CANDIDATES = 1000
@@ -135,6 +138,12 @@ LIMITS: dict[str, Limit] = _table(
      "no fact or field needs more; converting huge integers takes quadratic time"),
     ("MAX_SAFETENSORS_HEADER", "bytes", "the JSON header of a safetensors file",
      "the limit the safetensors format itself sets"),
+    ("MAX_DATA_BYTES", "bytes", "a data file of `steerc derive` (JSONL pairs, or one text file of examples)",
+     "the whole file is read and hashed; contrastive datasets are a few megabytes"),
+    ("MAX_EXAMPLES", "examples", "the pairs (or the texts of one side) `steerc derive` reads",
+     "each example is one forward pass per side; repeng and CAST use hundreds"),
+    ("MAX_EXAMPLE_CHARS", "characters", "one text of a `steerc derive` example (a prompt, a completion, a line)",
+     "texts are tokenized whole; longer ones belong in several examples"),
     ("MAX_ECHO_COLUMNS", "columns", "how much of a source line a diagnostic shows around its caret",
      "a diagnostic on a very long line shows a window of it, marked with `...`"),
     ("MAX_MESSAGE_CHARS", "characters", "the length of a diagnostic's message, help line or note",

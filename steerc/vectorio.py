@@ -66,10 +66,11 @@ class TensorInfo:
 class VectorFile:
     """An opened vector file: the tensors it holds, read on demand."""
 
-    def __init__(self, path: str, kind: str, tensors: dict[str, TensorInfo], reader):
+    def __init__(self, path: str, kind: str, tensors: dict[str, TensorInfo], reader, metadata: dict | None = None):
         self.path = path
         self.kind = kind
         self.tensors = tensors
+        self.metadata = metadata  # a safetensors file's string-to-string metadata, when it has one
         self._reader = reader
         self._cache: dict = {}  # name -> float32 array, ("f8", name) -> float64 array
         self._memo: dict = {}
@@ -254,7 +255,9 @@ def _open_safetensors(path: str) -> VectorFile:
             arr = np.frombuffer(raw, dtype=_ST_DTYPES[dtype][0])
         return arr.reshape(entry["shape"])
 
-    return VectorFile(path, "safetensors", tensors, reader)
+    meta = header.get("__metadata__")
+    meta = {k: v for k, v in meta.items() if isinstance(k, str) and isinstance(v, str)} if isinstance(meta, dict) else None
+    return VectorFile(path, "safetensors", tensors, reader, meta)
 
 
 # ----------------------------------------------------------------------- npy

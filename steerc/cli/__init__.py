@@ -26,6 +26,8 @@ COMMANDS = {
     "compile": ("compile", "compile a program for a target (hf, vllm, serve)"),
     "run": ("run", "steer a Hugging Face model with a program and print the completion"),
     "serve": ("serve", "run vLLM's OpenAI-compatible server with the steerc plugin (per-request plans)"),
+    "derive": ("derive", "make steering vectors from contrastive data (mean difference, PCA, logistic), or "
+                         "calibrate a probe's threshold"),
 }
 
 # Commands whose arguments after `--` belong to the program they start.

@@ -56,6 +56,7 @@ class CheckContext:
     types: dict[int, str | None] = field(factory=dict)  # id(expr) -> type
     values: dict[str, object] = field(factory=dict)  # param/vector name -> folded value
     file_cache: dict[str, object] = field(factory=dict)
+    origins: dict[int, dict] = field(factory=dict)  # id(load call) -> the provenance steerc derive recorded
     extra_sources: dict[str, Source] = field(factory=dict)  # schema/grammar files, for notes
     checked: object = None  # the CheckedProgram, once built
     facts: object = None  # ModelFacts, when checking against a model

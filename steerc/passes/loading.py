@@ -43,6 +43,7 @@ def load_vector(ctx: CheckContext, call: ir.Call):
     key_node = kwargs.get("key")
     per_layer = bool(kwargs["per_layer"].value) if "per_layer" in kwargs else False
     f = open_file(ctx, path)
+    _record_origin(ctx, f, call)
     key = key_node.value if key_node is not None else None
     where = key_node.span if key_node is not None else path.span
     try:
@@ -66,6 +67,16 @@ def load_vector(ctx: CheckContext, call: ir.Call):
     except VectorFileError as exc:
         ctx.error(exc.code, exc.message, where, help=exc.help)
         raise Fault from None
+
+
+def _record_origin(ctx: CheckContext, f: VectorFile, call: ir.Call) -> None:
+    """Remember what ``steerc derive`` recorded about the file, for the provenance pass."""
+    if getattr(f, "metadata", None):
+        from steerc.derive.bank import provenance
+
+        origin = f.memo("provenance", lambda: provenance(f.metadata))
+        if origin is not None:
+            ctx.origins[id(call)] = origin
 
 
 def _pick(ctx: CheckContext, f: VectorFile, key: str | None, where, path: ir.Str) -> str:

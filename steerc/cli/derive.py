@@ -1,0 +1,412 @@
+"""``steerc derive``: steering vectors (``-o bank.safetensors``) or a probe threshold (``--calibrate``) from data.
+
+    steerc derive --model smollm2 --data pairs.jsonl --at "resid_post[25%:75%]" --method all -o joy.safetensors
+    steerc derive --model smollm2 --positive harmful.txt --negative harmless.txt --calibrate cast.steer --probe harmful
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+from steerc.cli import EXIT_ERRORS, EXIT_OK, UsageError
+from steerc.cli.common import argument_source
+
+SITE_PROGRAM = "steer 1\nintervention derive {{\n  at {at}\n  scale 2\n}}\n"
+
+
+def add_arguments(cmd) -> None:
+    cmd.add_argument("--model", required=True, metavar="MODEL",
+                     help="a model name (smollm2), a .gguf file, or a Hugging Face model folder with weights and "
+                          "tokenizer")
+    data = cmd.add_argument_group("data (a JSONL file of pairs, or two text files with one example per line)")
+    data.add_argument("--data", metavar="PAIRS.jsonl",
+                      help='one {"positive": ..., "negative": ...} object per line (optionally "prompt": ...)')
+    data.add_argument("--positive", metavar="FILE", help="examples that show the trait (one per line)")
+    data.add_argument("--negative", metavar="FILE", help="examples that show its opposite (one per line)")
+    data.add_argument("--chat", action="store_true",
+                      help="wrap each text in the model's chat template (as the user's message; with a prompt, the "
+                           "texts are the assistant's replies)")
+    data.add_argument("--read", choices=("last", "mean", "completion"), default="last",
+                      help="which tokens a text is read at: its last token (default, as repeng and "
+                           "steering-vectors), the mean over all its tokens, or the mean over the completion "
+                           "(pairs with a prompt)")
+    out = cmd.add_argument_group("vectors")
+    out.add_argument("--at", metavar="SITES",
+                     help='sites and layers in steerc\'s selector syntax, e.g. "resid_post[25%%:75%%]", '
+                          '"resid_pre[4:8]", "head[10, 3]"')
+    out.add_argument("--method", action="append", metavar="METHOD",
+                     help="mean_diff (default), pca_diff, pca_center, logistic, or all (repeatable)")
+    out.add_argument("-o", "--output", metavar="OUT.safetensors", help="the per-layer bank to write")
+    out.add_argument("--normalize", action="store_true", help="scale every row to unit norm")
+    out.add_argument("--heldout", type=float, default=0.25, metavar="FRACTION",
+                     help="the share of pairs held out to score each layer (default 0.25; 0 skips the scores)")
+    out.add_argument("--seed", type=int, default=0, help="the seed of the held-out split (default 0)")
+    out.add_argument("--plot", metavar="OUT.png",
+                     help="draw the held-out AUROC per layer and method (needs matplotlib: steerc[plot])")
+    cal = cmd.add_argument_group("calibrate a probe (CAST's condition search)")
+    cal.add_argument("--calibrate", metavar="PROGRAM.steer",
+                     help="find the threshold of a probe of this program that best separates --positive (the "
+                          "condition should hold) from --negative")
+    cal.add_argument("--probe", metavar="NAME", help="the probe to calibrate")
+    run_ = cmd.add_argument_group("running")
+    run_.add_argument("--batch-size", type=int, default=8, metavar="N", help="texts per forward pass (default 8)")
+    run_.add_argument("--no-cache", action="store_true",
+                      help="read activations afresh (they are cached by model and data hash otherwise)")
+    run_.add_argument("--format", choices=("text", "json"), default="text", help="how to print the result")
+
+
+def _fail(args, diagnostics, sources) -> int:
+    from steerc.diagnostics import render_text, to_json_dict
+
+    if args.format == "json":
+        print(json.dumps({"diagnostics": [to_json_dict(d) for d in diagnostics]}, indent=2))
+    else:
+        for d in diagnostics:
+            print(render_text(d, sources), file=sys.stderr)
+    return EXIT_ERRORS
+
+
+def _argument_error(args, flag: str, code: str, message: str, help: str | None = None) -> int:
+    from steerc.diagnostics import Diagnostic
+
+    source, span = argument_source(args, flag)
+    return _fail(args, [Diagnostic.error(code, message, span, help=help)], {source.name: source})
+
+
+def _methods(args) -> list[str]:
+    from steerc.derive.methods import METHODS
+
+    names = []
+    for item in args.method or ["mean_diff"]:
+        for name in item.split(","):
+            name = name.strip()
+            if name == "all":
+                names.extend(METHODS)
+            elif name in METHODS:
+                names.append(name)
+            else:
+                raise UsageError(f"--method {name}: not a method ({', '.join(METHODS)}, or all)")
+    return list(dict.fromkeys(names))
+
+
+def _read_data(args, paired: bool):
+    """A Dataset (paired) or two example lists; raises DataError."""
+    from steerc.derive import data as D
+
+    if args.data and (args.positive or args.negative):
+        raise UsageError("give --data, or --positive and --negative, not both")
+    if args.data:
+        ds = D.parse_pairs(_source(args.data))
+        if paired:
+            return ds
+        return [p.positive for p in ds.pairs], [p.negative for p in ds.pairs], ds.sha256
+    if not (args.positive and args.negative):
+        raise UsageError("give the data: --data PAIRS.jsonl, or --positive FILE and --negative FILE")
+    pos, neg = _source(args.positive), _source(args.negative)
+    return D.paired_lines(pos, neg) if paired else D.two_sets(pos, neg)
+
+
+def _source(path: str):
+    from steerc.derive.data import read_source
+
+    try:
+        return read_source(path)
+    except FileNotFoundError:
+        raise UsageError(f"no such file: {path}") from None
+    except OSError as exc:
+        raise UsageError(f"cannot read {path}: {exc}") from None
+
+
+def _facts(args):
+    """The model's layout facts, read without its weights where possible: from its config, from a named
+    model's shipped config, or for a .gguf file from its dequantized copy in the cache (loading it once
+    when there is none yet)."""
+    from steerc.cli.common import load_facts_or_diagnostic
+
+    if args.model.endswith(".gguf") and os.path.isfile(args.model):
+        from steerc.facts import load_facts
+        from steerc.runtime.models import _cache_complete, gguf_cache_folder
+
+        folder = gguf_cache_folder(args.model)
+        if not _cache_complete(folder):
+            from steerc.runtime.hf import facts_from_model
+
+            model, tokenizer = _load_unchecked(args.model)
+            args.preloaded = (model, tokenizer)
+            return facts_from_model(model)
+        return load_facts(folder)
+    facts, diagnostic, sources = load_facts_or_diagnostic(args.model)
+    if diagnostic is not None:
+        raise SystemExit(_fail(args, [diagnostic], sources))
+    return facts
+
+
+def _sites(args, facts):
+    """The concrete sites of --at (diagnostics point into the selector, shown as a one-line program)."""
+    from steerc.api import check_source
+    from steerc.derive.activations import Site
+    from steerc.passes.lower_plan import _concrete
+
+    if not args.at:
+        raise UsageError('--at is required: the sites to read, e.g. --at "resid_post[25%:75%]"')
+    if any(c in args.at for c in "\n\r{}#"):
+        raise UsageError("--at takes one site selector, e.g. resid_post[4:8]")
+    result = check_source(SITE_PROGRAM.format(at=args.at), "--at", facts=facts)
+    errors = [d for d in result.diagnostics if d.is_error]
+    if errors:
+        raise SystemExit(_fail(args, errors, result.sources))
+    site = result.checked.interventions[0].site
+    pairs = list(_concrete(site, facts))
+    layers = [layer for layer, _ in pairs]
+    if len(set(layers)) != len(layers):
+        raise UsageError("--at: one head per layer (a bank holds one row per layer), e.g. head[4:8, 3]")
+    return [Site(site.kind, layer, head) for layer, head in pairs]
+
+
+def _model_path(args) -> str:
+    from steerc.runtime.models import ModelNotRunnable, runnable_path
+
+    try:
+        path = runnable_path(args.model)
+    except ModelNotRunnable as problem:
+        from steerc.diagnostics import Diagnostic, Note
+
+        source, span = argument_source(args, "--model")
+        raise SystemExit(_fail(args, [Diagnostic.error("model-without-weights", problem.message, span,
+                                                       help=problem.help,
+                                                       notes=tuple(Note(n) for n in problem.notes))],
+                               {source.name: source}))
+    if not os.path.exists(path):
+        from steerc.facts.named import names
+
+        raise UsageError(f"--model {args.model}: no such folder or file, and not a model name ({names()})")
+    return path
+
+
+def _load_unchecked(path: str):
+    try:
+        import torch  # noqa: F401
+        import transformers  # noqa: F401
+    except ImportError:
+        raise UsageError("`steerc derive` needs torch and transformers: pip install 'steerc[hf]'") from None
+    from steerc.runtime.models import load_model
+
+    try:
+        return load_model(path)
+    except (OSError, ValueError) as exc:
+        raise UsageError(f"cannot load {path}: {exc}") from None
+
+
+def _load(path: str, facts, args=None):
+    from steerc.runtime.hf import facts_from_model
+
+    preloaded = getattr(args, "preloaded", None)
+    model, tokenizer = preloaded if preloaded is not None else _load_unchecked(path)
+    live = facts_from_model(model)
+    if live.fingerprint != facts.fingerprint:
+        raise UsageError(f"{path}: the loaded model's layout differs from its config's ({live.family}, "
+                         f"{live.layers} layers, hidden {live.hidden})")
+    return model, tokenizer
+
+
+def run(args) -> int:
+    from steerc.derive.data import DataError
+
+    if args.batch_size < 1:
+        raise UsageError("--batch-size must be at least 1")
+    if not 0 <= args.heldout < 1:
+        raise UsageError("--heldout is a fraction from 0 (no scores) up to, not including, 1")
+    try:
+        if args.calibrate:
+            return _calibrate(args)
+        return _derive(args)
+    except DataError as exc:
+        return _fail(args, exc.diagnostics, exc.sources)
+
+
+# ------------------------------------------------------------------------ derive
+
+
+def _derive(args) -> int:
+    from steerc import __version__
+    from steerc.derive import bank, fit, heldout_scores
+    from steerc.derive import activations as A
+    from steerc.derive.report import best_layer, plot, table
+
+    if args.probe:
+        raise UsageError("--probe goes with --calibrate")
+    if not args.output:
+        raise UsageError("-o OUT.safetensors is required (the bank to write)")
+    methods = _methods(args)
+    dataset = _read_data(args, paired=True)
+    if args.read == "completion" and not all(p.prompt is not None for p in dataset.pairs):
+        return _argument_error(args, "--read", "invalid-data",
+                               "--read completion averages over the completion of a prompt, and this data has "
+                               "pairs without a \"prompt\"",
+                               help='give every pair a "prompt" (JSONL), or read last or mean')
+    if len(dataset.pairs) < 2 and ("pca_diff" in methods or "pca_center" in methods or "logistic" in methods):
+        from steerc.diagnostics import Diagnostic
+
+        return _fail(args, [Diagnostic.error("empty-data", f"{len(dataset.pairs)} pair: a principal component or "
+                                             "a regression needs at least 2", None,
+                                             help="add pairs, or use --method mean_diff")], {})
+    facts = _facts(args)
+    sites = _sites(args, facts)
+    path = _model_path(args)
+    reading = A.Reading(args.chat, args.read)
+    model_hash = A.model_sha256(path)
+    key = A.cache_key(model_hash, dataset, reading)
+    acts = {} if args.no_cache else A.cached(key, sites)
+    missing = [s for s in sites if s not in acts]
+    if missing:
+        model, tokenizer = _load(path, facts, args)
+        items = []
+        for side in ("positive", "negative"):
+            for pair in dataset.pairs:
+                ids, start = A.encode(tokenizer, getattr(pair, side), pair.prompt, args.chat)
+                a, b = A.positions(len(ids), start, args.read)
+                if b <= a:
+                    raise UsageError(f"a {side} completion has no tokens to read (--read completion)")
+                items.append((ids, a, b))
+        read = A.read(model, tokenizer, facts, items, missing, batch_size=args.batch_size,
+                      label=f"reading {len(items)} texts at {len(missing)} site{'s' if len(missing) > 1 else ''}")
+        n = len(dataset.pairs)
+        fresh = {s: (v[:n], v[n:]) for s, v in read.items()}
+        A.store(key, fresh)
+        acts.update(fresh)
+    acts = {s: acts[s] for s in sites}
+    rows, biases = fit(acts, methods, normalize=args.normalize)
+    scores, held = heldout_scores(acts, methods, args.heldout, args.seed) if args.heldout else ({}, 0)
+    info = {
+        "steerc_version": __version__,
+        "model": {"fingerprint": facts.fingerprint, "family": facts.family, "layers": facts.layers,
+                  "hidden": facts.hidden, "weights_sha256": model_hash, "name": os.path.basename(path.rstrip("/"))},
+        "site": sites[0].kind,
+        "layers": [s.layer for s in sites],
+        "head": sites[0].head,
+        "methods": methods,
+        "reading": reading.to_json(),
+        "normalized": bool(args.normalize),
+        "dataset": {"sha256": dataset.sha256, "pairs": len(dataset.pairs),
+                    "files": [os.path.basename(f) for f in dataset.files]},
+        "heldout": {"fraction": args.heldout, "seed": args.seed, "pairs": held},
+        "scores": scores,
+        "logistic_bias": biases.get("logistic", {}),
+    }
+    bank.write(args.output, rows, info)
+    layers = [s.layer for s in sites]
+    if args.plot and scores:
+        try:
+            plot(args.plot, scores, layers, sites[0].kind,
+                 f"{os.path.basename(args.output)}: held-out AUROC, {len(dataset.pairs)} pairs")
+        except ImportError:
+            raise UsageError("--plot needs matplotlib: pip install 'steerc[plot]'") from None
+    if args.format == "json":
+        print(json.dumps({"output": args.output, **info}, indent=2, sort_keys=True))
+        return EXIT_OK
+    shape = f"{len(sites)} layer{'s' if len(sites) > 1 else ''} x {facts.width(sites[0].kind)}"
+    print(f"wrote {args.output}: {', '.join(methods)} at {_sites_text(sites)} ({shape}), "
+          f"from {len(dataset.pairs)} pairs ({args.read} token{'s' if args.read != 'last' else ''}"
+          f"{', chat template' if args.chat else ''})")
+    if scores:
+        print(table(scores, layers, held, len(dataset.pairs)), end="")
+    if args.plot and scores:
+        print(f"plot: {args.plot}")
+    first = methods[0]
+    best = best_layer(scores[first], layers) if scores else layers[len(layers) // 2]
+    print(f'use it: vector v = load("{os.path.basename(args.output)}", key="{first}.{best}")'
+          f'   or per layer: load("{os.path.basename(args.output)}", key="{first}", per_layer=true)')
+    if "logistic" in methods:
+        b = biases["logistic"][str(best)]
+        sign = "-" if b < 0 else "+"
+        print(f'probe:  read dot(load("{os.path.basename(args.output)}", key="logistic.{best}")) {sign} {abs(b):.6g}'
+              "   (> 0: positive)")
+    return EXIT_OK
+
+
+def _sites_text(sites) -> str:
+    kind = sites[0].kind
+    layers = [s.layer for s in sites]
+    if kind == "head":
+        return ", ".join(s.text for s in sites) if len(sites) < 4 else f"head[{layers[0]}..{layers[-1]}, ...]"
+    if layers == list(range(layers[0], layers[-1] + 1)) and len(layers) > 1:
+        return f"{kind}[{layers[0]}:{layers[-1] + 1}]"
+    return f"{kind}[{', '.join(map(str, layers))}]"
+
+
+# --------------------------------------------------------------------- calibrate
+
+
+def _calibrate(args) -> int:
+    from steerc.api import Options, check_source
+    from steerc.cli.common import read_text
+    from steerc.derive.methods import best_threshold
+
+    for flag in ("output", "at", "plot", "method"):
+        if getattr(args, flag):
+            raise UsageError(f"--{flag} does not go with --calibrate (which prints a threshold)")
+    if not args.probe:
+        raise UsageError("--calibrate needs --probe NAME: the probe of the program to calibrate")
+    pos, neg, _ = _read_data(args, paired=False)
+    facts = _facts(args)
+    path_ = os.path.abspath(args.calibrate)
+    result = check_source(read_text(args.calibrate), args.calibrate, path=path_, options=Options(), facts=facts)
+    if not result.ok:
+        print(result.render(), file=sys.stderr)
+        return EXIT_ERRORS
+    names = [p.name for p in result.plan.probes]
+    if args.probe not in names:
+        raise UsageError(f"--probe {args.probe}: {args.calibrate} has no probe of that name "
+                         f"({', '.join(names) or 'it declares none'})")
+    probe = result.plan.probe(args.probe)
+    model, tokenizer = _load(_model_path(args), facts, args)
+    values = _probe_values(model, tokenizer, result.plan, args.probe, pos + neg, args)
+    vp, vn = values[:len(pos)], values[len(pos):]
+    op, threshold, f1, accuracy = best_threshold(vp, vn)
+    report = {"probe": args.probe, "readout": probe.kind, "site": probe.site.text, "pool": probe.pool,
+              "op": op, "threshold": threshold, "f1": f1, "accuracy": accuracy,
+              "positive": {"n": len(vp), "min": float(vp.min()), "mean": float(vp.mean()), "max": float(vp.max())},
+              "negative": {"n": len(vn), "min": float(vn.min()), "mean": float(vn.mean()), "max": float(vn.max())}}
+    if args.format == "json":
+        print(json.dumps(report, indent=2, sort_keys=True))
+        return EXIT_OK
+    print(f"probe {args.probe}: {probe.kind} at {probe.site.text}, pool {probe.pool}; "
+          f"{len(vp)} texts where it should hold, {len(vn)} where not")
+    print(f"  when {args.probe} {op} {threshold:.6g}    # F1 {f1:.3f}, accuracy {accuracy:.3f}")
+    for label, v in (("should hold", vp), ("should not", vn)):
+        print(f"  {label:11s}: min {v.min():.4g}  mean {v.mean():.4g}  max {v.max():.4g}")
+    return EXIT_OK
+
+
+def _probe_values(model, tokenizer, plan, name: str, texts: list[str], args):
+    """The probe's value on each text, as the HF runtime computes it for a gate: the pooled value once the
+    prompt has passed, or a per-token probe at the prompt's last token."""
+    import numpy as np
+    import torch
+
+    from steerc.derive.activations import encode
+    from steerc.runtime.hf import install
+
+    out = np.zeros(len(texts))
+    with install(model, plan, tokenizer) as handle:
+        for start in range(0, len(texts), args.batch_size):
+            batch = [encode(tokenizer, t, None, args.chat)[0] for t in texts[start:start + args.batch_size]]
+            length = max(len(ids) for ids in batch)
+            pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+            ids = torch.full((len(batch), length), pad, dtype=torch.long)
+            mask = torch.zeros((len(batch), length), dtype=torch.long)
+            for i, row in enumerate(batch):
+                ids[i, :len(row)] = torch.tensor(row)
+                mask[i, :len(row)] = 1
+            with torch.no_grad():
+                model(input_ids=ids, attention_mask=mask, use_cache=False)
+            ctx = handle.context
+            if name in ctx.values:
+                last = mask.sum(dim=1) - 1
+                vals = ctx.values[name][torch.arange(len(batch)), last]
+            else:
+                vals = ctx.held[name]
+            out[start:start + len(batch)] = vals.double().numpy()
+    return out

@@ -1,0 +1,59 @@
+"""The file `steerc derive` writes: a per-layer bank as safetensors, with its provenance in the metadata.
+
+Tensors, all float32: ``<method>.<layer>`` for each method and each layer
+read (``mean_diff.8``: a ``[d]`` row), so ``load("joy.safetensors",
+key="mean_diff", per_layer=true)`` gives each selected layer its row and
+``load(..., key="mean_diff.8")`` one row; ``logistic`` adds
+``logistic_bias.<layer>`` (``[1]``, the ``b`` of ``dot(w) + b``).
+
+The safetensors metadata holds one entry, ``steerc.derive``: canonical JSON
+(sorted keys) recording the format, the steerc version, the model (layout
+fingerprint, family, size, weights sha256), the site kind, layers and head,
+the methods, how texts were read (positions, chat template), whether rows
+were normalised, the dataset (sha256, pair count, files), the held-out split
+and every layer's held-out AUROC per method. ``steerc check`` reads it back
+(:func:`provenance`) to warn when a vector meets another model or another
+site than it was made for. The same inputs give the same bytes.
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+
+FORMAT = "steerc.derive/1"
+METADATA_KEY = "steerc.derive"
+
+
+def write(path: str, rows: dict[str, np.ndarray], info: dict) -> None:
+    """Write ``rows`` ({tensor name: array}) with ``info`` as the provenance metadata, atomically."""
+    import os
+    import tempfile
+
+    from safetensors.numpy import save
+
+    meta = {METADATA_KEY: json.dumps({"format": FORMAT, **info}, sort_keys=True, separators=(",", ":"))}
+    data = save({k: np.ascontiguousarray(v, dtype=np.float32) for k, v in sorted(rows.items())}, metadata=meta)
+    folder = os.path.dirname(os.path.abspath(path))
+    os.makedirs(folder, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=folder)
+    with os.fdopen(fd, "wb") as fh:
+        fh.write(data)
+    os.replace(tmp, path)
+
+
+def provenance(metadata: dict | None) -> dict | None:
+    """The recorded provenance of a safetensors file's metadata, or None (not written by derive, or
+    unreadable: provenance is advisory, never an error)."""
+    if not metadata or METADATA_KEY not in metadata:
+        return None
+    from steerc.jsonio import JSONError, loads
+
+    try:
+        value = loads(metadata[METADATA_KEY])
+    except (JSONError, TypeError):
+        return None
+    if not isinstance(value, dict) or value.get("format") != FORMAT:
+        return None
+    return value

@@ -1,0 +1,229 @@
+"""The examples `steerc derive` learns from, read with diagnostics that point into the data files.
+
+Two forms:
+
+* **JSONL pairs** — one JSON object per line: ``{"positive": TEXT,
+  "negative": TEXT}``, optionally with ``"prompt": TEXT``. Without a prompt,
+  each side is a whole text (with ``--chat``, a user message). With one, the
+  sides are two completions of the same prompt (with ``--chat``: the user
+  message and two assistant replies), and ``--read completion`` averages
+  over the completion's tokens only. Blank lines are skipped; other keys are
+  refused (a typo like ``"postive"`` should not pass silently).
+* **two text files** — one example per non-blank line, paired by line for
+  the methods that need pairs (then their counts must agree:
+  ``unbalanced-data``); ``--calibrate`` takes two sets of any sizes.
+
+Every fault is a diagnostic with a code and a caret: ``invalid-data`` (not
+JSON, not an object, a missing or unknown key, a non-string or empty text,
+over the size limits), ``unbalanced-data``, ``empty-data``.
+
+>>> from steerc.source import Source
+>>> ds = parse_pairs(Source("d.jsonl", '{"positive": "yes", "negative": "no"}\\n'))
+>>> ds.pairs[0].positive, len(ds.pairs), ds.sha256[:12]
+('yes', 1, '09b78a53e63b')
+"""
+
+from __future__ import annotations
+
+import hashlib
+
+from attrs import frozen
+
+from steerc.diagnostics import Diagnostic, Note
+from steerc.jsonio import JSONError, loads
+from steerc.limits import MAX_DATA_BYTES, MAX_EXAMPLE_CHARS, MAX_EXAMPLES, human
+from steerc.source import Source
+
+KEYS = ("positive", "negative", "prompt")
+
+
+class DataError(Exception):
+    """Data that cannot be used; ``diagnostics`` say why, ``sources`` hold the files they point into."""
+
+    def __init__(self, diagnostics: list[Diagnostic], sources: dict[str, Source]):
+        super().__init__("; ".join(d.message for d in diagnostics))
+        self.diagnostics = diagnostics
+        self.sources = sources
+
+
+@frozen
+class Pair:
+    positive: str
+    negative: str
+    prompt: str | None = None
+
+
+@frozen
+class Dataset:
+    pairs: tuple[Pair, ...]
+    sha256: str  # of the data files' bytes, in order (what the activation cache and the bank record)
+    files: tuple[str, ...]
+
+    @property
+    def has_prompts(self) -> bool:
+        return any(p.prompt is not None for p in self.pairs)
+
+
+def read_source(path: str) -> Source:
+    """A data file as a Source (OSError when it cannot be read; DataError when it is too big or not UTF-8)."""
+    with open(path, "rb") as fh:
+        data = fh.read(MAX_DATA_BYTES + 1)
+    if len(data) > MAX_DATA_BYTES:
+        raise DataError([Diagnostic.error("invalid-data", f"{path} is larger than the "
+                                          f"{human(MAX_DATA_BYTES, 'bytes')} steerc derive reads", None,
+                                          help="split the data, or sample it")], {})
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        src = Source(path, data.decode("utf-8", errors="replace"), path)
+        raise DataError([Diagnostic.error("invalid-data", f"not UTF-8 ({exc.reason})",
+                                          src.span(exc.start, exc.start + 1))], {src.name: src}) from None
+    return Source(path, text, path)
+
+
+def _lines(src: Source):
+    """(offset, line text) of each non-blank line."""
+    offset = 0
+    for line in src.text.split("\n"):
+        if line.strip():
+            yield offset, line.rstrip("\r")
+        offset += len(line) + 1
+
+
+def _text_ok(value, where: str, span, problems: list) -> bool:
+    if not isinstance(value, str):
+        problems.append(Diagnostic.error("invalid-data", f"{where} is {type(value).__name__}, not a string", span))
+        return False
+    if not value.strip():
+        problems.append(Diagnostic.error("invalid-data", f"{where} is empty", span,
+                                         help="every example needs some text to read activations from"))
+        return False
+    if len(value) > MAX_EXAMPLE_CHARS:
+        problems.append(Diagnostic.error("invalid-data", f"{where} has {len(value):,} characters, over the "
+                                         f"{human(MAX_EXAMPLE_CHARS)} steerc derive reads", span))
+        return False
+    return True
+
+
+def _too_many(src: Source, offset: int) -> Diagnostic:
+    return Diagnostic.error("invalid-data", f"more than {human(MAX_EXAMPLES)} examples", src.span(offset, offset + 1),
+                            help="sample the data; a few hundred pairs are plenty for a direction")
+
+
+def parse_pairs(src: Source) -> Dataset:
+    """The pairs of a JSONL file (raises DataError with every problem found, up to the repeat limit)."""
+    problems: list[Diagnostic] = []
+    pairs: list[Pair] = []
+    for offset, line in _lines(src):
+        span = src.span(offset, offset + len(line))
+        if len(pairs) >= MAX_EXAMPLES:
+            problems.append(_too_many(src, offset))
+            break
+        try:
+            row = loads(line, unique_keys=True)
+        except JSONError as exc:
+            at = offset + (exc.offset or 0)
+            problems.append(Diagnostic.error("invalid-data", f"not a JSON object ({exc.message})",
+                                             src.span(at, min(at + 1, offset + len(line))),
+                                             help='one object per line: {"positive": "...", "negative": "..."}'))
+            continue
+        if not isinstance(row, dict):
+            problems.append(Diagnostic.error("invalid-data", f"a JSON {type(row).__name__}, not an object", span,
+                                             help='one object per line: {"positive": "...", "negative": "..."}'))
+            continue
+        unknown = [k for k in row if k not in KEYS]
+        missing = [k for k in ("positive", "negative") if k not in row]
+        if unknown or missing:
+            what = (f"unknown key {unknown[0]!r}" if unknown else f"no {missing[0]!r}")
+            problems.append(Diagnostic.error("invalid-data", f"{what} (a pair has \"positive\", \"negative\" and "
+                                             "optionally \"prompt\")", _key_span(src, offset, line, unknown),
+                                             help=_did_you_mean(unknown)))
+            continue
+        ok = all([_text_ok(row[k], f'"{k}"', _key_span(src, offset, line, [k]), problems)
+                  for k in KEYS if k in row])
+        if ok:
+            pairs.append(Pair(row["positive"], row["negative"], row.get("prompt")))
+        if len(problems) > 50:
+            break
+    if not problems and not pairs:
+        problems.append(Diagnostic.error("empty-data", "no pairs in this file", src.span(0, min(1, len(src.text))),
+                                         help='one JSON object per line: {"positive": "...", "negative": "..."}'))
+    if problems:
+        raise DataError(problems, {src.name: src})
+    return Dataset(tuple(pairs), _sha256(src), (src.name,))
+
+
+def _key_span(src: Source, offset: int, line: str, keys):
+    for k in keys:
+        at = line.find(f'"{k}"')
+        if at >= 0:
+            return src.span(offset + at, offset + at + len(k) + 2)
+    return src.span(offset, offset + len(line))
+
+
+def _did_you_mean(unknown) -> str | None:
+    from steerc.passes.context import did_you_mean
+
+    return did_you_mean(unknown[0], list(KEYS)) if unknown else None
+
+
+def parse_lines(src: Source) -> list[str]:
+    """The examples of a text file: one per non-blank line."""
+    problems: list[Diagnostic] = []
+    out = []
+    for offset, line in _lines(src):
+        if len(out) >= MAX_EXAMPLES:
+            problems.append(_too_many(src, offset))
+            break
+        if _text_ok(line, "this line", src.span(offset, offset + len(line)), problems):
+            out.append(line)
+    if not problems and not out:
+        problems.append(Diagnostic.error("empty-data", "no examples in this file (one per line)",
+                                         src.span(0, min(1, len(src.text)))))
+    if problems:
+        raise DataError(problems, {src.name: src})
+    return out
+
+
+def paired_lines(pos: Source, neg: Source) -> Dataset:
+    """Pairs from two text files, line by line (``unbalanced-data`` when the counts differ)."""
+    a, b = _both(pos, neg)
+    if len(a) != len(b):
+        longer, shorter = (pos, neg) if len(a) > len(b) else (neg, pos)
+        extra = list(_lines(longer))[min(len(a), len(b))][0]
+        raise DataError([Diagnostic.error(
+            "unbalanced-data", f"{longer.name} has {max(len(a), len(b))} examples, {shorter.name} "
+            f"{min(len(a), len(b))}: the methods pair them line by line", longer.span(extra, extra + 1),
+            notes=(Note(f"the first example without a partner in {shorter.name}"),),
+            help="give both files the same number of lines, or use JSONL pairs")],
+            {pos.name: pos, neg.name: neg})
+    return Dataset(tuple(Pair(x, y) for x, y in zip(a, b)), _sha256(pos, neg), (pos.name, neg.name))
+
+
+def two_sets(pos: Source, neg: Source) -> tuple[list[str], list[str], str]:
+    """Two example sets of any sizes (for ``--calibrate``), and their sha256."""
+    a, b = _both(pos, neg)
+    return a, b, _sha256(pos, neg)
+
+
+def _both(pos: Source, neg: Source) -> tuple[list[str], list[str]]:
+    problems, sources, out = [], {}, []
+    for src in (pos, neg):
+        try:
+            out.append(parse_lines(src))
+        except DataError as exc:
+            problems.extend(exc.diagnostics)
+            sources.update(exc.sources)
+            out.append([])
+    if problems:
+        raise DataError(problems, sources)
+    return out[0], out[1]
+
+
+def _sha256(*sources: Source) -> str:
+    digest = hashlib.sha256()
+    for src in sources:
+        data = src.text.encode("utf-8")
+        digest.update(len(data).to_bytes(8, "little"))
+        digest.update(data)
+    return digest.hexdigest()
