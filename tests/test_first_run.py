@@ -237,6 +237,29 @@ def test_the_readme_first_program_is_in_canonical_layout_and_is_the_example():
     assert program == parse(Source("joy.steer", example), Diagnostics())
 
 
+def test_the_readme_gate_example_is_the_examples_text_and_checks(examples_dir, tmp_path):
+    """The README's cheer_up excerpt is examples/smollm2/cheer_up.steer's own text, and the example checks
+    against SmolLM2's layout (a random unit vector stands in for the derived one)."""
+    import numpy as np
+    from safetensors.numpy import save_file
+
+    from steerc.api import Options, check_file
+    from steerc.facts import load_facts
+
+    (shown,) = [b for b in _blocks("steer") if "probe mood" in b]
+    with open(os.path.join(REPO, "examples", "smollm2", "cheer_up.steer"), encoding="utf-8") as fh:
+        text = fh.read()
+    assert shown in text
+    (tmp_path / "vectors").mkdir()
+    joy = np.random.default_rng(1).normal(size=576)
+    save_file({"mean_diff.8": (joy / np.linalg.norm(joy)).astype(np.float32)},
+              str(tmp_path / "vectors" / "joy.safetensors"))
+    (tmp_path / "cheer_up.steer").write_text(text)
+    facts = load_facts(os.path.join(examples_dir, "models", "real", "smollm2-135m-instruct"))
+    result = check_file(str(tmp_path / "cheer_up.steer"), options=Options(root=str(tmp_path)), facts=facts)
+    assert result.ok and not result.diagnostics, result.render()
+
+
 def test_the_readme_per_request_example_checks(examples_dir, tmp_path):
     """The README's `per request` line is the example's, and the example compiles for serve (the joy
     vector replaced by a random one of its shape, as ./dev demo may not have run)."""
@@ -252,7 +275,7 @@ def test_the_readme_per_request_example_checks(examples_dir, tmp_path):
         text = fh.read()
     assert line.strip() in text.splitlines()
     (tmp_path / "vectors").mkdir()
-    save_file({"joy": np.random.default_rng(0).normal(size=576).astype(np.float32)},
+    save_file({"mean_diff.8": np.random.default_rng(0).normal(size=576).astype(np.float32)},
               str(tmp_path / "vectors" / "joy.safetensors"))
     (tmp_path / "joy_per_request.steer").write_text(text)
     facts = load_facts(os.path.join(examples_dir, "models", "real", "smollm2-135m-instruct"))
@@ -274,7 +297,8 @@ def test_the_readme_schedule_example_explains_as_shown(examples_dir, tmp_path):
     (shown,) = [b for b in _blocks("text") if "decay(0.85)" in b]
     (tmp_path / "vectors").mkdir()
     joy = np.random.default_rng(0).normal(size=576)
-    save_file({"joy": (joy / np.linalg.norm(joy)).astype(np.float32)}, str(tmp_path / "vectors" / "joy.safetensors"))
+    save_file({"mean_diff.8": (joy / np.linalg.norm(joy)).astype(np.float32)},
+              str(tmp_path / "vectors" / "joy.safetensors"))
     with open(os.path.join(REPO, "examples", "smollm2", "joy_fading.steer"), encoding="utf-8") as fh:
         (tmp_path / "joy_fading.steer").write_text(fh.read())
     facts = load_facts(os.path.join(examples_dir, "models", "real", "smollm2-135m-instruct"))

@@ -5,6 +5,8 @@ Skipped when the package is absent. About 20 s to load on two cores.
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -167,3 +169,42 @@ def test_the_named_model_config_is_the_loaded_models_layout(smol):
 
     model, _, _ = smol
     assert load_facts("smollm2").fingerprint == facts_from_model(model).fingerprint
+
+
+def test_the_readme_path_from_data_to_a_gate(smol, tmp_path, monkeypatch):
+    """The README's path, on the real model: derive the joy bank from examples/smollm2/joy.jsonl,
+    calibrate cheer_up.steer's probe on gloomy.txt / cheerful.txt to the threshold the README and the
+    example print, and the gate then steers the gloomy prompt and leaves the cheerful one unsteered,
+    token for token."""
+    import re
+    import shutil
+
+    from support import REPO, run_cli
+
+    here = os.path.join(REPO, "examples", "smollm2")
+    for name in ("joy.jsonl", "gloomy.txt", "cheerful.txt", "cheer_up.steer"):
+        shutil.copy(os.path.join(here, name), tmp_path / name)
+    (tmp_path / "steer.toml").write_text("")
+    monkeypatch.chdir(tmp_path)
+    code, out, err = run_cli(["derive", "--model", "smollm2", "--data", "joy.jsonl", "--at", "resid_post[8]",
+                              "--read", "mean", "--normalize", "-o", "vectors/joy.safetensors"])
+    assert code == 0, err
+    code, out, err = run_cli(["derive", "--model", "smollm2", "--chat", "--positive", "gloomy.txt", "--negative",
+                              "cheerful.txt", "--calibrate", "cheer_up.steer", "--probe", "mood"])
+    assert code == 0, err
+    (printed,) = re.findall(r"when mood < ([0-9.]+) ", out)
+    with open("cheer_up.steer", encoding="utf-8") as fh:
+        assert f"when   mood < {printed}\n" in fh.read()
+    with open(os.path.join(REPO, "README.md"), encoding="utf-8") as fh:
+        readme = fh.read()
+    assert f"when   mood < {printed}\n" in readme and f"when mood < {printed}    # F1 1.000" in readme
+    texts = {}
+    for prompt in ("Describe a rainy Monday morning.", "Describe a birthday party in the park."):
+        code, out, err = run_cli(["run", "cheer_up.steer", "--model", "smollm2", "--prompt", prompt, "--compare",
+                                  "--max-new-tokens", "12"])
+        assert code == 0, err
+        unsteered, steered = out.split("--- steered ---")
+        texts[prompt] = (unsteered.split("--- unsteered ---")[1].strip(), steered.strip())
+    gloomy, cheerful = texts.values()
+    assert gloomy[0] != gloomy[1], gloomy
+    assert cheerful[0] == cheerful[1], cheerful

@@ -366,7 +366,7 @@ def _calibrate(args) -> int:
     vp, vn = values[:len(pos)], values[len(pos):]
     op, threshold, f1, accuracy = best_threshold(vp, vn)
     report = {"probe": args.probe, "readout": probe.kind, "site": probe.site.text, "pool": probe.pool,
-              "op": op, "threshold": threshold, "f1": f1, "accuracy": accuracy,
+              "chat": bool(args.chat), "op": op, "threshold": threshold, "f1": f1, "accuracy": accuracy,
               "positive": {"n": len(vp), "min": float(vp.min()), "mean": float(vp.mean()), "max": float(vp.max())},
               "negative": {"n": len(vn), "min": float(vn.min()), "mean": float(vn.mean()), "max": float(vn.max())}}
     if args.format == "json":
@@ -374,9 +374,12 @@ def _calibrate(args) -> int:
         return EXIT_OK
     print(f"probe {args.probe}: {probe.kind} at {probe.site.text}, pool {probe.pool}; "
           f"{len(vp)} texts where it should hold, {len(vn)} where not")
+    print("  read in the model's chat template, as `steerc run` reads a prompt" if args.chat else
+          "  read as raw text, as `steerc run --raw` reads a prompt (add --chat for the chat template `run` uses "
+          "by default)")
     print(f"  when {args.probe} {op} {threshold:.6g}    # F1 {f1:.3f}, accuracy {accuracy:.3f}")
     for label, v in (("should hold", vp), ("should not", vn)):
-        print(f"  {label:11s}: min {v.min():.4g}  mean {v.mean():.4g}  max {v.max():.4g}")
+        print(f"  {label:11s}: min {v.min():#.4g}  mean {v.mean():#.4g}  max {v.max():#.4g}")
     return EXIT_OK
 
 
