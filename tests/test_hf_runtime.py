@@ -185,3 +185,128 @@ def test_unknown_family_is_checked_from_discovered_facts_but_not_installed():
     plan = compile_for("steer 1\nintervention x {\n  at resid_post[0]\n  scale 2\n}\n", model)
     with pytest.raises(SteerInstallError, match="no hf site table for the `olmo` family"):
         install(model, plan)
+
+
+# ------------------------------------------------- no hook silently missing
+
+
+def _reroute(model, layer: int):
+    """What a transformers release that reroutes a layer does: the forward no longer goes through the module
+    the plan hooked (here layer `layer`'s MLP is replaced by a fresh copy after install)."""
+    import copy
+
+    mlp = model.model.layers[layer].mlp
+    fresh = copy.deepcopy(mlp)
+    fresh._forward_hooks.clear()
+    fresh._forward_pre_hooks.clear()
+    model.model.layers[layer].mlp = fresh
+
+
+def test_a_hook_that_never_runs_is_an_error_naming_module_family_and_version():
+    import transformers
+
+    from steerc.runtime._support import HookNeverRan
+
+    model = tiny_model("llama")
+    plan = plan_for(model, _program("mlp_out[1]", "add") + "intervention y {\n  at resid_post[2]\n  scale 2\n}\n")
+    with install(model, plan):
+        _reroute(model, 1)
+        for _ in range(2):  # every forward refuses, not only the first
+            with pytest.raises(HookNeverRan) as err:
+                model.generate(input_ids=IDS, attention_mask=MASK, max_new_tokens=2, do_sample=False)
+            message = str(err.value)
+            assert "model.layers.1.mlp (forward hook)" in message and "'llama'" in message
+            assert f"transformers {transformers.__version__}" in message and "resid_post" not in message
+            assert "1 planned hook(s)" in message
+
+
+def test_the_check_runs_until_one_forward_ran_every_hook_then_leaves():
+    model = tiny_model("qwen2")
+    plan = plan_for(model, _program("head[1, 2]", "scale"))
+    with install(model, plan) as handle:
+        hooks = count_hooks(model)
+        assert not handle.verified
+        model(input_ids=IDS, attention_mask=MASK)
+        assert handle.verified and count_hooks(model) == hooks - 1  # the checker removed itself
+        _reroute(model, 1)  # after a verified forward, a rerouted module is not re-detected (no per-forward cost)
+        model(input_ids=IDS, attention_mask=MASK)
+
+
+def test_the_emitted_package_refuses_a_forward_that_skips_a_hook(tmp_path):
+    from hf_util import load_emitted
+
+    from steerc.runtime._support import HookNeverRan as InProcess
+    from steerc.runtime.hf import facts_from_model
+    from steerc.targets.hf.emit import emit
+    from steerc.targets.hooks import lower_hf
+
+    model = tiny_model("llama")
+    plan = plan_for(model, _program("mlp_out[1]", "add"))
+    emit(lower_hf(plan, facts_from_model(model)), str(tmp_path / "pkg"), "steerc compile (test)")
+    pkg = load_emitted(str(tmp_path / "pkg"), "steer_never_ran")
+    with pkg.install(model) as handle:
+        model(input_ids=IDS, attention_mask=MASK)  # runs every hook
+        assert handle.verified
+    with pkg.install(model):
+        _reroute(model, 1)
+        with pytest.raises(RuntimeError, match=r"never ran .*'llama'.*model\.layers\.1\.mlp") as err:
+            model(input_ids=IDS, attention_mask=MASK)
+        assert type(err.value).__name__ == "HookNeverRan" and type(err.value) is not InProcess
+
+
+def _olmo():
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    torch.manual_seed(0)
+    cfg = AutoConfig.for_model("olmo", hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                               intermediate_size=64, vocab_size=64, pad_token_id=0, bos_token_id=1, eos_token_id=2)
+    return AutoModelForCausalLM.from_config(cfg).eval()
+
+
+def test_an_unknown_family_installs_only_from_a_confirmed_facts_file(tmp_path):
+    import json
+
+    from steerc.runtime.hf import compile_for, write_facts
+
+    model = _olmo()
+    plan = compile_for("steer 1\nintervention x {\n  at resid_post[0]\n  scale 2\n}\n", model)
+    with pytest.raises(SteerInstallError, match=r"write_facts\(model, \"olmo.facts.json\"\).*confirmed"):
+        install(model, plan)
+    path = tmp_path / "olmo.facts.json"
+    doc = write_facts(model, str(path))
+    assert doc["sites"]["head[l, h]"]["module"] == "model.layers.{l}.self_attn.o_proj" and not doc["confirmed"]
+    assert doc["sites"]["mlp_out[l]"]["module"] == "model.layers.{l}.mlp" and doc["sites"]["final_norm"] == "model.norm"
+    with pytest.raises(SteerInstallError, match="not confirmed"):
+        install(model, plan, facts=str(path))
+    doc["confirmed"] = True
+    path.write_text(json.dumps(doc))
+    ids = torch.tensor([[3, 4, 5, 6]])
+    with torch.no_grad():
+        base = model(input_ids=ids, output_hidden_states=True).hidden_states[1]
+        with install(model, plan, facts=str(path)) as handle:
+            steered = model(input_ids=ids, output_hidden_states=True).hidden_states[1]
+        assert handle.verified
+    torch.testing.assert_close(steered, 2 * base)
+
+
+@pytest.mark.parametrize("edit,message", [
+    (lambda d: d["sites"]["mlp_out[l]"].update(module="model.layers.{l}.feed_forward"),
+     r"names model.layers.0.feed_forward, which this model does not have"),
+    (lambda d: d["sites"]["attn_out[l]"].update(hook="around"), r"`sites.attn_out\[l\].hook` must be"),
+    (lambda d: d["sites"]["head[l, h]"].update(module="model.layers.0.self_attn.o_proj"), r"must contain \{l\}"),
+    (lambda d: d["facts"].update(fingerprint="0" * 64), "describes another model"),
+    (lambda d: d.pop("sites"), "not a facts file with an hf site table"),
+])
+def test_a_confirmed_facts_file_is_checked_against_the_model(tmp_path, edit, message):
+    import json
+
+    from steerc.runtime.hf import compile_for, write_facts
+
+    model = _olmo()
+    plan = compile_for("steer 1\nintervention x {\n  at resid_post[0]\n  scale 2\n}\n", model)
+    doc = write_facts(model, str(tmp_path / "f.json"))
+    doc["confirmed"] = True
+    edit(doc)
+    (tmp_path / "f.json").write_text(json.dumps(doc))
+    with pytest.raises(SteerInstallError, match=message):
+        install(model, plan, facts=str(tmp_path / "f.json"))

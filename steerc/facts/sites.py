@@ -36,11 +36,16 @@ through vLLM's Transformers backend since 0.32.0).
 
 from __future__ import annotations
 
+import re
+
 from attrs import evolve, frozen
 
 VLLM_READ_FROM = "0.33.0"
 VLLM_BAND = ">=0.32,<0.34"
 HF_READ_FROM = "transformers 5.24.0 (layer tuples of 4.4x handled)"
+
+
+_PATH = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z0-9_]+){0,15}", re.ASCII)
 
 
 @frozen
@@ -77,6 +82,43 @@ class SiteTable:
                 raise ValueError("resid_pre[l>0] is canonicalised to resid_post[l-1]")
             return self.resid_pre0
         return getattr(self, kind).at(layer)
+
+    @classmethod
+    def from_json(cls, family: str, backend: str, doc) -> SiteTable:
+        """The table of a facts file's ``sites`` (the shape :meth:`to_json` writes); ValueError naming the
+        field at fault."""
+        if not isinstance(doc, dict):
+            raise ValueError("`sites` must be an object, as `steerc facts` writes it")
+
+        def text(key: str) -> str:
+            value = doc.get(key)
+            if not isinstance(value, str) or not _PATH.fullmatch(value.replace("{l}", "0")):
+                raise ValueError(f"`sites.{key}` must be a module path such as \"model.layers\"")
+            return value
+
+        def hook(key: str, tensors: tuple[str, ...]) -> Hook:
+            entry = doc.get(key)
+            if not isinstance(entry, dict):
+                raise ValueError(f"`sites.{key}` must be an object with module, hook and tensor")
+            module = entry.get("module")
+            if not isinstance(module, str) or not _PATH.fullmatch(module.replace("{l}", "0")):
+                raise ValueError(f"`sites.{key}.module` must be a module path (with {{l}} for the layer)")
+            if key != "resid_pre[0]" and "{l}" not in module:
+                raise ValueError(f"`sites.{key}.module` must contain {{l}}, the layer number")
+            if entry.get("hook") not in ("pre", "post"):
+                raise ValueError(f"`sites.{key}.hook` must be \"pre\" or \"post\"")
+            if entry.get("tensor") not in tensors:
+                raise ValueError(f"`sites.{key}.tensor` must be one of {', '.join(tensors)}")
+            return Hook(module, entry["hook"], entry["tensor"])
+
+        notes = doc.get("notes", [])
+        if not isinstance(notes, list) or not all(isinstance(n, str) for n in notes):
+            raise ValueError("`sites.notes` must be a list of strings")
+        return cls(family, backend, text("layers"), text("final_norm"),
+                   resid_pre0=hook("resid_pre[0]", ("input",)), resid_post=hook("resid_post[l]", ("output",)),
+                   attn_out=hook("attn_out[l]", ("output",)), mlp_out=hook("mlp_out[l]", ("output",)),
+                   head=hook("head[l, h]", ("heads",)), read_from=str(doc.get("read_from", "a facts file")),
+                   notes=tuple(notes))
 
     def to_json(self) -> dict:
         return {

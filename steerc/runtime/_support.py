@@ -402,6 +402,7 @@ class Handle:
         self._hooks = []
         self._generate = None
         self.removed = False
+        self.verified = False  # True once a forward has run every planned hook
 
     def remove(self) -> None:
         for h in self._hooks:
@@ -421,13 +422,26 @@ class Handle:
         return False
 
 
-def install(model, base_path: str, hooks, context: Context) -> Handle:
+class HookNeverRan(RuntimeError):
+    """A forward after ``install`` did not go through a module the plan hooks: steering would silently not
+    apply, so the forward is refused instead."""
+
+
+def install(model, base_path: str, hooks, context: Context, family: str = "?") -> Handle:
     """Register ``hooks`` ([(module path, kind, tensor, fn(h, ctx) -> h)]) and the context hook.
 
     Steering hooks are prepended so transformers' own output capturing (and
     ``output_hidden_states``) sees the steered values.
+
+    No silent no-op: until one forward of the model has run every hook, each
+    forward checks at its end that all of them ran, and raises
+    :class:`HookNeverRan` naming the modules that were skipped, the family and
+    the transformers version (a module the model's forward no longer goes
+    through, as when a transformers release reroutes a layer). Once a forward
+    has run them all, the check is removed.
     """
     handle = Handle(model, context)
+    ran = [False] * len(hooks)
     try:
         base = model.get_submodule(base_path)
         params = list(inspect.signature(base.forward).parameters)
@@ -437,16 +451,59 @@ def install(model, base_path: str, hooks, context: Context) -> Handle:
             bound.update(kwargs)
             context.begin_forward(bound.get("input_ids"), bound.get("inputs_embeds"),
                                   bound.get("attention_mask"), _past_length(bound))
+            if not handle.verified:
+                ran[:] = [False] * len(ran)
 
         handle._hooks.append(base.register_forward_pre_hook(begin, with_kwargs=True, prepend=True))
-        for path, kind, tensor, fn in hooks:
+        for i, (path, kind, tensor, fn) in enumerate(hooks):
             module = model.get_submodule(path)
-            handle._hooks.append(_register(module, kind, tensor, fn, context))
+            handle._hooks.append(_register(module, kind, tensor, _counted(fn, ran, i), context))
+        outer = base if all(_inside(path, base_path) for path, *_ in hooks) else model
+        checker = []
+
+        def end(module, args, output):
+            missing = [(path, kind) for (path, kind, *_), done in zip(hooks, ran) if not done]
+            if missing:
+                raise HookNeverRan(_never_ran(missing, family))
+            handle.verified = True
+            checker[0].remove()
+
+        checker.append(outer.register_forward_hook(end))
+        handle._hooks.append(checker[0])
         _wrap_generate(model, handle)
     except Exception:
         handle.remove()
         raise
     return handle
+
+
+def _counted(fn, ran: list, i: int):
+    def counted(h, ctx):
+        ran[i] = True
+        return fn(h, ctx)
+
+    return counted
+
+
+def _inside(path: str, base_path: str) -> bool:
+    return not base_path or path == base_path or path.startswith(base_path + ".")
+
+
+def _never_ran(missing, family: str) -> str:
+    try:
+        import transformers
+
+        version = transformers.__version__
+    except ImportError:
+        version = "?"
+    where = ", ".join(f"{path} ({'forward pre-hook' if kind == 'pre' else 'forward hook'})"
+                      for path, kind in missing[:6])
+    more = f" and {len(missing) - 6} more" if len(missing) > 6 else ""
+    return (f"steerc: {len(missing)} planned hook(s) never ran in this forward of the {family!r} model "
+            f"(transformers {version}): {where}{more}. The model's forward does not go through these modules, "
+            "so the steering would silently not apply; nothing was generated with it. Check the module paths "
+            "with `steerc facts MODEL --backend hf` against the model (print(model)), and report the family and "
+            "the transformers version")
 
 
 def _register(module, kind: str, tensor: str, fn, context: Context):

@@ -40,14 +40,20 @@ def facts_from_model(model):
         return discover(model, config)
 
 
-def discover(model, config: dict):
-    """Guess the layout of an unknown family; the facts say what was guessed."""
-    from steerc.facts import ModelFacts
-
+def _largest_module_list(model):
+    """(path, module) of the longest non-empty ModuleList, the decoder layers of any family, else (None, None)."""
     layers_path, layers = None, None
     for name, module in model.named_modules():
         if isinstance(module, torch.nn.ModuleList) and len(module) > 0 and (layers is None or len(module) > len(layers)):
             layers_path, layers = name, module
+    return layers_path, layers
+
+
+def discover(model, config: dict):
+    """Guess the layout of an unknown family; the facts say what was guessed."""
+    from steerc.facts import ModelFacts
+
+    layers_path, layers = _largest_module_list(model)
     hidden = config.get("hidden_size") or config.get("n_embd") or config.get("d_model")
     heads = config.get("num_attention_heads") or config.get("n_head") or 1
     guesses = (
@@ -63,6 +69,104 @@ def discover(model, config: dict):
         tied_embeddings=bool(config.get("tie_word_embeddings", False)), parallel_residual=False,
         model_type=config.get("model_type", ""), origin="discovered", guesses=guesses,
     )
+
+
+CONFIRM = "confirmed"
+
+
+def _child(module, names):
+    """The first of ``names`` that ``module`` has as a direct child, else None."""
+    children = dict(module.named_children())
+    return next((n for n in names if n in children), None)
+
+
+def guess_sites(model) -> dict:
+    """A site table (the ``sites`` of a facts file) guessed from the module names of a family steerc has none
+    for: the largest ModuleList is the decoder layers; in a layer, the attention, its output projection
+    (whose input is the concatenated heads) and the MLP are found by their usual names."""
+    root, layers = _largest_module_list(model)
+    if root is None:
+        raise SteerInstallError("no decoder layers found (no ModuleList in the model): write the facts file by hand")
+    layer = layers[0]
+    attn = _child(layer, ("self_attn", "attn", "attention", "self_attention"))
+    mlp = _child(layer, ("mlp", "feed_forward", "ffn", "block_sparse_moe"))
+    proj = _child(layer.get_submodule(attn), ("o_proj", "out_proj", "dense", "c_proj")) if attn else None
+    base = root.rsplit(".", 1)[0] if "." in root else ""
+    base_module = model.get_submodule(base) if base else model
+    norm = _child(base_module, ("norm", "ln_f", "final_layer_norm", "final_layernorm"))
+    unknown = "?"  # where a name was not found: the user fills it in before confirming
+    return {
+        "read_from": "guessed by steerc.runtime.hf.guess_sites from the module names; check each path",
+        "layers": root,
+        "final_norm": f"{base + '.' if base else ''}{norm or unknown}",
+        "resid_pre[0]": {"module": f"{root}.0", "hook": "pre", "tensor": "input"},
+        "resid_post[l]": {"module": root + ".{l}", "hook": "post", "tensor": "output"},
+        "attn_out[l]": {"module": root + ".{l}." + (attn or unknown), "hook": "post", "tensor": "output"},
+        "mlp_out[l]": {"module": root + ".{l}." + (mlp or unknown), "hook": "post", "tensor": "output"},
+        "head[l, h]": {"module": root + ".{l}." + (f"{attn}.{proj}" if attn and proj else unknown), "hook": "pre",
+                       "tensor": "heads"},
+        "notes": ["attn_out and mlp_out are the modules' outputs: check that they are what the layer adds to the "
+                  "residual stream (no norm or scale after them)"],
+    }
+
+
+def write_facts(model, path: str) -> dict:
+    """Write a facts file for a family steerc has no site table for: the discovered facts and the guessed
+    site table, ``"confirmed": false``. Check every module path against ``print(model)``, fix what is wrong,
+    set ``"confirmed": true``, then ``install(model, plan, facts=path)``."""
+    import json
+
+    from steerc.facts import FORMAT
+
+    facts = facts_from_model(model)
+    doc = {"format": FORMAT, "facts": facts.to_json(), "backend": "hf", "sites": guess_sites(model),
+           "guesses": list(facts.guesses), CONFIRM: False}
+    with open(path, "w", encoding="utf-8") as fh:
+        json.dump(doc, fh, indent=2)
+        fh.write("\n")
+    return doc
+
+
+def _how_to_confirm(family: str) -> str:
+    return (f"steerc has no hf site table for the `{family}` family, and it does not place hooks on guessed module "
+            f"paths. Write a facts file: steerc.runtime.hf.write_facts(model, \"{family}.facts.json\") writes the "
+            "discovered facts and guessed paths; check each path against print(model), set \"confirmed\": true, "
+            f"and pass it: install(model, plan, facts=\"{family}.facts.json\")")
+
+
+def confirmed_table(model, path: str):
+    """The site table of a confirmed facts file, checked against the live model."""
+    from steerc.facts.sites import SiteTable
+    from steerc.jsonio import JSONError, loads
+
+    facts = facts_from_model(model)
+    try:
+        with open(path, encoding="utf-8") as fh:
+            doc = loads(fh.read())
+    except (OSError, UnicodeDecodeError, JSONError) as exc:
+        raise SteerInstallError(f"cannot read the facts file {path}: {exc}") from None
+    if not isinstance(doc, dict) or doc.get("backend") != "hf" or "sites" not in doc:
+        raise SteerInstallError(f"{path} is not a facts file with an hf site table (\"backend\": \"hf\", \"sites\")")
+    if doc.get(CONFIRM) is not True:
+        raise SteerInstallError(f"{path} is not confirmed: check each module path of its `sites` against "
+                                "print(model), then set \"confirmed\": true")
+    recorded = doc.get("facts") if isinstance(doc.get("facts"), dict) else {}
+    if recorded.get("fingerprint") != facts.fingerprint:
+        raise SteerInstallError(f"{path} describes another model (fingerprint {str(recorded.get('fingerprint'))[:12]}"
+                                f"..., this {facts.family} model's is {facts.fingerprint[:12]}...)")
+    try:
+        table = SiteTable.from_json(facts.family, "hf", doc["sites"])
+    except ValueError as exc:
+        raise SteerInstallError(f"{path}: {exc}") from None
+    for kind in ("resid_post", "attn_out", "mlp_out", "head"):
+        for layer in range(facts.layers):
+            module = table.hook(kind, layer).module
+            try:
+                model.get_submodule(module)
+            except AttributeError:
+                raise SteerInstallError(f"{path}: `sites.{kind}[l]` names {module}, which this model does not "
+                                        "have (print(model) shows its modules)") from None
+    return table
 
 
 def compile_for(path_or_text, model, *, name: str | None = None, options=None):
@@ -150,13 +254,17 @@ def install_program(model, program: HookProgram, tokenizer=None, *, check: bool 
         constraint = S.constraint_factory(tokenizer, model.config.vocab_size, program.constraint_data)
     context = S.Context(tokenizer, program.after_texts, constraint)
     try:
-        return S.install(model, program.base_path, hooks, context)
+        return S.install(model, program.base_path, hooks, context, family=program.facts.get("family", "?"))
     except AttributeError as exc:
         raise SteerInstallError(f"the model has no module the plan hooks: {exc}") from None
 
 
-def install(model, plan, tokenizer=None, *, check: bool = True, params=None) -> S.Handle:
+def install(model, plan, tokenizer=None, *, check: bool = True, params=None, facts: str | None = None) -> S.Handle:
     """Install a plan's steering on ``model``; returns a removable handle (also a context manager).
+
+    ``facts`` is a confirmed facts file (:func:`write_facts`), for a family
+    steerc has no site table for; without one such a model is refused, with
+    how to write it.
 
     ``params`` gives values to the plan's per-request params (``param ... per
     request``; the others keep their compiled defaults): the same kernels as a
@@ -166,16 +274,20 @@ def install(model, plan, tokenizer=None, *, check: bool = True, params=None) -> 
     """
     from steerc.ir.plan import rebind
 
+    from steerc.facts.sites import TABLES
+
     plan = rebind(plan, params)
-    facts = facts_from_model(model)
-    if check and facts.fingerprint != plan.facts_fingerprint:
+    live = facts_from_model(model)
+    if check and live.fingerprint != plan.facts_fingerprint:
         raise SteerInstallError(
             f"this plan was compiled for a model with fingerprint {plan.facts_fingerprint[:12]}..., "
-            f"not this {facts.family} model ({facts.fingerprint[:12]}...)"
+            f"not this {live.family} model ({live.fingerprint[:12]}...)"
         )
-    try:
-        program = lower_hf(plan, facts)
-    except ValueError as exc:
-        guesses = "; ".join(facts.guesses)
-        raise SteerInstallError(f"{exc}{' (discovered: ' + guesses + ')' if guesses else ''}") from None
+    table = None
+    if facts is not None:
+        table = confirmed_table(model, facts)
+    elif live.family not in TABLES["hf"]:
+        guesses = "; ".join(live.guesses)
+        raise SteerInstallError(_how_to_confirm(live.family) + (f" (discovered: {guesses})" if guesses else ""))
+    program = lower_hf(plan, live, table)
     return install_program(model, program, tokenizer, check=False)

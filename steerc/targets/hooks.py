@@ -199,13 +199,15 @@ def _hook_name(site: Site) -> str:
     return f"heads_{site.layer}" if site.kind == "head" else f"{site.kind}_{site.layer}"
 
 
-def lower_hf(plan: Plan, facts) -> HookProgram:
-    return lower_hooks(plan, facts, "hf")
+def lower_hf(plan: Plan, facts, table=None) -> HookProgram:
+    """The hooks of ``plan`` for a transformers model (``table``: a confirmed site table of a facts file, for
+    a family steerc has none for)."""
+    return lower_hooks(plan, facts, "hf", table)
 
 
-def lower_hooks(plan: Plan, facts, backend: str) -> HookProgram:
+def lower_hooks(plan: Plan, facts, backend: str, table=None) -> HookProgram:
     """Group the plan's sites (and probe sites) by the module hook that realises them."""
-    table = site_table(facts.family, backend)
+    table = table if table is not None else site_table(facts.family, backend)
     by_site = {sp.site: sp.kernels for sp in plan.sites}
     probe_sites = {p.site for p in plan.probes}
     all_sites = sorted(set(by_site) | probe_sites, key=lambda s: s.order)

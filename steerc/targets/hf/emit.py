@@ -173,7 +173,7 @@ def render_init(program: HookProgram, command: str) -> str:
     if (AFTER_TEXTS or CONSTRAINT) and tokenizer is None:
         raise ValueError("this steering needs the tokenizer (a scope after a text, or an output constraint)")
     constraint = S.constraint_factory(tokenizer, model.config.vocab_size, CONSTRAINT) if CONSTRAINT else None
-    return S.install(model, BASE_MODEL, HOOKS, S.Context(tokenizer, AFTER_TEXTS, constraint))
+    return S.install(model, BASE_MODEL, HOOKS, S.Context(tokenizer, AFTER_TEXTS, constraint), family=FACTS["family"])
 ''')
     return "\n".join(out)
 
