@@ -11,6 +11,7 @@ a tiny model. ``tests/llamacpp`` runs the same files in llama.cpp itself.
 
 from __future__ import annotations
 
+import struct
 import time
 
 import numpy as np
@@ -22,6 +23,7 @@ from hypothesis import strategies as st
 
 from steerc.api import Options, check_source
 from steerc.facts import facts_from_config
+from steerc.limits import MAX_GGUF_STRINGS
 from steerc.targets import check_target
 
 gguf = pytest.importorskip("gguf")
@@ -212,6 +214,16 @@ def test_a_stretched_header_stops_at_the_limit(tmp_path, monkeypatch):
     (tmp_path / "cv.gguf").write_bytes(raw_gguf(padding + cv_kvs(), [("direction.1", [WIDTH], 0, 0)], f32(WIDTH)))
     d = only_error(check(tmp_path, BANK), "invalid-vector-file")
     assert "stops reading a GGUF header" in d.message
+
+
+@pytest.mark.parametrize("n", [MAX_GGUF_STRINGS - 10, MAX_GGUF_STRINGS + 1])
+def test_a_header_of_many_empty_strings_ends_quickly(tmp_path, n):
+    array = struct.pack("<IQ", STRING, n) + bytes(8 * n)  # n empty strings: the most a header can hold
+    (tmp_path / "cv.gguf").write_bytes(raw_gguf([("a", 9, array)] + cv_kvs()))
+    start = time.monotonic()
+    d = only_error(check(tmp_path, BANK), "invalid-vector-file")
+    assert time.monotonic() - start < 2.0  # measured 0.4 s on two shared cores
+    assert ("strings" if n > MAX_GGUF_STRINGS else "no `direction.<layer>`") in d.message
 
 
 def test_a_model_gguf_is_not_a_control_vector(tmp_path):
