@@ -53,6 +53,9 @@ MAX_IR_JSON_BYTES = 32 * MAX_SOURCE_BYTES
 MAX_JSON_DEPTH = 200
 MAX_JSON_INT_DIGITS = 100
 MAX_SAFETENSORS_HEADER = 100 * 1024 * 1024
+MAX_GGUF_HEADER_BYTES = 64 * 1024 * 1024
+MAX_GGUF_STRINGS = 262_144
+MAX_GGUF_TENSORS = 65_536
 
 # ------------------------------------------------------------------- output
 
@@ -144,6 +147,15 @@ LIMITS: dict[str, Limit] = _table(
      "each example is one forward pass per side; repeng and CAST use hundreds"),
     ("MAX_EXAMPLE_CHARS", "characters", "one text of a `steerc derive` example (a prompt, a completion, a line)",
      "texts are tokenized whole; longer ones belong in several examples"),
+    ("MAX_GGUF_HEADER_BYTES", "bytes", "the header of a GGUF file that `load` reads (its key-value pairs and "
+     "tensor entries)",
+     ("a control vector's header is a few hundred bytes; a model GGUF's tokenizer takes a few MiB, and steerc "
+      "stops reading a model GGUF at its `general.architecture` anyway")),
+    ("MAX_GGUF_STRINGS", "strings", "the strings in a GGUF header (keys, values, array items and tensor names)",
+     ("each string is walked to find the next; a control vector has a few dozen, and 262,144 take a fraction "
+      "of a second")),
+    ("MAX_GGUF_TENSORS", "tensors", "the tensor entries of a GGUF file",
+     "a control vector holds one per layer; the largest models hold a few thousand tensors"),
     ("MAX_ECHO_COLUMNS", "columns", "how much of a source line a diagnostic shows around its caret",
      "a diagnostic on a very long line shows a window of it, marked with `...`"),
     ("MAX_MESSAGE_CHARS", "characters", "the length of a diagnostic's message, help line or note",

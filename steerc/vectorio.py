@@ -4,8 +4,10 @@
 and shapes are checked before any data is touched), then only the bytes of
 the tensors asked for. ``.npy`` files go through ``numpy.load`` with
 ``allow_pickle=False``. ``.pt``/``.pth`` files load only through
-``torch.load(weights_only=True)`` and only when torch is installed. Any
-float dtype is accepted (bf16 included) and read as float32.
+``torch.load(weights_only=True)`` and only when torch is installed.
+``.gguf`` files are llama.cpp control vectors, read by hand too
+(:mod:`steerc.controlvector`, :mod:`steerc.ggufio`). Any float dtype is
+accepted (bf16 included) and read as float32.
 
 >>> import numpy as np, os, tempfile
 >>> path = os.path.join(tempfile.mkdtemp(), "v.npy")
@@ -42,7 +44,7 @@ _ST_ALL_DTYPES = {
     "I8": 1, "U8": 1, "I16": 2, "U16": 2, "I32": 4, "U32": 4, "I64": 8, "U64": 8, "BOOL": 1,
 }
 MAX_HEADER = MAX_SAFETENSORS_HEADER
-FORMATS = (".safetensors", ".npy", ".pt", ".pth")
+FORMATS = (".safetensors", ".npy", ".pt", ".pth", ".gguf")
 _ROW = re.compile(r"[0-9]{1,6}", re.ASCII)
 
 
@@ -76,6 +78,7 @@ class VectorFile:
         self._memo: dict = {}
         self._names: list[str] | None = None
         self._rows: dict[str, dict[int, str]] | None = None
+        self.meta: dict = {}  # what a format says about the model (a control vector's hint and layer count)
 
     def memo(self, key, make):
         """``make()``, computed once per file and key (what many loads of one file share)."""
@@ -140,10 +143,15 @@ def open_vector_file(path: str) -> VectorFile:
         return _open_npy(path)
     if ext in (".pt", ".pth"):
         return _open_torch(path)
+    if ext == ".gguf":
+        from steerc.controlvector import open_control_vector
+
+        return open_control_vector(path)
     raise VectorFileError(
         "invalid-vector-file",
         f"unknown vector format `{ext or os.path.basename(path)}`",
-        help="use .safetensors, .npy (no pickle) or a .pt file saved with torch.save of tensors",
+        help="use .safetensors, .npy (no pickle), a .pt file saved with torch.save of tensors, or a llama.cpp "
+             "control vector (.gguf)",
     )
 
 

@@ -325,7 +325,7 @@ def test_check_warns_when_a_derived_vector_meets_another_model_or_site(folder, p
     code, out, _ = run_cli(["check", "use.steer", "--model", folder])
     assert code == 0
     assert out.count("warning[vector-site-mismatch]") == 2, out  # c: resid_pre[2] is resid_post[1]: fine
-    assert "uses it at attn_out" in out and "one layer late" in out
+    assert "uses it at attn_out" in out and "a layer earlier in the forward pass" in out
     assert "vector-model-mismatch" not in out
     code, out, _ = run_cli(["check", "use.steer", "--model", os.path.join(examples_dir, "models", "tiny-qwen2")])
     assert "warning[vector-model-mismatch]" in out and "--model is qwen2" in out

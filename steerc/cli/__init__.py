@@ -23,7 +23,7 @@ COMMANDS = {
     "parse": ("parse", "print the parse tree (--emit ast) or the IR as JSON (--emit ir)"),
     "facts": ("facts", "print a model's layout facts and site table as JSON"),
     "explain": ("explain", "show the per-site plan a program compiles to"),
-    "compile": ("compile", "compile a program for a target (hf, vllm, serve)"),
+    "compile": ("compile", "compile a program for a target (hf, vllm, serve, llamacpp)"),
     "run": ("run", "steer a Hugging Face model with a program and print the completion"),
     "serve": ("serve", "run vLLM's OpenAI-compatible server with the steerc plugin (per-request plans)"),
     "derive": ("derive", "make steering vectors from contrastive data (mean difference, PCA, logistic), or "

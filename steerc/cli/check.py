@@ -12,7 +12,8 @@ from steerc.cli.common import add_program_options, facts_from, options_from, pri
 def add_arguments(cmd) -> None:
     cmd.add_argument("files", nargs="+", metavar="FILE", help=".steer files ('-' reads standard input)")
     add_program_options(cmd)
-    cmd.add_argument("--target", choices=("hf", "vllm", "serve"), help="also check what this target can express")
+    cmd.add_argument("--target", choices=("hf", "vllm", "serve", "llamacpp"),
+                     help="also check what this target can express")
     cmd.add_argument("--format", choices=("text", "json"), default="text", help="how to print diagnostics")
     cmd.add_argument("--xgrammar", action="store_true",
                      help="also validate constraints with xgrammar (slower: it imports torch)")

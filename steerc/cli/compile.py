@@ -1,4 +1,4 @@
-"""``steerc compile FILE --model PATH --target hf|vllm|serve -o OUT``."""
+"""``steerc compile FILE --model PATH --target hf|vllm|serve|llamacpp -o OUT``."""
 
 from __future__ import annotations
 
@@ -13,9 +13,10 @@ from steerc.cli.common import add_program_options, facts_from, options_from, rea
 def add_arguments(cmd) -> None:
     cmd.add_argument("file", metavar="FILE", help="a .steer file")
     add_program_options(cmd, model_required=True)
-    cmd.add_argument("--target", choices=("hf", "vllm", "serve"), required=True,
+    cmd.add_argument("--target", choices=("hf", "vllm", "serve", "llamacpp"), required=True,
                      help="hf: a Python package of hooks; vllm: plan.msgpack for vLLM workers; "
-                          "serve: plan.json for per-request steering on a vLLM server")
+                          "serve: plan.json for per-request steering on a vLLM server; "
+                          "llamacpp: control_vector.gguf for llama.cpp's --control-vector")
     cmd.add_argument("-o", "--output", metavar="OUT", required=True, help="output folder")
     cmd.add_argument("--dialect", choices=("steerc", "vllm-hook"), default="steerc",
                      help="serve target only: steerc's own format, or IBM vLLM-Hook's spec")
@@ -40,7 +41,7 @@ def run(args) -> int:
         raise UsageError("--dialect applies to --target serve only")
     key = None
     if args.hmac_key_file:
-        if args.target == "hf" or args.dialect != "steerc":
+        if args.target in ("hf", "llamacpp") or args.dialect != "steerc":
             raise UsageError("--hmac-key-file applies to --target vllm and --target serve (steerc's dialect)")
         from steerc.targets.signing import read_key
 
@@ -89,6 +90,10 @@ def _emit(result, args, command: str, key: bytes | None = None) -> list[str]:
             from steerc.targets.vllm.emit import emit
 
             return emit(result.plan, result.facts, args.output, key)
+        if args.target == "llamacpp":
+            from steerc.targets.llamacpp.emit import emit
+
+            return emit(result.plan, result.facts, args.output, command)
         from steerc.targets.serve.emit import emit
 
         return emit(result.plan, result.facts, args.output, dialect=args.dialect, key=key)

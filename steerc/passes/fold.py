@@ -440,11 +440,16 @@ def report_missing_row(ctx: CheckContext, bank: PerLayer, layer: int, span) -> N
         )
     else:
         have = ", ".join(str(i) for i in sorted(bank.rows))
+        from steerc.controlvector import PREFIX
+
+        # A llama.cpp control vector has no row 0: llama.cpp never steers layer 0's output.
+        llamacpp = "; llama.cpp control vectors start at layer 1: steer resid_post[1:]" \
+            if bank.label == PREFIX and layer == 0 else ""
         ctx.error(
             "missing-key",
             f"`{bank.label}` has no row for layer {layer} (no key `{bank.label}.{layer}`)",
             span,
-            help=f"the file has rows for layers {have}",
+            help=f"the file has rows for layers {have}{llamacpp}",
         )
 
 

@@ -2,7 +2,9 @@
 
 Each file is opened once per check (a program with 10,000 interventions
 reading one file reads its header once). Keys and shapes are checked from
-the header before any tensor data is read.
+the header before any tensor data is read. A llama.cpp control vector
+(``.gguf``) is a bank of its ``direction.<N>`` rows unless ``key=`` picks
+one; with a model, the model it says it was made for must be this one.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ import os
 
 import numpy as np
 
+from steerc import controlvector as cv
 from steerc.ir import nodes as ir
 from steerc.ir.values import PerLayer
 from steerc.limits import MAX_HIDDEN, MAX_LAYERS
@@ -47,6 +50,11 @@ def load_vector(ctx: CheckContext, call: ir.Call):
     key = key_node.value if key_node is not None else None
     where = key_node.span if key_node is not None else path.span
     try:
+        if f.kind == "gguf":
+            _fits_model(ctx, f, path)
+            if key in (None, cv.PREFIX):
+                _no_single_vector(ctx, kwargs.get("per_layer"), path)
+                return _bank(ctx, f, cv.PREFIX, where, path)
         if per_layer:
             return _bank(ctx, f, key, where, path)
         name = _pick(ctx, f, key, where, path)
@@ -70,13 +78,61 @@ def load_vector(ctx: CheckContext, call: ir.Call):
 
 
 def _record_origin(ctx: CheckContext, f: VectorFile, call: ir.Call) -> None:
-    """Remember what ``steerc derive`` recorded about the file, for the provenance pass."""
-    if getattr(f, "metadata", None):
+    """Remember what ``steerc derive`` recorded about the file, for the provenance pass.
+
+    A control vector's rows are for ``resid_post[N]`` (llama.cpp adds ``direction.N`` to layer ``N``'s
+    output), a bank unless ``key=`` picks one row; it records no model the provenance pass could compare.
+    """
+    if f.kind == "gguf":
+        key = next((k.value.value for k in call.kwargs if k.name == "key"), None)
+        ctx.origins[id(call)] = {"site": "resid_post", "per_layer": key in (None, cv.PREFIX)}
+    elif getattr(f, "metadata", None):
         from steerc.derive.bank import provenance
 
         origin = f.memo("provenance", lambda: provenance(f.metadata))
         if origin is not None:
             ctx.origins[id(call)] = origin
+
+
+def _fits_model(ctx: CheckContext, f: VectorFile, path: ir.Str) -> None:
+    """A control vector's hint and layers against the model (``model-mismatch`` at the path)."""
+    facts = ctx.facts
+    if facts is None:
+        return
+    hint = f.meta.get("model_hint")
+    if hint is not None and not cv.hint_fits(hint, facts):
+        ctx.error(
+            "model-mismatch",
+            f"`{path.value}` is a control vector for a `{hint}` model ({cv.HINT_KEY}), but the model is "
+            f"`{facts.model_type or facts.family}`",
+            path.span,
+            help="use a control vector made for this model",
+        )
+        raise Fault
+    top = max(f.rows(cv.PREFIX))
+    if top >= facts.layers:
+        count = f.meta.get("layer_count")
+        counted = f" and {cv.COUNT_KEY} = {count:,}" if count is not None else ""
+        ctx.error(
+            "model-mismatch",
+            f"`{path.value}` has a direction for layer {top} (`{cv.PREFIX}.{top}`{counted}), but the model has "
+            f"{facts.layers} layers (0 .. {facts.layers - 1})",
+            path.span,
+            help="it was made for a model with more layers; use a control vector made for this model",
+        )
+        raise Fault
+
+
+def _no_single_vector(ctx: CheckContext, per_layer, path: ir.Str) -> None:
+    if per_layer is not None and not per_layer.value:
+        ctx.error(
+            "shape-mismatch",
+            f"`{path.value}` is a control vector: one `{cv.PREFIX}.<layer>` vector per layer, not one vector",
+            per_layer.span,
+            help=f"drop `per_layer=false` to use it as a bank, or pick one layer's vector with "
+                 f'key="{cv.PREFIX}.N"',
+        )
+        raise Fault
 
 
 def _pick(ctx: CheckContext, f: VectorFile, key: str | None, where, path: ir.Str) -> str:

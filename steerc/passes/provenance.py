@@ -12,7 +12,9 @@ be worth trying elsewhere — but it is a warning, at the ``load``:
   bank read at ``resid_post`` is used at ``resid_pre`` (or the other way):
   its row ``l`` would then be one layer off.
 
-Files without the metadata (vectors from elsewhere) are not judged.
+Files without the metadata (vectors from elsewhere) are not judged, except
+llama.cpp control vectors (``.gguf``): they are banks for ``resid_post``
+(:mod:`steerc.controlvector`), judged for the site only.
 """
 
 from __future__ import annotations
@@ -68,7 +70,7 @@ def _loads_in(nodes, loads_of) -> list:
 
 def _model(ctx: CheckContext, call: ir.Call, warned: set) -> None:
     origin = ctx.origins.get(id(call))
-    if origin is None or id(call) in warned:
+    if origin is None or "model" not in origin or id(call) in warned:
         return
     warned.add(id(call))
     model = origin.get("model") or {}
@@ -87,14 +89,16 @@ def _site(ctx: CheckContext, call: ir.Call, site, stmt, warned: set) -> None:
     if origin is None or (id(call), stmt.name) in warned:
         return
     derived, used = origin.get("site"), site.kind
-    per_layer = any(k.name == "per_layer" and getattr(k.value, "value", False) for k in call.kwargs)
+    per_layer = origin.get("per_layer") or any(k.name == "per_layer" and getattr(k.value, "value", False)
+                                               for k in call.kwargs)
     why = None
     if (derived in RESID) != (used in RESID) or (derived not in RESID and derived != used):
         why = f"it was read at {derived} sites, and `{stmt.name}` uses it at {used}"
     elif per_layer and derived in RESID and derived != used:
-        why = (f"its rows are {derived}[l], and `{stmt.name}` uses the bank at {used}[l], where row l is one layer "
-               f"{'late' if used == 'resid_pre' else 'early'} ({'resid_pre[l+1]' if derived == 'resid_post' else 'resid_post[l-1]'} "
-               f"is the same point as {derived}[l])")
+        same = "resid_pre[l+1]" if derived == "resid_post" else "resid_post[l-1]"
+        lands = "a layer earlier" if used == "resid_pre" else "a layer later"
+        why = (f"its rows are {derived}[l], and `{stmt.name}` uses the bank at {used}[l], so row l lands "
+               f"{lands} in the forward pass than it was read ({same} is the point {derived}[l] is)")
     elif derived == "head" and used == "head" and site.heads is not None:
         from steerc.passes.layers import expand
 

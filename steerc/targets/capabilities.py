@@ -85,6 +85,50 @@ _VLLM_DTYPES = {
     "float64": _no("dtype:float64", "vLLM does not run float64 models", "run the model in float32"),
 }
 
+
+_LLAMACPP_ELSEWHERE = "or use the hf or vllm target"
+
+
+def _llamacpp() -> Target:
+    """llama.cpp's control vectors (``--target llamacpp``): one vector per layer, added to its output."""
+    def no(key: str, note: str, instead: str = "") -> Feature:
+        return _no(key, note, f"{instead}, {_LLAMACPP_ELSEWHERE}" if instead else "use the hf or vllm target")
+
+    ops = "a llama.cpp control vector is one vector per layer, added to the layer's output"
+    everywhere = "llama.cpp adds its control vector at every position it computes, prompt and generated alike"
+    unconditional = "llama.cpp adds its control vector unconditionally: it reads no probe"
+    base = {
+        **{k: no(k, ops, "steer with `add`") for k in ALL_KEYS if k.startswith("op:")},
+        **{k: no(k, "llama.cpp adds control vectors to decoder-layer outputs only (`build_cvec`, after the "
+                    "layer's last residual add)", "steer resid_post[l] instead")
+           for k in ALL_KEYS if k.startswith("site:")},
+        **{k: no(k, everywhere, "drop the `tokens` line (`tokens all`)") for k in ALL_KEYS if k.startswith("scope:")},
+        **{k: no(k, unconditional, "drop the `when` line") for k in ALL_KEYS if k.startswith(("gate:", "readout:"))},
+        **{k: no(k, "a control vector carries no output constraint",
+                 "constrain llama.cpp's sampling yourself (its --grammar or --json-schema)")
+           for k in ALL_KEYS if k.startswith("constraint:")},
+        **{k: _yes(k, "llama.cpp adds the F32 vector to its float32 activations, whatever the weights' type")
+           for k in ALL_KEYS if k.startswith("dtype:")},
+        **{k: _yes(k, "llama.cpp's own: each layer's direction lives where the layer does (`select_buft`)")
+           for k in ALL_KEYS if k.startswith("parallel:")},
+    }
+    return _target(
+        "llamacpp",
+        "a control-vector GGUF for llama.cpp's --control-vector (one vector per layer, added to its output)",
+        base,
+        add=_yes("op:add", "`direction.l` of the GGUF; several adds at one layer are summed, as llama.cpp sums "
+                           "several control vectors"),
+        schedule=no("op:schedule", "llama.cpp adds the same vector at every step", "drop the schedule"),
+        preserve_norm=no("op:preserve-norm", "llama.cpp adds the vector without rescaling", "drop `preserve norm`"),
+        resid_pre=_yes("site:resid_pre", "resid_pre[l] for l >= 2, as `direction.(l-1)`; resid_pre[0] (the "
+                                         "embeddings) and resid_pre[1] (layer 0's output) are out of reach"),
+        resid_post=_yes("site:resid_post", "resid_post[l] for l >= 1, as `direction.l`; llama.cpp never steers "
+                                           "layer 0's output (its loader refuses `direction.0`)"),
+        all=_yes("scope:all", everywhere),
+        per_request=no("param:per-request", "a control vector holds fixed values (llama.cpp scales a whole file "
+                                            "with --control-vector-scaled)", "compile one file per value with --set"),
+    )
+
 TARGETS: dict[str, Target] = {
     t.name: t
     for t in (
@@ -226,6 +270,7 @@ TARGETS: dict[str, Target] = {
                             "compile one spec per value with --set, or use the steerc serve format "
                             "(--target serve), which takes each request's values"),
         ),
+        _llamacpp(),
     )
 }
 
@@ -297,3 +342,16 @@ def check_target(result, target: str) -> None:
                     help=f"{f.instead}" if f.instead else None,
                 )
             )
+    _check_structure(result, target)
+
+
+# What a target refuses that a feature key cannot say (it needs the model): module, function.
+STRUCTURE = {"llamacpp": ("steerc.targets.llamacpp", "check_llamacpp")}
+
+
+def _check_structure(result, target: str) -> None:
+    if target in STRUCTURE:
+        import importlib
+
+        module, function = STRUCTURE[target]
+        getattr(importlib.import_module(module), function)(result)
