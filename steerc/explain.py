@@ -89,6 +89,11 @@ def _fmt(x: float) -> str:
     return f"{x:.4g}"
 
 
+def precise(x: float) -> str:
+    """A threshold or probe value to compare by eye: six significant digits (``0.125022``)."""
+    return f"{x:.6g}"
+
+
 SCHEDULE_STEPS = 8
 
 

