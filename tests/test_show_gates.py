@@ -106,6 +106,7 @@ def test_pooled_gate_per_row_with_the_value_the_runtime_held():
         assert comparison["value"] == pytest.approx(value, abs=1e-9)
         assert gate["opened"] is (value < threshold) is comparison["held"]
         assert row["positions"] == len(r) + 2  # the prompt, then the two generated tokens fed back
+        assert gate["steered"] == {"lift": [len(r), len(r) + 1] if value < threshold else []}  # tokens generated
     assert [row["gates"][0]["opened"] for row in report].count(True) == 1
 
 
@@ -126,6 +127,7 @@ def test_per_token_gate_positions_and_values():
     assert gate["decided"] == "per position" and row["positions"] == len(fed)
     assert gate["positions"] == c["positions"] == [p for p, x in enumerate(values) if x > 0.0]
     assert 0 < len(gate["positions"]) < len(fed)
+    assert gate["steered"] == {"tilt": gate["positions"]}  # tokens all
     assert c["min"] == pytest.approx(values.min(), abs=1e-9) and c["min_at"] == int(values.argmin())
     assert c["max"] == pytest.approx(values.max(), abs=1e-9) and c["max_at"] == int(values.argmax())
 
@@ -214,6 +216,7 @@ def test_cheer_up_opens_on_the_gloomy_prompt_only(tmp_path, monkeypatch):
     assert code == 0, err
     gloomy, cheerful = out.split("=== prompt 2: ")
     assert "cheer_up: when mood < 0.125022: OPENED" in gloomy
+    assert "  steered: cheer_up at 36..38\n" in gloomy and "  steered: cheer_up nowhere\n" in cheerful
     assert "cheer_up: when mood < 0.125022: stayed closed" in cheerful
     assert "(cosine at resid_post[8], pool prompt.mean): mood < 0.125022 holds" in gloomy
     assert "mood < 0.125022 does not hold" in cheerful

@@ -103,6 +103,8 @@ def render_gates(row: dict, length: int) -> str:
         else:
             lines.append(f"{when}: held at {len(g['positions'])} of {row['positions']} positions"
                          + (f": {ranges(g['positions'])}" if g["positions"] else "") + " (decided per position)")
+        steered = "; ".join(f"{name} at {ranges(at)}" if at else f"{name} nowhere" for name, at in g["steered"].items())
+        lines.append(f"  steered: {steered}")
         for c in g["comparisons"]:
             test = f"{c['probe']} {c['op']} {precise(c['threshold'])}"
             where = f"{c['readout']} at {c['site']}"

@@ -20,7 +20,7 @@ import math
 
 from steerc.ir import checked as ck
 from steerc.ir.plan import rebind
-from steerc.targets.hooks import gate_data
+from steerc.targets.hooks import gate_data, scope_data
 
 
 def _leaves(g):
@@ -32,16 +32,18 @@ def _leaves(g):
 
 
 def plan_gates(plan) -> list[dict]:
-    """Each distinct gate of ``plan`` once: the interventions it gates, its checked form, its comparisons."""
+    """Each distinct gate of ``plan`` once: its checked form, its comparisons, and the interventions it gates
+    with the runtime's scope data of each (``scopes``: name -> scope)."""
     found: dict = {}
     for sp in plan.sites:
         for k in sp.kernels:
             if k.gate is None:
                 continue
-            entry = found.setdefault(gate_data(k.gate), {"gate": k.gate, "interventions": []})
+            entry = found.setdefault(gate_data(k.gate), {"gate": k.gate, "interventions": [], "scopes": {}})
             for name in k.names:
                 if name not in entry["interventions"]:
                     entry["interventions"].append(name)
+                    entry["scopes"][name] = scope_data(k.scope)
     return [{"data": data, **entry, "leaves": _leaves(entry["gate"])} for data, entry in found.items()]
 
 
@@ -75,6 +77,8 @@ class GateTrace:
         masks = {}
         for g in self.gates:
             masks[g["data"]] = ctx.gate_mask(g["data"]).cpu()
+            for scope in g["scopes"].values():
+                masks.setdefault(scope, ctx.scope_mask(scope).cpu())
             for leaf in g["leaves"]:
                 key = gate_data(leaf)
                 masks.setdefault(key, ctx.gate_mask(key).cpu())
@@ -90,7 +94,8 @@ class GateTrace:
 
     def report(self) -> list[dict]:
         """Per batch row: ``{"positions": n, "gates": [...]}``, each gate with its interventions, its
-        condition, whether it opened, the positions where it held, and per comparison the probe's value
+        condition, whether it opened, the positions where it held, the positions each of its interventions
+        steered (where the gate held and the scope selects), and per comparison the probe's value
         (pooled: the held value; per token: min, max and the positions where the comparison held)."""
         return [self._row(row) for row in (self.rows or [])]
 
@@ -100,9 +105,10 @@ class GateTrace:
             held = sorted(set(row["masks"].get(g["data"], ())))
             comparisons = [self._comparison(leaf, row) for leaf in g["leaves"]]
             pooled = all(self.plan.probe(leaf.probe).pool != "token" for leaf in g["leaves"])
+            steered = {name: sorted(set(held) & set(row["masks"].get(scope, ()))) for name, scope in g["scopes"].items()}
             gates.append({"interventions": list(g["interventions"]), "gate": g["gate"],
                           "decided": "once per sequence" if pooled else "per position",
-                          "opened": bool(held), "positions": held, "comparisons": comparisons})
+                          "opened": bool(held), "positions": held, "steered": steered, "comparisons": comparisons})
         return {"positions": len(set(row["seen"])), "gates": gates}
 
     def _comparison(self, leaf, row: dict) -> dict:
