@@ -212,14 +212,16 @@ def test_cheer_up_opens_on_the_gloomy_prompt_only(tmp_path, monkeypatch):
     assert code == 0, err
     code, out, err = run_cli(["run", "cheer_up.steer", "--model", "smollm2", "--prompt",
                               "Describe a rainy Monday morning.", "--prompt",
-                              "Describe a birthday party in the park.", "--max-new-tokens", "4", "--show-gates"])
+                              "Describe a birthday party in the park.", "--max-new-tokens", "12", "--show-gates"])
     assert code == 0, err
     gloomy, cheerful = out.split("=== prompt 2: ")
     assert "cheer_up: when mood < 0.125022: OPENED" in gloomy
-    assert "  steered: cheer_up at 36..38\n" in gloomy and "  steered: cheer_up nowhere\n" in cheerful
+    assert "  steered: cheer_up at 36..46\n" in gloomy and "  steered: cheer_up nowhere\n" in cheerful
     assert "cheer_up: when mood < 0.125022: stayed closed" in cheerful
     assert "(cosine at resid_post[8], pool prompt.mean): mood < 0.125022 holds" in gloomy
     assert "mood < 0.125022 does not hold" in cheerful
+    explain_block, gates_block = _spec_blocks()[:2]
+    assert out == gates_block.split("\n", 2)[2], "spec/explain.md's --show-gates sample is not what run prints"
     code, out, err = run_cli(["explain", "cheer_up.steer", "--model", "smollm2", "--tokens",
                               "Describe a rainy Monday morning."])
     assert code == 0, err
@@ -234,3 +236,13 @@ def test_cheer_up_opens_on_the_gloomy_prompt_only(tmp_path, monkeypatch):
     assert "P-1 (position 35, predicts the first generated token): steered\n" in from_last
     assert "generated[0..4] (positions 36..40): 0..2 steered" in from_last
     assert "     35    0  '\\n'                        <--  . #\n" in out
+    shown = [line for line in explain_block.splitlines()[1:] if line.strip() != "..."]
+    assert all(line + "\n" in out for line in shown), "spec/explain.md's --tokens sample is not what explain prints"
+
+
+def _spec_blocks() -> list[str]:
+    """The ```text samples of spec/explain.md."""
+    import re
+
+    with open(os.path.join(REPO, "spec", "explain.md"), encoding="utf-8") as fh:
+        return re.findall(r"```text\n(.*?)```", fh.read(), re.S)
