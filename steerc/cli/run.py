@@ -1,4 +1,6 @@
-"""``steerc run FILE --model PATH --prompt TEXT [--prompt TEXT ...] [--compare] [--show-gates] [--max-new-tokens N]``."""
+"""``steerc run FILE --model PATH --prompt TEXT [--prompt TEXT ...] [--compare] [--show-gates]``
+``[--max-new-tokens N]`` (spec/explain.md for ``--show-gates``).
+"""
 
 from __future__ import annotations
 

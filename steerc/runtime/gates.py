@@ -105,7 +105,8 @@ class GateTrace:
             held = sorted(set(row["masks"].get(g["data"], ())))
             comparisons = [self._comparison(leaf, row) for leaf in g["leaves"]]
             pooled = all(self.plan.probe(leaf.probe).pool != "token" for leaf in g["leaves"])
-            steered = {name: sorted(set(held) & set(row["masks"].get(scope, ()))) for name, scope in g["scopes"].items()}
+            steered = {name: sorted(set(held) & set(row["masks"].get(scope, ())))
+                       for name, scope in g["scopes"].items()}
             gates.append({"interventions": list(g["interventions"]), "gate": g["gate"],
                           "decided": "once per sequence" if pooled else "per position",
                           "opened": bool(held), "positions": held, "steered": steered, "comparisons": comparisons})
