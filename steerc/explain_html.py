@@ -58,7 +58,8 @@ def render_html(doc: dict) -> str:
     out = ["<!DOCTYPE html>", '<html lang="en">', "<head>", '<meta charset="utf-8">',
            f"<title>steerc explain --tokens: {escape(doc['file'])}</title>", f"<style>\n{CSS}\n</style>", "</head>",
            "<body>", f"<h1>{escape(title(doc))}</h1>",
-           f'<p class="meta">prompt {escape(visible(t["prompt"], 200))} {how}: P = {t["P"]} tokens '
+           f'<p class="meta">prompt {escape(visible(t["prompt"], 200))} {how}: P = {t["P"]} '
+           f'token{"s" if t["P"] != 1 else ""} '
            f'(positions 0..{t["P"] - 1}); position P-1 = {t["P"] - 1}, boxed, predicts the first generated token'
            + (f'; then the first {t["generated"]} generated positions (dashed)' if t["generated"] else "") + "</p>"]
     out.append('<table class="legend">')

@@ -176,7 +176,8 @@ def render_tokens(doc: dict, header: str) -> str:
     length, k, items = t["P"], t["generated"], t["interventions"]
     how = "in the chat template" if t["template"] == "chat" else "as raw text"
     lines = [header,
-             f"prompt {visible(t['prompt'], 60)} {how}: P = {length} tokens (positions 0..{length - 1})"
+             f"prompt {visible(t['prompt'], 60)} {how}: P = {length} token{'s' if length != 1 else ''} "
+             f"(positions 0..{length - 1})"
              + (f", then the first {k} generated (positions {length}..{length + k - 1})" if k else "")]
     if not items:
         lines.append("\nno interventions: the program does not steer this model")
