@@ -89,6 +89,11 @@ def _fmt(x: float) -> str:
     return f"{x:.4g}"
 
 
+def precise(x: float) -> str:
+    """A threshold or probe value to compare by eye: six significant digits (``0.125022``)."""
+    return f"{x:.6g}"
+
+
 SCHEDULE_STEPS = 8
 
 
@@ -136,15 +141,17 @@ def describe_op(op) -> dict:
     return {"kind": "rotate", "form": f"rotate {op.mode} {_fmt(math.degrees(op.angle))} deg in plane (e1, e2)"}
 
 
-def _gate_text(g) -> str:
+def gate_text(g, fmt=None) -> str:
+    """A gate as written, thresholds through ``fmt`` (default: 4 significant digits)."""
+    fmt = fmt or _fmt
     if isinstance(g, ck.GateCompare):
         if g.param is not None:
-            return f"{g.probe} {g.op} {_fmt(g.threshold)} (= {_fmt(g.coefficient)} * {g.param})"
-        return f"{g.probe} {g.op} {_fmt(g.threshold)}"
+            return f"{g.probe} {g.op} {fmt(g.threshold)} (= {fmt(g.coefficient)} * {g.param})"
+        return f"{g.probe} {g.op} {fmt(g.threshold)}"
     if isinstance(g, ck.GateNegate):
-        return f"not ({_gate_text(g.operand)})"
+        return f"not ({gate_text(g.operand, fmt)})"
     joiner = " and " if isinstance(g, ck.GateAll) else " or "
-    return "(" + joiner.join(_gate_text(p) for p in g.parts) + ")"
+    return "(" + joiner.join(gate_text(p, fmt) for p in g.parts) + ")"
 
 
 def _gate(kernel: Kernel, plan: Plan) -> dict | None:
@@ -157,7 +164,7 @@ def _gate(kernel: Kernel, plan: Plan) -> dict | None:
             timing.append(f"{name}: per position, read at {p.site.text} before its kernels")
         else:
             timing.append(f"{name}: once per sequence, when the whole prompt has passed {p.site.text}; then held")
-    return {"condition": _gate_text(kernel.gate), "decided": timing, "per": "sequence (batch row)"}
+    return {"condition": gate_text(kernel.gate), "decided": timing, "per": "sequence (batch row)"}
 
 
 def _kernel(kernel: Kernel, plan: Plan) -> dict:
@@ -264,12 +271,15 @@ def _touches_generated(k: Kernel) -> bool:
 # -------------------------------------------------------------------- render
 
 
-def render(doc: dict) -> str:
+def title(doc: dict) -> str:
+    """The first line of explain's text: the file, the model's layout and the target."""
     m = doc["model"]
-    lines = [
-        f"{doc['file']} on {m['family']} ({m['layers']} layers, hidden {m['hidden']}, "
-        f"{m['heads']} heads of {m['head_dim']}) for target {doc['target']}",
-    ]
+    return (f"{doc['file']} on {m['family']} ({m['layers']} layers, hidden {m['hidden']}, "
+            f"{m['heads']} heads of {m['head_dim']}) for target {doc['target']}")
+
+
+def render(doc: dict) -> str:
+    lines = [title(doc)]
     if not doc["sites"]:
         lines.append("\nno kernels: the program does not steer this model")
     for s in doc["sites"]:

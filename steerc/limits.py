@@ -66,6 +66,9 @@ MAX_EXAMPLE_CHARS = 64 * 1024
 MAX_MESSAGE_CHARS = 600
 MAX_REPEATS = 50
 MAX_SUGGESTION_CANDIDATES = 1000
+MAX_PROMPT_CHARS = 64 * 1024
+MAX_PROMPT_TOKENS = 4096
+MAX_GENERATED_SHOWN = 1024
 
 
 @frozen
@@ -156,6 +159,12 @@ LIMITS: dict[str, Limit] = _table(
       "of a second")),
     ("MAX_GGUF_TENSORS", "tensors", "the tensor entries of a GGUF file",
      "a control vector holds one per layer; the largest models hold a few thousand tensors"),
+    ("MAX_PROMPT_CHARS", "characters", "the prompt text of `steerc explain --tokens`",
+     "the text is tokenized whole before its tokens are counted"),
+    ("MAX_PROMPT_TOKENS", "tokens", "the prompt tokens `steerc explain --tokens` shows",
+     "the table and the page have one row or box a token; 4,096 tokens are some 200 KiB of text"),
+    ("MAX_GENERATED_SHOWN", "positions", "the generated positions `steerc explain --tokens --generated K` shows",
+     "one forward-pass step of the runtime's position code each, and one row or box each"),
     ("MAX_ECHO_COLUMNS", "columns", "how much of a source line a diagnostic shows around its caret",
      "a diagnostic on a very long line shows a window of it, marked with `...`"),
     ("MAX_MESSAGE_CHARS", "characters", "the length of a diagnostic's message, help line or note",

@@ -62,3 +62,17 @@ def compare_golden(path: str, actual: str, update: bool) -> None:
     with open(path, encoding="utf-8", newline="") as fh:
         expected = fh.read()
     assert actual == expected, f"output differs from {os.path.relpath(path, REPO)} (pytest --update-golden rewrites it)"
+
+
+def joy_project(folder, *names: str) -> None:
+    """``folder`` as a project holding ``names`` from examples/smollm2 and the joy bank derived into its
+    vectors/ by the README's command (on the real SmolLM2; the caller is already in ``folder``)."""
+    import shutil
+
+    for name in ("joy.jsonl", *names):
+        shutil.copy(os.path.join(REPO, "examples", "smollm2", name), os.path.join(folder, name))
+    with open(os.path.join(folder, "steer.toml"), "w", encoding="utf-8"):
+        pass
+    code, out, err = run_cli(["derive", "--model", "smollm2", "--data", "joy.jsonl", "--at", "resid_post[8]",
+                              "--read", "mean", "--normalize", "-o", "vectors/joy.safetensors"])
+    assert code == 0, err

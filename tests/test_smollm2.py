@@ -177,18 +177,10 @@ def test_the_readme_path_from_data_to_a_gate(smol, tmp_path, monkeypatch):
     example print, and the gate then steers the gloomy prompt and leaves the cheerful one unsteered,
     token for token."""
     import re
-    import shutil
+    from support import REPO, joy_project, run_cli
 
-    from support import REPO, run_cli
-
-    here = os.path.join(REPO, "examples", "smollm2")
-    for name in ("joy.jsonl", "gloomy.txt", "cheerful.txt", "cheer_up.steer"):
-        shutil.copy(os.path.join(here, name), tmp_path / name)
-    (tmp_path / "steer.toml").write_text("")
     monkeypatch.chdir(tmp_path)
-    code, out, err = run_cli(["derive", "--model", "smollm2", "--data", "joy.jsonl", "--at", "resid_post[8]",
-                              "--read", "mean", "--normalize", "-o", "vectors/joy.safetensors"])
-    assert code == 0, err
+    joy_project(tmp_path, "gloomy.txt", "cheerful.txt", "cheer_up.steer")
     code, out, err = run_cli(["derive", "--model", "smollm2", "--chat", "--positive", "gloomy.txt", "--negative",
                               "cheerful.txt", "--calibrate", "cheer_up.steer", "--probe", "mood"])
     assert code == 0, err

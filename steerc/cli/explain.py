@@ -1,12 +1,16 @@
-"""``steerc explain FILE --model PATH [--target T] [--format text|json]``."""
+"""``steerc explain FILE --model PATH [--target T] [--format text|json|html]``
+``[--tokens TEXT [--raw | --chat] [--generated K]]`` (spec/explain.md for ``--tokens``).
+"""
 
 from __future__ import annotations
 
 import os
 import sys
 
-from steerc.cli import EXIT_ERRORS, EXIT_OK
+from steerc.cli import EXIT_ERRORS, EXIT_OK, UsageError
 from steerc.cli.common import add_program_options, facts_from, options_from, print_json, read_text
+
+GENERATED_DEFAULT = 8
 
 
 def add_arguments(cmd) -> None:
@@ -14,8 +18,19 @@ def add_arguments(cmd) -> None:
     add_program_options(cmd, model_required=True)
     cmd.add_argument("--target", choices=("hf", "vllm", "serve"), default="hf",
                      help="whose hooks to show (default hf)")
-    cmd.add_argument("--format", choices=("text", "json"), default="text",
-                     help="text for reading (default), json for tools (spec/json.md)")
+    cmd.add_argument("--format", choices=("text", "json", "html"), default="text",
+                     help="text for reading (default), json for tools (spec/json.md), html: a page of the "
+                          "--tokens prompt, its tokens coloured by the interventions that steer them")
+    cmd.add_argument("--tokens", metavar="TEXT",
+                     help="show which positions of this prompt each intervention steers (tokenized with the "
+                          "model's tokenizer, as `steerc run --prompt TEXT` is)")
+    how = cmd.add_mutually_exclusive_group()
+    how.add_argument("--chat", action="store_true",
+                     help="with --tokens: the prompt in the model's chat template (the default, as `steerc run`)")
+    how.add_argument("--raw", action="store_true",
+                     help="with --tokens: the prompt as raw text, without the chat template (as `steerc run --raw`)")
+    cmd.add_argument("--generated", type=int, metavar="K",
+                     help=f"with --tokens: how many generated positions to show (default {GENERATED_DEFAULT})")
 
 
 def run(args) -> int:
@@ -23,6 +38,7 @@ def run(args) -> int:
     from steerc.explain import explain, render
     from steerc.targets import check_target
 
+    _check_token_options(args)
     facts = facts_from(args)
     result = check_source(read_text(args.file), args.file, path=os.path.abspath(args.file),
                           options=options_from(args), facts=facts)
@@ -33,8 +49,67 @@ def run(args) -> int:
     if result.diagnostics:
         print(result.render(), file=sys.stderr)
     doc = explain(result, args.target)
+    if args.tokens is not None:
+        doc["tokens"] = _tokens(args, result.plan)
     if args.format == "json":
         print_json(doc)
+    elif args.format == "html":
+        from steerc.explain_html import render_html
+
+        sys.stdout.write(render_html(doc))
+    elif args.tokens is not None:
+        from steerc.explain import title
+        from steerc.explain_tokens import render_tokens
+
+        sys.stdout.write(render_tokens(doc, title(doc)))
     else:
         sys.stdout.write(render(doc))
     return EXIT_OK
+
+
+def _check_token_options(args) -> None:
+    """Usage errors for the --tokens options, before anything is loaded."""
+    from steerc.limits import MAX_GENERATED_SHOWN, MAX_PROMPT_CHARS
+
+    if args.tokens is None:
+        used = [flag for flag, on in (("--chat", args.chat), ("--raw", args.raw),
+                                      ("--generated", args.generated is not None),
+                                      ("--format html", args.format == "html")) if on]
+        if used:
+            raise UsageError(f"{used[0]} shows the tokens of a prompt: add --tokens TEXT")
+        return
+    if not args.tokens:
+        raise UsageError("--tokens needs a prompt text (it is empty)")
+    if len(args.tokens) > MAX_PROMPT_CHARS:
+        raise UsageError(f"--tokens: the prompt has {len(args.tokens):,} characters, more than the "
+                         f"{MAX_PROMPT_CHARS:,} explain shows (MAX_PROMPT_CHARS, spec/limits.md)")
+    if args.generated is None:
+        args.generated = GENERATED_DEFAULT
+    if not 0 <= args.generated <= MAX_GENERATED_SHOWN:
+        raise UsageError(f"--generated takes a count from 0 to {MAX_GENERATED_SHOWN:,} (MAX_GENERATED_SHOWN), "
+                         f"got {args.generated}")
+
+
+def _tokens(args, plan) -> dict:
+    from steerc.limits import MAX_PROMPT_TOKENS
+
+    try:
+        import torch  # noqa: F401
+        import transformers  # noqa: F401
+    except ImportError:
+        raise UsageError("--tokens needs torch and transformers (the runtime's position code and the "
+                         "model's tokenizer): pip install 'steerc[hf]'") from None
+    from steerc.explain_tokens import prompt_ids, tokens_doc
+    from steerc.runtime.models import NoTokenizer, load_tokenizer
+
+    try:
+        tokenizer = load_tokenizer(args.model)
+    except NoTokenizer as exc:
+        raise UsageError(f"--tokens needs the model's tokenizer: {exc}") from None
+    ids, templated = prompt_ids(tokenizer, args.tokens, chat=not args.raw)
+    if not ids:
+        raise UsageError("--tokens: the prompt tokenizes to no tokens")
+    if len(ids) > MAX_PROMPT_TOKENS:
+        raise UsageError(f"--tokens: the prompt is {len(ids):,} tokens, more than the {MAX_PROMPT_TOKENS:,} "
+                         "explain shows (MAX_PROMPT_TOKENS, spec/limits.md)")
+    return tokens_doc(plan, tokenizer, args.tokens, ids, templated, args.generated)

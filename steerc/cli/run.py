@@ -1,4 +1,6 @@
-"""``steerc run FILE --model PATH --prompt TEXT [--compare] [--max-new-tokens N]``."""
+"""``steerc run FILE --model PATH --prompt TEXT [--prompt TEXT ...] [--compare] [--show-gates]``
+``[--max-new-tokens N]`` (spec/explain.md for ``--show-gates``).
+"""
 
 from __future__ import annotations
 
@@ -14,11 +16,15 @@ def add_arguments(cmd) -> None:
     add_program_options(cmd, model_help="a model name (smollm2: the bundled SmolLM2-135M-Instruct), a .gguf file, "
                                         "or a Hugging Face model folder with weights and tokenizer",
                         model_required=True)
-    cmd.add_argument("--prompt", required=True, metavar="TEXT", help="the prompt text")
+    cmd.add_argument("--prompt", required=True, action="append", metavar="TEXT",
+                     help="the prompt text (repeatable: each prompt is steered on its own, in order)")
     cmd.add_argument("--compare", action="store_true", help="also print the unsteered completion")
     cmd.add_argument("--max-new-tokens", type=int, default=40, metavar="N",
                      help="how many tokens to generate (default 40; greedy)")
     cmd.add_argument("--raw", action="store_true", help="do not wrap the prompt in the model's chat template")
+    cmd.add_argument("--show-gates", action="store_true",
+                     help="after each steered completion, whether each gate opened and the probe values that "
+                          "decided it, as the runtime computed them")
 
 
 def run(args) -> int:
@@ -60,14 +66,58 @@ def run(args) -> int:
         print(result.render(), file=sys.stderr)
     if not result.ok:
         return EXIT_ERRORS
-    inputs = encode_prompt(tokenizer, args.prompt, chat=not args.raw)
-    if args.compare:
-        print("--- unsteered ---")
-        print(_complete(model, tokenizer, inputs, args.max_new_tokens))
-        print("--- steered ---")
-    with install(model, result.plan, tokenizer):
-        print(_complete(model, tokenizer, inputs, args.max_new_tokens))
+    from steerc.explain_tokens import visible
+
+    for n, prompt in enumerate(args.prompt, 1):
+        if len(args.prompt) > 1:
+            print(f"=== prompt {n}: {visible(prompt, 60)} ===")
+        inputs = encode_prompt(tokenizer, prompt, chat=not args.raw)
+        if args.compare:
+            print("--- unsteered ---")
+            print(_complete(model, tokenizer, inputs, args.max_new_tokens))
+            print("--- steered ---")
+        with install(model, result.plan, tokenizer) as handle:
+            if not args.show_gates:
+                print(_complete(model, tokenizer, inputs, args.max_new_tokens))
+                continue
+            from steerc.runtime.gates import GateTrace
+
+            with GateTrace(model, handle, result.plan) as trace:
+                print(_complete(model, tokenizer, inputs, args.max_new_tokens))
+        print("--- gates ---")
+        sys.stdout.write(render_gates(trace.report()[0], inputs["input_ids"].shape[1]))
     return EXIT_OK
+
+
+def render_gates(row: dict, length: int) -> str:
+    """``--show-gates`` for one row: each gate's decision, then the comparisons and probe values behind it."""
+    from steerc.explain import gate_text, precise
+    from steerc.explain_tokens import ranges
+
+    if not row["gates"]:
+        return "no gates: every intervention steers without a condition\n"
+    lines = [f"positions 0..{length - 1} are the prompt (P = {length}); {row['positions']} positions passed"]
+    for g in row["gates"]:
+        when = f"{', '.join(g['interventions'])}: when {gate_text(g['gate'], precise)}"
+        if g["decided"] == "once per sequence":
+            lines.append(f"{when}: {'OPENED' if g['opened'] else 'stayed closed'} "
+                         "(decided once per sequence, when the prompt had passed the probe's site)")
+        else:
+            lines.append(f"{when}: held at {len(g['positions'])} of {row['positions']} positions"
+                         + (f": {ranges(g['positions'])}" if g["positions"] else "") + " (decided per position)")
+        steered = "; ".join(f"{name} at {ranges(at)}" if at else f"{name} nowhere" for name, at in g["steered"].items())
+        lines.append(f"  steered: {steered}")
+        for c in g["comparisons"]:
+            test = f"{c['probe']} {c['op']} {precise(c['threshold'])}"
+            where = f"{c['readout']} at {c['site']}"
+            if c["pool"] != "token":
+                lines.append(f"  {c['probe']} = {precise(c['value'])} ({where}, pool {c['pool']}): "
+                             f"{test} {'holds' if c['held'] else 'does not hold'}")
+            elif "min" in c:
+                lines.append(f"  {c['probe']} ({where}, per token): min {precise(c['min'])} at {c['min_at']}, "
+                             f"max {precise(c['max'])} at {c['max_at']}; {test} at {len(c['positions'])} "
+                             f"positions" + (f": {ranges(c['positions'])}" if c["positions"] else ""))
+    return "\n".join(lines) + "\n"
 
 
 def _report(args, problem) -> int:

@@ -290,3 +290,45 @@ def encode_prompt(tokenizer, prompt: str, chat: bool):
         return tokenizer.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True,
                                              return_tensors="pt", return_dict=True)
     return tokenizer(prompt, return_tensors="pt")
+
+
+class NoTokenizer(Exception):
+    """``path`` has no tokenizer steerc can load; the message says what it holds and what would do."""
+
+
+def load_tokenizer(path: str):
+    """The tokenizer of a model name, a .gguf file, a model folder, or the folder of a ``config.json``.
+
+    Only the tokenizer is read: a GGUF's comes from its dequantized copy in the
+    cache when there is one, else from the file's own metadata (no weights are
+    dequantized). Raises :class:`NoTokenizer` for what holds none (a facts
+    JSON, a folder with only a config, a named model whose package is absent).
+    """
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    named = lookup(path)
+    if named is not None:
+        found = named.weights_path()
+        if found is None:
+            raise NoTokenizer(f"`{path}` names {named.title}, whose tokenizer ships with its weights, "
+                              f"which are not installed: {named.install}")
+        path = found
+    if os.path.isfile(path) and path.endswith(".gguf"):
+        cached = gguf_cache_folder(path)
+        folder, name = (cached, None) if _cache_complete(cached) else os.path.split(os.path.abspath(path))
+        return _tokenizer(folder, name, path)
+    folder = path if os.path.isdir(path) else os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(folder) or not any(os.path.isfile(os.path.join(folder, f)) for f in TOKENIZER_FILES):
+        where = "this folder" if os.path.isdir(path) else "the folder of this file"
+        raise NoTokenizer(f"{path}: no tokenizer files in {where} ({', '.join(TOKENIZER_FILES)}); "
+                          f"use a model folder with its tokenizer, a .gguf file, or a model name")
+    return _tokenizer(folder, None, path)
+
+
+def _tokenizer(folder: str, gguf_file: str | None, label: str):
+    from transformers import AutoTokenizer
+
+    try:
+        with _quiet():
+            return AutoTokenizer.from_pretrained(folder, **({"gguf_file": gguf_file} if gguf_file else {}))
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise NoTokenizer(f"cannot load the tokenizer of {label}: {str(exc)[:300]}") from None
