@@ -89,19 +89,20 @@ def check_file(path: str, *, options: Options | None = None, facts=None, name: s
     return check_source(text, name or path, path=os.path.abspath(path), options=options, facts=facts)
 
 
-def check(source: Source, options: Options, facts=None, parser=parse) -> CheckResult:
-    """Check ``source``; ``parser(source, diagnostics)`` gives its IR (``steerc lsp`` passes one that
-    re-parses only the statements an edit touched)."""
+def check(source: Source, options: Options, facts=None, parser=parse, fuse: bool = True) -> CheckResult:
+    """Check ``source``; ``parser(source, diagnostics)`` gives its IR. ``steerc lsp``, which wants only the
+    diagnostics, passes a parser that re-parses just the statements an edit touched, and ``fuse=False``:
+    the plan's fusion passes report nothing."""
     gc_was_enabled = gc.isenabled()
     gc.disable()  # the checker builds many small objects and keeps them all
     try:
-        return _check(source, options, facts, parser)
+        return _check(source, options, facts, parser, fuse)
     finally:
         if gc_was_enabled:
             gc.enable()
 
 
-def _check(source: Source, options: Options, facts, parser) -> CheckResult:
+def _check(source: Source, options: Options, facts, parser, fuse: bool) -> CheckResult:
     diagnostics = Diagnostics()
     program = parser(source, diagnostics)
     result = CheckResult(source, program, diagnostics.items, sources={source.name: source}, facts=facts)
@@ -124,6 +125,6 @@ def _check(source: Source, options: Options, facts, parser) -> CheckResult:
     if facts is not None and result.checked is not None and not diagnostics.has_errors:
         from steerc.passes.plan_pipeline import build_plan
 
-        result.plan = build_plan(result.checked, facts, diagnostics=diagnostics)
+        result.plan = build_plan(result.checked, facts, diagnostics=diagnostics, fuse=fuse)
     result.diagnostics = diagnostics.sorted()
     return result
