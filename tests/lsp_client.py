@@ -114,9 +114,6 @@ class Client:
                                timeout)
         return params["diagnostics"]
 
-    def drop(self, method: str) -> None:
-        self.notifications = [n for n in self.notifications if n["method"] != method]
-
     # ---------------------------------------------------------- documents
 
     def open(self, uri: str, text: str, version: int = 1) -> None:

@@ -18,7 +18,7 @@ import pytest
 
 pytest.importorskip("pygls", reason="steerc lsp needs the lsp extra (pip install 'steerc[lsp]')")
 
-from lsp_client import REPO, Client, ServerError  # noqa: E402
+from lsp_client import REPO, Client, ServerError
 
 HIDDEN = 576  # SmolLM2-135M
 PROGRAM = """\
@@ -103,10 +103,17 @@ def check_json(project, name: str) -> list[dict]:
 # ------------------------------------------------------------------ lifecycle
 
 
+def spec_capabilities() -> list[str]:
+    text = open(os.path.join(REPO, "spec", "lsp.md"), encoding="utf-8").read()
+    table = text.split("<!-- capabilities")[1].split("\n\n")[1]
+    return [row.split("`")[1] for row in table.splitlines()[2:]]
+
+
 def test_initialize_says_what_the_server_can_do():
     client = Client()
     try:
         caps = client.initialize()["capabilities"]
+        assert sorted(caps) == sorted(spec_capabilities())  # spec/lsp.md lists them all
         assert caps["positionEncoding"] == "utf-16"
         assert caps["textDocumentSync"]["change"] == 2  # incremental
         assert caps["hoverProvider"] and caps["definitionProvider"] and caps["referencesProvider"]
@@ -133,7 +140,7 @@ def test_exit_without_shutdown_is_status_1():
 
 def test_diagnostics_are_checks(server, project):
     text = PROGRAM.replace("resid_pre[8]", "resid_pre[40]").replace("happy < 0.5", "happy < nope")
-    uri, got = opened(server, project, "check_me.steer", text)
+    _, got = opened(server, project, "check_me.steer", text)
     want = check_json(project, "check_me.steer")
     assert [d["code"] for d in got] == [d["code"] for d in want]
     assert {"layer-out-of-range", "undefined-name"} <= {d["code"] for d in got}
@@ -163,6 +170,22 @@ def test_incremental_changes_and_utf16_after_emoji(server, project):
     assert start["character"] == new_line.index("nope") + 1  # 😀 is two UTF-16 units, 情 one
     server.change(uri, 4, PROGRAM)  # a full-document change
     assert server.diagnostics(uri, 4) == []
+
+
+def test_lines_end_where_lsp_says(server, project):
+    # U+2028 and form feeds end no line in LSP (str.splitlines would cut there); \r\n and \r do.
+    text = "steer 1\r\n# a\u2028b\x0cc\rparam p = nope\r\n"
+    uri = uri_of(project, "line_ends.steer")
+    server.open(uri, text)
+    (d,) = server.diagnostics(uri, 1)
+    assert d["code"] == "undefined-name"
+    assert d["range"] == {"start": {"line": 2, "character": 10}, "end": {"line": 2, "character": 14}}
+    server.change(uri, 2, "1", ((2, 10), (2, 14)))
+    assert [x["code"] for x in server.diagnostics(uri, 2)] == ["unused-name"]
+    (edit,) = server.request("textDocument/formatting", {"textDocument": {"uri": uri}, "options": {
+        "tabSize": 2, "insertSpaces": True}})
+    assert edit["newText"] == "steer 1\n\n# a\u2028b\x0cc\nparam p = 1\n"  # fmt writes \n, as steerc fmt does
+    assert edit["range"]["end"] == {"line": 3, "character": 0}
 
 
 def test_notes_are_related_information_in_their_files(server, project):
@@ -300,6 +323,7 @@ HOSTILE = {
     "lone surrogate": "steer 1\nparam p = 1 # \ud800\n",
     "binary garbage": bytes(range(256)).decode("latin-1") * 40,
     "long line": "steer 1\nvector v = [" + ", ".join(["1.0"] * 20000) + "]\n",
+    "too large": "steer 1\n" + "# padding\n" * 250_000,
 }
 
 
@@ -378,15 +402,17 @@ def test_without_pygls_the_command_says_what_to_install(tmp_path):
 
 
 @pytest.mark.parametrize("encoding", ["utf-8", "utf-32"])
-def test_position_encodings_are_negotiated(project, encoding):
+def test_position_encodings_are_negotiated(project, examples_dir, encoding):
     client = Client(cwd=str(project))
-    try:
-        caps = client.initialize(encodings=[encoding, "utf-16"])["capabilities"]
+    try:  # the editor's model (4 layers) wins over steer.toml's (30)
+        tiny = os.path.join(examples_dir, "models", "tiny-llama")
+        caps = client.initialize(encodings=[encoding, "utf-16"], options={"model": tiny})["capabilities"]
         assert caps["positionEncoding"] == encoding
         text = 'steer 1\nvector v = load("vectors/joy.safetensors", key="😀情") * nope\n'
         uri = uri_of(project, f"enc_{encoding}.steer")
-        client.open(uri, text)
-        (d,) = client.diagnostics(uri, 1)
+        client.open(uri, text + "intervention x {\n  at resid_post[8]\n  scale 2\n}\n")
+        d, far = client.diagnostics(uri, 1)
+        assert far["code"] == "layer-out-of-range"
         assert d["range"]["start"] == position(text, "nope", encoding)
         hover = client.at("textDocument/hover", uri, **position(text, "nope", encoding, after=2))
         assert hover is None  # an undefined name has nothing to show
@@ -395,7 +421,7 @@ def test_position_encodings_are_negotiated(project, encoding):
         assert defn["range"]["start"] == position(text, "v =", encoding)
         cut = (position(text, " * nope", encoding), position(text, " * nope", encoding, after=len(" * nope")))
         client.change(uri, 2, "", tuple((p["line"], p["character"]) for p in cut))
-        assert [x["code"] for x in client.diagnostics(uri, 2)] == ["missing-key"]
+        assert [x["code"] for x in client.diagnostics(uri, 2)] == ["missing-key", "layer-out-of-range"]
     finally:
         client.kill()
 

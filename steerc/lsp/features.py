@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import re
+
 from lsprotocol import types as lsp
 
 from steerc.lsp import wire
 from steerc.lsp.positions import Document, normalize
-from steerc.lsp.server import NAME, Refused, SteerServer, _resolved, _spec_href
+from steerc.lsp.server import OpenDocument, Refused, SteerServer, resolved_model, spec_href
 
 TRIGGERS = [" ", "(", ",", "*"]
+NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 RENAMED = ("param", "vector", "probe", "intervention")
 
 
@@ -40,11 +43,9 @@ def initialize(ls: SteerServer, params: lsp.InitializeParams) -> None:
 
         ls.model_base = to_fs_path(params.root_uri) or ls.model_base
     if isinstance(options.get("model"), str) and options["model"]:
-        ls.model = options["model"]
-    if ls.model:
-        ls.model = _resolved(ls.model, ls.model_base)
+        ls.model = resolved_model(options["model"], ls.model_base)
     if isinstance(options.get("specUrl"), str):
-        ls.spec = _spec_href(options["specUrl"])
+        ls.spec = spec_href(options["specUrl"])
 
 
 def shutdown(ls: SteerServer, params) -> None:
@@ -53,8 +54,6 @@ def shutdown(ls: SteerServer, params) -> None:
 
 def did_open(ls: SteerServer, params: lsp.DidOpenTextDocumentParams) -> None:
     item = params.text_document
-    from steerc.lsp.server import OpenDocument
-
     ls.open[item.uri] = OpenDocument(item.uri, Document(item.text, item.version, ls.encoding))
     ls.publish_soon(item.uri, item.version)
 

@@ -71,11 +71,12 @@ def site_text(site: ir.SiteRef, facts) -> str:
         width = "`head_dim`" if site.name == "head" else "`d` (the hidden size)"
         lines += ["", f"width {width}; with a model (`model = ...` in steer.toml) hover shows the modules"]
         if layers is not None:
-            lines.append(f"layers {_list(layers)}")
+            lines.append(f"{_plural('layer', layers)} {_list(layers)}")
         return "\n".join(lines)
     width = facts.width(site.name)
-    lines += ["", f"{_plural('layer', layers)} {_list(layers)} of {facts.layers} · width {width} "
-                  f"({'head_dim' if site.name == 'head' else 'hidden'}) · {facts.family}"]
+    size = "head_dim" if site.name == "head" else "hidden"
+    lines += ["", (f"{_plural('layer', layers)} {_list(layers)} of {facts.layers} · width {width} ({size}) · "
+                   f"{facts.family}")]
     if site.name == "head":
         heads = _axis(site, 1, facts)
         lines.append(f"{_plural('head', heads)} {_list(heads)} of {facts.heads}: each a {width}-wide slice of the input of the "

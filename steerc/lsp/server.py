@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-import re
 import sys
 import traceback
 
@@ -31,7 +30,6 @@ from steerc.lsp.reparse import Reparser
 
 log = logging.getLogger("steerc.lsp")
 REQUEST_FAILED = lsp.LSPErrorCodes.RequestFailed
-NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
 class Refused(JsonRpcException):
@@ -99,7 +97,7 @@ class SteerServer(LanguageServer):
         self.open: dict[str, OpenDocument] = {}
         self.model = model  # --model or initializationOptions.model: wins over steer.toml
         self.model_base = os.getcwd()
-        self.spec = _spec_href(None)
+        self.spec = spec_href(None)
         self.facts = FactsCache()
         self.shut_down = False
 
@@ -137,7 +135,7 @@ class SteerServer(LanguageServer):
     def _facts(self, path: str | None):
         """(facts or None, a diagnostic when the model cannot be used, the sources it points into)."""
         if self.model:
-            model, origin = _resolved(self.model, self.model_base), "the editor's `model` setting"
+            model, origin = self.model, "the editor's `model` setting (or --model)"
         else:
             found = model_setting(os.path.dirname(path) if path else self.model_base)
             if found is None:
@@ -181,12 +179,13 @@ class SteerServer(LanguageServer):
         return wire.span_range(span, analysis.source, self.encoding)
 
 
-def _resolved(model: str, base: str) -> str:
+def resolved_model(model: str, base: str) -> str:
+    """``model`` joined to ``base`` when that names a file or folder, else as it is (a model name)."""
     near = os.path.join(base, model)
     return near if os.path.exists(near) else model
 
 
-def _spec_href(base: str | None) -> str | None:
+def spec_href(base: str | None) -> str | None:
     """Where a diagnostic code's section is: ``base``/diagnostics.md, else the spec of this checkout."""
     if base:
         return base.rstrip("/") + "/diagnostics.md"
@@ -207,7 +206,7 @@ def serve(model: str | None = None) -> int:
     """Serve over stdio until ``exit``; 0 when ``shutdown`` came first (LSP's rule), else 1."""
     logging.basicConfig(stream=sys.stderr, level=logging.WARNING, format="steerc lsp: %(levelname)s %(message)s")
     server = build()
-    server.model = model
+    server.model = resolved_model(model, os.getcwd()) if model else None
     stdin, stdout = sys.stdin.buffer, sys.stdout.buffer
     sys.stdout = sys.stderr  # a stray print must not corrupt the JSON-RPC stream
     server.start_io(stdin, stdout)
