@@ -100,7 +100,10 @@ def test_errors_fall_back_to_a_full_parse():
     assert reparser(Source("x", text.replace("b = 2", "b = ")), broken) is None
     assert [d.code for d in broken] == ["syntax-error"] and reparser.reused == 0
     fixed = reparser(Source("x", text.replace("b = 2", "b = 3")), Diagnostics())
-    assert fixed.statements[1].value.value == 3 and reparser.reused == 0  # nothing clean to start from
+    assert fixed.statements[1].value.value == 3 and reparser.reused == 1  # from the last clean parse
+    fresh = Reparser()
+    assert fresh(Source("x", "steer 1\nparam a =\n"), Diagnostics()) is None
+    assert fresh(Source("x", text), Diagnostics()) is not None and fresh.reused == 0  # none to start from
 
 
 @pytest.mark.parametrize("model", ["tiny-llama", "tiny-gpt2"])

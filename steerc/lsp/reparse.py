@@ -1,19 +1,20 @@
 """Re-parsing only the statements an edit touched.
 
 Parsing is most of the time a check takes (a 1,000-intervention program:
-about 0.2 s of 0.25 s). Between two versions of a document, the
-statements wholly before an edit keep their IR; those wholly after it keep
-their IR with spans moved by the edit's length and line count; the ones in
-between are parsed again from a text of the same length in which everything
-before them except the header is blanked (so offsets need no arithmetic).
+about 0.2 s of 0.25 s). The text is compared with that of the last clean
+parse (which stays the base while the user types through syntax errors):
+statements before the change, with a line end between them and it in
+unchanged text, keep their IR; statements after it, likewise, keep their
+IR with spans moved by the change's length and line count; the text in
+between is parsed again, laid at its own offsets behind the header and
+blanks (so its spans need no arithmetic).
 
-This is exact only where the parse is context-free, so the parser falls
-back to a full parse whenever that is not certain: the last version did not
-parse cleanly, the edit touches the header or reaches into a statement's
-line neighbours, or the partial parse reports anything at all (every error
-message then comes from the full parse, as ``steerc check`` gives it).
-``tests/test_lsp_reparse.py`` checks random edits against full parses:
-same IR, same spans, same diagnostics.
+That equals a full parse wherever the text in between parses on its own,
+so the parser parses the whole text when it does not: there is no clean
+parse yet, the change is on the header's line, or the partial parse
+reports anything at all (every error message then comes from the full
+parse, as ``steerc check`` gives it). ``tests/test_lsp_reparse.py`` checks
+random edits against full parses: same IR, same spans, same diagnostics.
 
 >>> from steerc.source import Source
 >>> from steerc.diagnostics import Diagnostics
@@ -40,7 +41,8 @@ _FIELDS: dict[type, tuple[tuple[str, bool], ...]] = {}
 
 class Reparser:
     """A parser (``parser(source, diagnostics)``, as :func:`steerc.api.check` takes) that remembers the
-    last clean parse. ``reused``: how many statements the last call kept (0 after a full parse)."""
+    last clean parse and starts from it. ``reused``: how many statements the last call kept (0 after a
+    full parse)."""
 
     def __init__(self) -> None:
         self.text: str | None = None
@@ -53,8 +55,10 @@ class Reparser:
             self.reused = 0
             mark = len(diagnostics)
             program = parse(source, diagnostics)
-            clean = program is not None and len(diagnostics) == mark
-            self.text, self.program = (source.text, program) if clean else (None, None)
+            if program is not None and len(diagnostics) == mark:
+                self.text, self.program = source.text, program
+            # else the last clean parse stays the base: the statement being typed is parsed alone again
+            # once it is whole
         else:
             self.text, self.program = source.text, program
         return program
