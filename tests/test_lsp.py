@@ -79,7 +79,10 @@ def server(project):
     client = Client(cwd=str(project))
     client.initialize(root=str(project))
     yield client
-    client.kill()
+    try:
+        assert client.close() == 0  # shutdown, then exit: status 0
+    finally:
+        client.kill()
 
 
 def uri_of(project, name: str) -> str:
