@@ -48,6 +48,8 @@ class CheckResult:
     facts: object = None  # steerc.facts.ModelFacts, when checked against a model
     plan: object = None  # steerc.ir.plan.Plan, when checked against a model without errors
     sources: dict[str, Source] = field(factory=dict)
+    # name -> folded value of each param (a float) and vector (a numpy array or a PerLayer bank) that checked
+    values: dict[str, object] = field(factory=dict)
 
     @property
     def ok(self) -> bool:
@@ -87,19 +89,22 @@ def check_file(path: str, *, options: Options | None = None, facts=None, name: s
     return check_source(text, name or path, path=os.path.abspath(path), options=options, facts=facts)
 
 
-def check(source: Source, options: Options, facts=None) -> CheckResult:
+def check(source: Source, options: Options, facts=None, parser=parse, fuse: bool = True) -> CheckResult:
+    """Check ``source``; ``parser(source, diagnostics)`` gives its IR. ``steerc lsp``, which wants only the
+    diagnostics, passes a parser that re-parses just the statements an edit touched, and ``fuse=False``:
+    the plan's fusion passes report nothing."""
     gc_was_enabled = gc.isenabled()
     gc.disable()  # the checker builds many small objects and keeps them all
     try:
-        return _check(source, options, facts)
+        return _check(source, options, facts, parser, fuse)
     finally:
         if gc_was_enabled:
             gc.enable()
 
 
-def _check(source: Source, options: Options, facts) -> CheckResult:
+def _check(source: Source, options: Options, facts, parser, fuse: bool) -> CheckResult:
     diagnostics = Diagnostics()
-    program = parse(source, diagnostics)
+    program = parser(source, diagnostics)
     result = CheckResult(source, program, diagnostics.items, sources={source.name: source}, facts=facts)
     if program is None:
         return result
@@ -116,9 +121,10 @@ def _check(source: Source, options: Options, facts) -> CheckResult:
             break
     result.sources.update(ctx.extra_sources)
     result.checked = ctx.checked if not ctx.stop else None
+    result.values = ctx.values
     if facts is not None and result.checked is not None and not diagnostics.has_errors:
         from steerc.passes.plan_pipeline import build_plan
 
-        result.plan = build_plan(result.checked, facts, diagnostics=diagnostics)
+        result.plan = build_plan(result.checked, facts, diagnostics=diagnostics, fuse=fuse)
     result.diagnostics = diagnostics.sorted()
     return result

@@ -26,14 +26,20 @@ MARKER = "steer.toml"
 
 def find_root(start_dir: str) -> str:
     """The project root for a program living in ``start_dir``."""
-    here = os.path.realpath(start_dir)
-    probe = here
+    marker = find_marker(start_dir)
+    return os.path.dirname(marker) if marker else os.path.realpath(start_dir)
+
+
+def find_marker(start_dir: str) -> str | None:
+    """The nearest ``steer.toml`` at or above ``start_dir`` (symbolic links resolved), or None."""
+    probe = os.path.realpath(start_dir)
     while True:
-        if os.path.isfile(os.path.join(probe, MARKER)):
-            return probe
+        candidate = os.path.join(probe, MARKER)
+        if os.path.isfile(candidate):
+            return candidate
         parent = os.path.dirname(probe)
         if parent == probe:
-            return here
+            return None
         probe = parent
 
 

@@ -1,4 +1,5 @@
-"""The compiler core stays light: checking never imports torch, transformers, xgrammar or vllm."""
+"""The compiler core stays light: checking never imports torch, transformers, xgrammar or vllm, nor the
+language server's pygls and lsprotocol (the `lsp` extra, imported by `steerc lsp` alone)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import sys
 
 import pytest
 
-HEAVY = ("torch", "transformers", "xgrammar", "vllm")
+HEAVY = ("torch", "transformers", "xgrammar", "vllm", "pygls", "lsprotocol")
 PROBE = (
     "import sys; from steerc.cli import main; rc = main({argv!r}); "
     "print(sorted(m for m in {heavy!r} if m in sys.modules))"

@@ -109,7 +109,7 @@ def load_facts_or_diagnostic(path: str):
             raise UsageError(f"{path}: {exc}") from None
         sources, span = {}, None
         if exc.file and exc.text is not None:
-            src = Source(exc.file, exc.text)
+            src = Source(exc.file, exc.text, exc.file)
             sources[src.name] = src
             span = _needle_span(src, exc.text, exc.needle)
         return None, Diagnostic.error(exc.code, exc.message, span), sources

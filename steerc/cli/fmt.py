@@ -16,24 +16,24 @@ def add_arguments(cmd) -> None:
 
 
 def run(args) -> int:
-    from steerc.diagnostics import Diagnostics, capped, render_text
-    from steerc.frontend import parse
-    from steerc.frontend.fmt import format_program
+    from steerc.diagnostics import capped, render_text
+    from steerc.frontend.fmt import MeaningChanged, format_source
     from steerc.source import Source
 
     status = EXIT_OK
     for path in args.files:
         text = read_text(path)
         source = Source("<stdin>" if path == "-" else path, text)
-        diagnostics = Diagnostics()
-        program = parse(source, diagnostics)
-        if program is None or diagnostics.has_errors:
-            for d in capped(list(diagnostics)):
+        try:
+            formatted, diagnostics = format_source(source)
+        except MeaningChanged:
+            raise UsageError(f"formatting {path} would change what it means; nothing was written "
+                             "(a bug in steerc fmt: please report it with the file)") from None
+        if formatted is None:
+            for d in capped(diagnostics):
                 print(render_text(d, {source.name: source}), file=sys.stderr)
             status = EXIT_ERRORS
             continue
-        formatted = format_program(program, source)
-        _same_meaning(program, formatted, path)
         if path == "-":
             sys.stdout.write(formatted)
         elif formatted == text:
@@ -53,16 +53,3 @@ def run(args) -> int:
                 raise UsageError(f"cannot write {path}: {exc}") from None
             print(f"reformatted {path}")
     return status
-
-
-def _same_meaning(program, formatted: str, path: str) -> None:
-    """fmt changes layout, never meaning: the formatted text must parse to the same program."""
-    from steerc.diagnostics import Diagnostics
-    from steerc.frontend import parse
-    from steerc.source import Source
-
-    diagnostics = Diagnostics()
-    again = parse(Source(path, formatted), diagnostics)
-    if again != program or diagnostics.has_errors:
-        raise UsageError(f"formatting {path} would change what it means; nothing was written "
-                         "(a bug in steerc fmt: please report it with the file)")

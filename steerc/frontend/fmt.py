@@ -494,3 +494,32 @@ def _broken(prev, stmt) -> bool:
 def format_program(program: ir.Program, source: Source | None = None) -> str:
     """The canonical text of ``program`` (``source`` lets blank lines survive)."""
     return _Printer(program, source).run()
+
+
+class MeaningChanged(Exception):
+    """Formatting would change what the program means (a bug in the formatter)."""
+
+
+def format_source(source: Source) -> tuple[str | None, list]:
+    """(the canonical text, the parser's diagnostics); the text is None when the program has errors.
+
+    Raises :class:`MeaningChanged` when the formatted text would not parse to the same program.
+
+    >>> format_source(Source("a.steer", "steer 1\\nparam  g=2\\n"))
+    ('steer 1\\n\\nparam g = 2\\n', [])
+    >>> text, diagnostics = format_source(Source("a.steer", "steer 1\\nparam g =\\n"))
+    >>> text, [d.code for d in diagnostics]
+    (None, ['syntax-error'])
+    """
+    from steerc.diagnostics import Diagnostics
+    from steerc.frontend import parse
+
+    diagnostics = Diagnostics()
+    program = parse(source, diagnostics)
+    if program is None or diagnostics.has_errors:
+        return None, diagnostics.items
+    formatted = format_program(program, source)
+    again = Diagnostics()
+    if parse(Source(source.name, formatted), again) != program or again.has_errors:
+        raise MeaningChanged(source.name)
+    return formatted, diagnostics.items

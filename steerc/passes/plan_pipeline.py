@@ -17,6 +17,9 @@ from steerc.passes import drop_dead, drop_noops, fuse_affine, fuse_projections, 
 
 # Dead kernels go first so that fusion never hides them in a merged kernel.
 PLAN_PASSES = (drop_noops, drop_dead, fuse_affine, fuse_projections)
+# Passes that only make the plan faster to run: they report nothing, so a check that wants only the
+# diagnostics may leave them out (`fuse=False`).
+FUSIONS = (fuse_affine, fuse_projections)
 
 
 class PlanError(AssertionError):
@@ -24,13 +27,13 @@ class PlanError(AssertionError):
 
 
 def build_plan(checked, facts, *, optimize: bool = True, diagnostics: Diagnostics | None = None,
-               verify_each: bool = False) -> Plan:
+               verify_each: bool = False, fuse: bool = True) -> Plan:
     plan = lower_plan.lower(checked, facts)
     if verify_each:
         verify(plan, facts)
     if not optimize:
         return plan
-    for p in PLAN_PASSES:
+    for p in PLAN_PASSES if fuse else tuple(p for p in PLAN_PASSES if p not in FUSIONS):
         plan = p.run(plan)
         if verify_each:
             verify(plan, facts)

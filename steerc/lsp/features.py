@@ -1,0 +1,173 @@
+"""The requests and notifications ``steerc lsp`` answers, registered on a :class:`SteerServer`."""
+
+from __future__ import annotations
+
+import re
+
+from lsprotocol import types as lsp
+
+from steerc.lsp import wire
+from steerc.lsp.positions import Document, normalize
+from steerc.lsp.server import OpenDocument, Refused, SteerServer, resolved_model, spec_href
+
+TRIGGERS = [" ", "(", ",", "*"]
+NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+RENAMED = ("param", "vector", "probe", "intervention")
+
+
+def register(server: SteerServer) -> None:
+    for method, handler, options in (
+        (lsp.INITIALIZE, initialize, None),
+        (lsp.SHUTDOWN, shutdown, None),
+        (lsp.TEXT_DOCUMENT_DID_OPEN, did_open, None),
+        (lsp.TEXT_DOCUMENT_DID_CHANGE, did_change, None),
+        (lsp.TEXT_DOCUMENT_DID_CLOSE, did_close, None),
+        (lsp.TEXT_DOCUMENT_HOVER, hover, None),
+        (lsp.TEXT_DOCUMENT_DEFINITION, definition, None),
+        (lsp.TEXT_DOCUMENT_REFERENCES, references, None),
+        (lsp.TEXT_DOCUMENT_PREPARE_RENAME, prepare_rename, None),
+        (lsp.TEXT_DOCUMENT_RENAME, rename, None),
+        (lsp.TEXT_DOCUMENT_FORMATTING, formatting, None),
+        (lsp.TEXT_DOCUMENT_COMPLETION, completion, lsp.CompletionOptions(trigger_characters=TRIGGERS)),
+    ):
+        server.feature(method, options)(handler)
+
+
+# ------------------------------------------------------------- lifecycle
+
+
+def initialize(ls: SteerServer, params: lsp.InitializeParams) -> None:
+    options = params.initialization_options if isinstance(params.initialization_options, dict) else {}
+    if params.root_uri and params.root_uri.startswith("file:"):
+        from pygls.uris import to_fs_path
+
+        ls.model_base = to_fs_path(params.root_uri) or ls.model_base
+    if isinstance(options.get("model"), str) and options["model"]:
+        ls.model = resolved_model(options["model"], ls.model_base)
+    if isinstance(options.get("specUrl"), str):
+        ls.spec = spec_href(options["specUrl"])
+
+
+def shutdown(ls: SteerServer, params) -> None:
+    ls.shut_down = True
+
+
+def did_open(ls: SteerServer, params: lsp.DidOpenTextDocumentParams) -> None:
+    item = params.text_document
+    ls.open[item.uri] = OpenDocument(item.uri, Document(item.text, item.version, ls.encoding))
+    ls.publish_soon(item.uri, item.version)
+
+
+def did_change(ls: SteerServer, params: lsp.DidChangeTextDocumentParams) -> None:
+    od = ls.open.get(params.text_document.uri)
+    if od is None:
+        return
+    for change in params.content_changes:
+        rng = getattr(change, "range", None)
+        od.doc.apply(None if rng is None else ((rng.start.line, rng.start.character),
+                                               (rng.end.line, rng.end.character)), change.text)
+    od.doc.version = params.text_document.version
+    ls.publish_soon(od.uri, od.doc.version)
+
+
+def did_close(ls: SteerServer, params: lsp.DidCloseTextDocumentParams) -> None:
+    if ls.open.pop(params.text_document.uri, None) is not None:
+        ls.text_document_publish_diagnostics(lsp.PublishDiagnosticsParams(params.text_document.uri, []))
+
+
+# ------------------------------------------------------------- requests
+
+
+def hover(ls: SteerServer, params: lsp.HoverParams) -> lsp.Hover | None:
+    from steerc.lsp.hover import hover as hover_text
+
+    analysis, offset = ls.offset(params.text_document.uri, params.position)
+    text = hover_text(analysis, offset)
+    if text is None:
+        return None
+    hit = analysis.at(offset)
+    return lsp.Hover(lsp.MarkupContent(lsp.MarkupKind.Markdown, text), ls.range_of(analysis, hit.span))
+
+
+def definition(ls: SteerServer, params: lsp.DefinitionParams) -> lsp.Location | None:
+    analysis, offset = ls.offset(params.text_document.uri, params.position)
+    found = analysis.symbol_at(offset)
+    if found is None:
+        return None
+    return lsp.Location(params.text_document.uri, ls.range_of(analysis, found[0].decl.name_span))
+
+
+def references(ls: SteerServer, params: lsp.ReferenceParams) -> list[lsp.Location] | None:
+    analysis, offset = ls.offset(params.text_document.uri, params.position)
+    found = analysis.symbol_at(offset)
+    if found is None:
+        return None
+    sym = found[0]
+    spans = ([sym.decl.name_span] if params.context.include_declaration else []) + sym.uses
+    return [lsp.Location(params.text_document.uri, ls.range_of(analysis, s)) for s in spans]
+
+
+def prepare_rename(ls: SteerServer, params: lsp.PrepareRenameParams) -> lsp.Range:
+    analysis, offset = ls.offset(params.text_document.uri, params.position)
+    found = analysis.symbol_at(offset)
+    if found is None or found[0].kind not in RENAMED:
+        raise Refused("nothing to rename here: put the cursor on the name of a param, vector, probe or "
+                      "intervention")
+    return ls.range_of(analysis, found[1])
+
+
+def rename(ls: SteerServer, params: lsp.RenameParams) -> lsp.WorkspaceEdit | None:
+    from steerc.limits import MAX_NAME_CHARS
+    from steerc.lsp.complete import keywords
+
+    analysis, offset = ls.offset(params.text_document.uri, params.position)
+    found = analysis.symbol_at(offset)
+    if found is None or found[0].kind not in RENAMED:
+        raise Refused("nothing to rename here")
+    sym, new = found[0], params.new_name
+    if new == sym.name:
+        return None
+    if not NAME.fullmatch(new) or len(new) > MAX_NAME_CHARS:
+        raise Refused(f"`{new}` is not a name: a letter or `_`, then letters, digits or `_` "
+                      f"(at most {MAX_NAME_CHARS} characters)")
+    if new in keywords():
+        raise Refused(f"`{new}` is a keyword of the language")
+    if new in analysis.symbols:
+        raise Refused(f"`{new}` is already declared (a {analysis.symbols[new].kind})")
+    spans = [sym.decl.name_span, *sym.uses]
+    edits = [lsp.TextEdit(ls.range_of(analysis, s), new) for s in spans]
+    return lsp.WorkspaceEdit(changes={params.text_document.uri: edits})
+
+
+def formatting(ls: SteerServer, params: lsp.DocumentFormattingParams) -> list[lsp.TextEdit]:
+    from steerc.frontend.fmt import MeaningChanged, format_source
+
+    analysis = ls.analysis(params.text_document.uri)
+    doc = ls.open[params.text_document.uri].doc
+    try:
+        formatted, diagnostics = format_source(analysis.source)
+    except MeaningChanged:
+        raise Refused("formatting would change what this program means (a bug in steerc fmt; "
+                      "please report it with the file)") from None
+    if formatted is None:
+        first = next((d for d in diagnostics if d.is_error), None)
+        where = f" (line {first.span.line}: {first.message})" if first is not None and first.span else ""
+        raise Refused(f"cannot format a program with errors{where}")
+    if formatted == doc.text:
+        return []
+    end = doc.end()
+    return [lsp.TextEdit(lsp.Range(lsp.Position(0, 0), lsp.Position(*end)), formatted)]
+
+
+def completion(ls: SteerServer, params: lsp.CompletionParams) -> lsp.CompletionList:
+    from steerc.lsp.complete import complete
+    from steerc.lsp.positions import source_offset
+    from steerc.source import Source
+
+    od = ls.open.get(params.text_document.uri)
+    if od is None:
+        raise Refused(f"{params.text_document.uri} is not open")
+    source = Source(od.uri, normalize(od.doc.text))  # the text alone: completion needs no check
+    offset = source_offset(source, params.position.line, params.position.character, ls.encoding)
+    items = [wire.completion_item(i) for i in complete(source.text, offset)]
+    return lsp.CompletionList(is_incomplete=False, items=items)

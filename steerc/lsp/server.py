@@ -1,0 +1,213 @@
+"""``steerc lsp``: the language server, on pygls, over standard input and output.
+
+Each open document is checked as ``steerc check`` checks a file (against
+the model of :mod:`steerc.lsp.project`) after every change; requests read
+the check of the current version. See spec/lsp.md for what each request
+answers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import sys
+import traceback
+
+from lsprotocol import types as lsp
+from pygls.exceptions import JsonRpcException
+from pygls.lsp.server import LanguageServer
+from pygls.protocol import LanguageServerProtocol
+from pygls.protocol.language_server import lsp_method
+from pygls.uris import to_fs_path
+
+from steerc import __version__
+from steerc.lsp import wire
+from steerc.lsp.analysis import Analysis
+from steerc.lsp.positions import ENCODINGS, UTF16, Document, normalize, source_offset
+from steerc.lsp.project import FactsCache, model_setting, without_model
+from steerc.lsp.reparse import Reparser
+
+log = logging.getLogger("steerc.lsp")
+REQUEST_FAILED = lsp.LSPErrorCodes.RequestFailed
+
+
+class Refused(JsonRpcException):
+    """A request steerc declines, with the reason (an LSP ``RequestFailed`` error response)."""
+
+    def __init__(self, message: str):
+        super().__init__(code=int(REQUEST_FAILED), message=message)
+
+
+_ANSWERED = object()  # a request already answered with an error
+
+
+class _Protocol(LanguageServerProtocol):
+    """pygls' protocol, but the documents are steerc's own (:class:`~steerc.lsp.positions.Document`):
+    pygls cuts lines where ``str.splitlines`` does (U+2028, form feeds, ...), LSP only at ``\\n``,
+    ``\\r\\n`` and ``\\r``."""
+
+    def structure_message(self, data):
+        """pygls drops a request whose params it cannot read; JSON-RPC wants it answered (InvalidParams)."""
+        try:
+            return super().structure_message(data)
+        except JsonRpcException as exc:
+            if not ("method" in data and isinstance(data.get("id"), (int, str))):
+                raise
+            self._send_response(data["id"], None, exc.to_response_error())
+            return _ANSWERED
+
+    def handle_message(self, message):
+        if message is not _ANSWERED:
+            super().handle_message(message)
+
+    def _user(self, method: str, params):
+        handler = self.fm.features.get(method)
+        if handler is not None:
+            yield handler, (params,), None
+
+    @lsp_method(lsp.TEXT_DOCUMENT_DID_OPEN)
+    def lsp_text_document__did_open(self, params):
+        yield from self._user(lsp.TEXT_DOCUMENT_DID_OPEN, params)
+
+    @lsp_method(lsp.TEXT_DOCUMENT_DID_CHANGE)
+    def lsp_text_document__did_change(self, params):
+        yield from self._user(lsp.TEXT_DOCUMENT_DID_CHANGE, params)
+
+    @lsp_method(lsp.TEXT_DOCUMENT_DID_CLOSE)
+    def lsp_text_document__did_close(self, params):
+        yield from self._user(lsp.TEXT_DOCUMENT_DID_CLOSE, params)
+
+
+class OpenDocument:
+    __slots__ = ("uri", "doc", "analysis", "checked_version", "reparser")
+
+    def __init__(self, uri: str, doc: Document):
+        self.uri = uri
+        self.doc = doc
+        self.analysis: Analysis | None = None
+        self.checked_version: int | None = None
+        self.reparser = Reparser()
+
+
+class SteerServer(LanguageServer):
+    def __init__(self, model: str | None = None):
+        super().__init__("steerc", __version__, text_document_sync_kind=lsp.TextDocumentSyncKind.Incremental,
+                         protocol_cls=_Protocol)
+        self.open: dict[str, OpenDocument] = {}
+        self.model = model  # --model or initializationOptions.model: wins over steer.toml
+        self.model_base = os.getcwd()
+        self.spec = spec_href(None)
+        self.facts = FactsCache()
+        self.shut_down = False
+
+    @property
+    def encoding(self) -> str:
+        chosen = getattr(self.workspace.position_encoding, "value", self.workspace.position_encoding)
+        return chosen if chosen in ENCODINGS else UTF16
+
+    # -------------------------------------------------------------- checking
+
+    def analysis(self, uri: str) -> Analysis:
+        """The check of the document's current version (made now if it is not yet)."""
+        od = self.open.get(uri)
+        if od is None:
+            raise Refused(f"{uri} is not open")
+        if od.checked_version != od.doc.version or od.analysis is None:
+            od.analysis = Analysis(self._check(od))
+            od.checked_version = od.doc.version
+        return od.analysis
+
+    def _check(self, od: OpenDocument):
+        from steerc.api import check
+        from steerc.passes.context import Options
+        from steerc.source import Source
+
+        path = to_fs_path(od.uri) if od.uri.startswith("file:") else None
+        source = Source(path or od.uri, normalize(od.doc.text), path)
+        facts, problem, sources = self._facts(path)
+        result = check(source, Options(), facts, parser=od.reparser, fuse=False)
+        if problem is not None:
+            result.diagnostics.insert(0, problem)
+            result.sources.update(sources)
+        return result
+
+    def _facts(self, path: str | None):
+        """(facts or None, a diagnostic when the model cannot be used, the sources it points into)."""
+        if self.model:
+            model, origin = self.model, "the editor's `model` setting (or --model)"
+        else:
+            found = model_setting(os.path.dirname(path) if path else self.model_base)
+            if found is None:
+                return None, None, {}
+            model, origin = found[0], f"`model` in {found[1]}"
+        facts, problem, sources = self.facts.get(model)
+        if problem is None:
+            return facts, None, {}
+        return None, without_model(problem, model, origin), sources
+
+    def publish(self, uri: str) -> None:
+        od = self.open.get(uri)
+        if od is None:
+            return
+        try:
+            analysis = self.analysis(uri)
+            items = wire.diagnostics(analysis.result, uri, self.encoding, self.spec)
+        except Exception:  # a bug in steerc: say so, keep serving
+            log.error("checking %s failed:\n%s", uri, traceback.format_exc())
+            self.window_show_message(lsp.ShowMessageParams(
+                lsp.MessageType.Error, f"steerc lsp: checking failed (a bug; the log has the traceback): "
+                                       f"{sys.exc_info()[1]!r}"))
+            return
+        self.text_document_publish_diagnostics(lsp.PublishDiagnosticsParams(uri, items, od.doc.version))
+
+    def publish_soon(self, uri: str, version: int) -> None:
+        """Publish once the messages already read are handled: a burst of changes is checked once."""
+        async def later():
+            await asyncio.sleep(0)
+            od = self.open.get(uri)
+            if od is not None and od.doc.version == version:
+                self.publish(uri)
+
+        asyncio.get_running_loop().create_task(later())
+
+    def offset(self, uri: str, position: lsp.Position) -> tuple[Analysis, int]:
+        analysis = self.analysis(uri)
+        return analysis, source_offset(analysis.source, position.line, position.character, self.encoding)
+
+    def range_of(self, analysis: Analysis, span) -> lsp.Range:
+        return wire.span_range(span, analysis.source, self.encoding)
+
+
+def resolved_model(model: str, base: str) -> str:
+    """``model`` joined to ``base`` when that names a file or folder, else as it is (a model name)."""
+    near = os.path.join(base, model)
+    return near if os.path.exists(near) else model
+
+
+def spec_href(base: str | None) -> str | None:
+    """Where a diagnostic code's section is: ``base``/diagnostics.md, else the spec of this checkout."""
+    if base:
+        return base.rstrip("/") + "/diagnostics.md"
+    here = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "spec",
+                        "diagnostics.md")
+    return wire.file_uri(here) if os.path.isfile(here) else None
+
+
+def build() -> SteerServer:
+    from steerc.lsp import features
+
+    server = SteerServer()
+    features.register(server)
+    return server
+
+
+def serve(model: str | None = None) -> int:
+    """Serve over stdio until ``exit``; 0 when ``shutdown`` came first (LSP's rule), else 1."""
+    logging.basicConfig(stream=sys.stderr, level=logging.WARNING, format="steerc lsp: %(levelname)s %(message)s")
+    server = build()
+    server.model = resolved_model(model, os.getcwd()) if model else None
+    stdin, stdout = sys.stdin.buffer, sys.stdout.buffer
+    sys.stdout = sys.stderr  # a stray print must not corrupt the JSON-RPC stream
+    server.start_io(stdin, stdout)
+    return 0 if server.shut_down else 1
