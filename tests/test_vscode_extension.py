@@ -144,6 +144,11 @@ def test_it_runs_the_configured_server(node):
     assert seen["server"] == {"command": "/opt/project/.venv/bin/steerc", "args": ["lsp", "--log", "x"]}
 
 
+def test_workspace_folder_in_the_settings(node):
+    seen = activate(node, {"server.path": "${workspaceFolder}/.venv/bin/steerc", "workspaceFolder": "/home/me/proj"})
+    assert seen["server"]["command"] == "/home/me/proj/.venv/bin/steerc"
+
+
 def test_it_says_when_steerc_cannot_start(node):
     seen = activate(node, {}, "fail")
     ((kind, message),) = seen["messages"]

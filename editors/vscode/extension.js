@@ -7,10 +7,16 @@ const { LanguageClient } = require("vscode-languageclient/node");
 
 let client;
 
+// `${workspaceFolder}` in a setting is the first folder of the workspace (for a project's .venv).
+function expand(value) {
+  const folders = vscode.workspace.workspaceFolders;
+  return folders && folders.length ? value.split("${workspaceFolder}").join(folders[0].uri.fsPath) : value;
+}
+
 // What to run: `steer.server.path` (default `steerc`, found on PATH) with `lsp` and `steer.server.args`.
 function serverOptions(config) {
-  const command = config.get("server.path") || "steerc";
-  const args = ["lsp", ...(config.get("server.args") || [])];
+  const command = expand(config.get("server.path") || "steerc");
+  const args = ["lsp", ...(config.get("server.args") || []).map(expand)];
   return { command, args };
 }
 

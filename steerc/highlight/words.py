@@ -54,7 +54,7 @@ POOLS = ("prompt.mean", "prompt.last", "token")  # steerc.passes.structure.POOLS
 
 CLASSES: dict[str, TokenClass] = {
     # keywords
-    "header": TokenClass("Keyword.Namespace", "keyword.control.directive.steer", "the header word `steer`"),
+    "header": TokenClass("Keyword.Namespace", "keyword.control.directive.steer", "the header"),
     "declaration": TokenClass("Keyword.Declaration", "storage.type.steer", "the word that starts a statement"),
     "keyword": TokenClass("Keyword", "keyword.control.steer", "the first word of a block line"),
     "connective": TokenClass("Keyword", "keyword.other.steer", "words inside a statement or line"),
@@ -127,3 +127,19 @@ AFTER_OPERAND = r"(?<=[A-Za-z0-9_.%)\]])"
 def alternation(words) -> str:
     """``(?:a|b|...)`` of literal words, longest first (so no word hides a longer one)."""
     return "(?:" + "|".join(sorted(words, key=lambda w: (-len(w), w))) + ")"
+
+
+def render_table() -> str:
+    """The table of classes in ``spec/highlighting.md`` (kept fresh by ``tests/test_spec.py``)."""
+    out = ["| class | what | Pygments token | TextMate scope |", "|---|---|---|---|"]
+    for name, cls in CLASSES.items():
+        words = KEYWORD_CLASSES.get(name)
+        what = cls.what + (": " + ", ".join(f"`{w}`" for w in words) if words else "")
+        if name == "function":
+            what += ": " + ", ".join(f"`{w}`" for w in FUNCTIONS)
+        elif name == "site":
+            what += ": " + ", ".join(f"`{w}`" for w in SITE_KINDS)
+        elif name == "pool":
+            what += ": " + ", ".join(f"`{w}`" for w in POOLS)
+        out.append(f"| `{name}` | {what} | `{cls.pygments}` | `{cls.scope}` |")
+    return "\n".join(out) + "\n"

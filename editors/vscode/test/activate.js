@@ -13,8 +13,10 @@ const settings = JSON.parse(process.argv[2] || "{}");
 const mode = process.argv[3] || "";
 const seen = { messages: [], started: false, subscriptions: 0 };
 
+const folder = settings.workspaceFolder;  // not a setting: the workspace's first folder, if any
 const vscode = {
   workspace: {
+    workspaceFolders: folder ? [{ uri: { fsPath: folder } }] : undefined,
     getConfiguration: (section) => ({ get: (key, fallback) => (key in settings ? settings[key] : fallback) }),
     createFileSystemWatcher: (glob) => ({ glob, dispose() {} }),
     onDidChangeConfiguration: () => ({ dispose() {} }),
