@@ -14,12 +14,12 @@ import glob
 import os
 
 from lark.exceptions import UnexpectedInput
+from support import examples_path
 
 from steerc.frontend import parser as P
 from steerc.frontend.tables import load
 from steerc.highlight import words as W
 from steerc.source import Source
-from support import examples_path
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -176,5 +176,35 @@ KEYWORDS_AS_NAMES = [
     'steer 1\nconstrain choice ["a\\n\\u00e9", "\\"", ""]\n',
     "steer 1\nvector v = [1.,\n  .5, 2e-3,  # a comment inside brackets\n  1.5E+2]\n",
     "# leading comment\n\n\nsteer 1 # trailing\n\r\nparam p = 1\r\n",
-    "steer 1\nintervention x {\n  at resid_post[*]\n  add decay(0.5) * ramp(4) * window(1, 8) * normalize(\n    [1, 2])\n}\n",
+    "steer 1\nintervention x {\n  at resid_post[*]\n"
+    "  add decay(0.5) * ramp(4) * window(1, 8) * normalize(\n    [1, 2])\n}\n",
 ]
+
+
+def assert_agrees(text: str, got: list, agrees, who: str, bounds: tuple[set, set], where: str = "") -> int:
+    """Check what a highlighter gave each character of ``text`` against steerc's class for it.
+
+    ``got[i]`` is what the highlighter gave character ``i``, ``agrees(cls,
+    got[i], word)`` says whether that fits steerc's class ``cls`` (``word``:
+    the text of the token holding it), ``bounds`` are the (starts, ends) of
+    the highlighter's tokens: every name and keyword must be one token.
+    Returns how many leading characters were checked.
+    """
+    spans, checked = reference_spans(text)
+    classes = char_classes(spans, len(text))
+    words = [""] * len(text)
+    for start, end, _, value in spans:
+        words[start:end] = [value] * (end - start)
+    for i in range(checked):
+        if not agrees(classes[i], got[i], words[i]):
+            line = text.count("\n", 0, i) + 1
+            col = i - (text.rfind("\n", 0, i) + 1) + 1
+            raise AssertionError(
+                f"{where}:{line}:{col}: {text[i]!r} in {words[i] or text[i]!r} is {classes[i]} to steerc, "
+                f"{got[i]} to {who}\n  line: {text.splitlines()[line - 1]!r}"
+            )
+    starts, ends = bounds
+    for start, end, cls, value in spans:
+        if end <= checked and (cls == "name" or W.keyword_class(value) == cls):
+            assert start in starts and end in ends, f"{where}: {value!r} at {start} is not one {who} token"
+    return checked

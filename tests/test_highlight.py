@@ -26,14 +26,14 @@ import pytest
 
 pygments = pytest.importorskip("pygments", reason="the highlight extra (pygments) is not installed")
 
+import highlight_support as H  # noqa: E402
 from hypothesis import HealthCheck, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 from pygments.token import Comment, Error, Number, String, Text, Whitespace, string_to_tokentype  # noqa: E402
+from strategies import commented, mutated, programs, random_text  # noqa: E402
 
-import highlight_support as H  # noqa: E402
 from steerc.highlight import words as W  # noqa: E402
 from steerc.highlight.pygments_lexer import SteerLexer  # noqa: E402
-from strategies import commented, mutated, programs, random_text  # noqa: E402
 
 LEXER = SteerLexer()
 FILES = H.steer_files()
@@ -82,31 +82,13 @@ def pygments_tokens(text: str) -> list[tuple[int, object, str]]:
 
 def assert_agrees(text: str, where: str = "") -> int:
     """Check every character steerc vouches for; return how many that is."""
-    spans, checked = H.reference_spans(text)
     toks = pygments_tokens(text)
     assert not [t for t in toks if t[1] in Error], [t for t in toks if t[1] in Error][:5]
     ttype = [None] * len(text)
-    starts, ends = set(), set()
     for start, tt, value in toks:
         ttype[start:start + len(value)] = [tt] * len(value)
-        starts.add(start)
-        ends.add(start + len(value))
-    classes = H.char_classes(spans, len(text))
-    words = [""] * len(text)
-    for start, end, _, value in spans:
-        words[start:end] = [value] * (end - start)
-    for i in range(checked):
-        if not agrees(classes[i], ttype[i], words[i]):
-            line = text.count("\n", 0, i) + 1
-            col = i - (text.rfind("\n", 0, i) + 1) + 1
-            raise AssertionError(
-                f"{where}:{line}:{col}: {text[i]!r} in {words[i] or text[i]!r} is {classes[i]} to steerc, "
-                f"{ttype[i]} to Pygments\n  line: {text.splitlines()[line - 1]!r}"
-            )
-    for start, end, cls, value in spans:
-        if end <= checked and (cls == "name" or W.keyword_class(value) == cls):
-            assert start in starts and end in ends, f"{where}: {value!r} at {start} is not one Pygments token"
-    return checked
+    bounds = {start for start, _, _ in toks}, {start + len(value) for start, _, value in toks}
+    return H.assert_agrees(text, ttype, agrees, "Pygments", bounds, where)
 
 
 # ------------------------------------------------------------- the word lists

@@ -20,14 +20,14 @@ import re
 import shutil
 import subprocess
 
+import highlight_support as H
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from strategies import commented, programs
 
-import highlight_support as H
 from steerc.highlight import textmate
 from steerc.highlight import words as W
-from strategies import commented, programs
 
 VSCODE = os.path.join(H.REPO, "editors", "vscode")
 GRAMMAR = os.path.join(H.REPO, textmate.OUTPUT)
@@ -84,9 +84,13 @@ def tokenize():
     return run
 
 
-def char_scopes(text: str, lines: list[list]) -> list[list[str] | None]:
-    """The scopes of each character of ``text`` (None for a newline or a line's dropped ``\\r``)."""
+def char_scopes(text: str, lines: list[list], with_bounds: bool = False):
+    """The scopes of each character of ``text`` (None for a newline or a line's dropped ``\\r``).
+
+    With ``with_bounds``, also the (starts, ends) of the engine's tokens, as character offsets.
+    """
     scopes: list[list[str] | None] = [None] * len(text)
+    starts, ends = set(), set()
     pos = 0
     for raw, tokens in zip(text.split("\n"), lines):
         line_text = raw[:-1] if raw.endswith("\r") else raw
@@ -95,10 +99,12 @@ def char_scopes(text: str, lines: list[list]) -> list[list[str] | None]:
             index_of.extend([i] * (2 if ord(ch) > 0xFFFF else 1))
         index_of.append(len(line_text))
         for start, end, token_scopes in tokens:
-            for i in range(index_of[start], index_of[min(end, len(index_of) - 1)]):
-                scopes[pos + i] = token_scopes
+            first, last = index_of[start], index_of[min(end, len(index_of) - 1)]
+            scopes[pos + first:pos + last] = [token_scopes] * (last - first)
+            starts.add(pos + first)
+            ends.add(pos + last)
         pos += len(raw) + 1
-    return scopes
+    return (scopes, (starts, ends)) if with_bounds else scopes
 
 
 def innermost(scopes: list[str]) -> str:
@@ -126,21 +132,8 @@ def agrees(cls: str, scopes: list[str] | None, word: str) -> bool:
 
 
 def assert_agrees(text: str, lines: list[list], where: str = "") -> int:
-    spans, checked = H.reference_spans(text)
-    scopes = char_scopes(text, lines)
-    classes = H.char_classes(spans, len(text))
-    words = [""] * len(text)
-    for start, end, _, value in spans:
-        words[start:end] = [value] * (end - start)
-    for i in range(checked):
-        if not agrees(classes[i], scopes[i], words[i]):
-            line = text.count("\n", 0, i) + 1
-            col = i - (text.rfind("\n", 0, i) + 1) + 1
-            raise AssertionError(
-                f"{where}:{line}:{col}: {text[i]!r} in {words[i] or text[i]!r} is {classes[i]} to steerc, "
-                f"{scopes[i]} to TextMate\n  line: {text.splitlines()[line - 1]!r}"
-            )
-    return checked
+    scopes, bounds = char_scopes(text, lines, with_bounds=True)
+    return H.assert_agrees(text, scopes, agrees, "TextMate", bounds, where)
 
 
 def test_every_steer_file_tokenizes_as_steerc_lexes_it(tokenize):

@@ -1,4 +1,4 @@
-"""The compiler core stays light: checking never imports torch, transformers, xgrammar or vllm."""
+"""The compiler core stays light: checking never imports torch, transformers, xgrammar, vllm or pygments."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-HEAVY = ("torch", "transformers", "xgrammar", "vllm")
+HEAVY = ("torch", "transformers", "xgrammar", "vllm", "pygments")
 PROBE = (
     "import sys; from steerc.cli import main; rc = main({argv!r}); "
     "print(sorted(m for m in {heavy!r} if m in sys.modules))"

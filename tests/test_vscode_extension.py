@@ -104,7 +104,8 @@ def test_the_engine_is_one_the_language_client_supports(manifest):
     with open(os.path.join(os.path.dirname(client), "lib", "node", "main.d.ts"), encoding="utf-8") as fh:
         api = fh.read()
     # extension.js passes an Executable ({command, args}; stdio when no transport is named).
-    assert "constructor(id: string, name: string, serverOptions: ServerOptions, clientOptions: LanguageClientOptions" in api
+    assert ("constructor(id: string, name: string, serverOptions: ServerOptions, "
+            "clientOptions: LanguageClientOptions") in api
     assert re.search(r"interface Executable \{[^}]*command: string;[^}]*args\?: string\[\];", api)
 
 

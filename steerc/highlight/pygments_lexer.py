@@ -28,8 +28,8 @@ from __future__ import annotations
 
 import re
 
-from pygments.lexer import RegexLexer, bygroups, include, words
-from pygments.token import Comment, Number, Punctuation, String, Whitespace, string_to_tokentype
+from pygments.lexer import RegexLexer, bygroups
+from pygments.token import Comment, Whitespace, string_to_tokentype
 
 from steerc.highlight import words as W
 
@@ -108,9 +108,6 @@ _GATE = [
 def _site_name(lexer, match):
     name = match.group()
     yield match.start(), _t("site") if name in W.SITE_KINDS else _t("name"), name
-
-
-_POOL_HEADS = W.alternation({p.split(".")[0] for p in W.POOLS if "." in p})
 
 
 def _pool(lexer, match):

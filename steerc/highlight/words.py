@@ -80,7 +80,8 @@ CLASSES: dict[str, TokenClass] = {
     "percent": TokenClass("Literal.Number", "constant.numeric.percentage.steer", "a percentage in a selector"),
     "string": TokenClass("Literal.String.Double", "string.quoted.double.steer", 'a `"..."` string'),
     "long_string": TokenClass("Literal.String.Double", "string.quoted.triple.steer", 'a `"""..."""` string'),
-    "escape": TokenClass("Literal.String.Escape", "constant.character.escape.steer", "a string escape (`\\n`, `\\u00e9`)"),
+    "escape": TokenClass("Literal.String.Escape", "constant.character.escape.steer",
+                         "a string escape (`\\n`, `\\u00e9`)"),
     "bad_escape": TokenClass("Literal.String.Double", "invalid.illegal.escape.steer", "an escape steerc refuses"),
     "comment": TokenClass("Comment.Single", "comment.line.number-sign.steer", "a `#` comment"),
     # operators and punctuation
