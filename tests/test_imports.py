@@ -1,5 +1,6 @@
 """The compiler core stays light: checking never imports torch, transformers, xgrammar or vllm, nor the
-language server's pygls and lsprotocol (the `lsp` extra, imported by `steerc lsp` alone)."""
+language server's pygls and lsprotocol (the `lsp` extra, imported by `steerc lsp` alone), nor pygments (the
+`highlight` extra)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import sys
 
 import pytest
 
-HEAVY = ("torch", "transformers", "xgrammar", "vllm", "pygls", "lsprotocol")
+HEAVY = ("torch", "transformers", "xgrammar", "vllm", "pygls", "lsprotocol", "pygments")
 PROBE = (
     "import sys; from steerc.cli import main; rc = main({argv!r}); "
     "print(sorted(m for m in {heavy!r} if m in sys.modules))"

@@ -5,7 +5,8 @@
   its severity, and each ``steer`` example there reports its section's code;
 * complete programs in ``spec/language.md`` check without errors;
 * the generated tables (site tables and family facts in ``spec/models.md``,
-  IR node fields in ``spec/json.md``) are fresh.
+  IR node fields in ``spec/json.md``, token classes in
+  ``spec/highlighting.md``) are fresh.
 
 Regenerate the tables after changing the code they come from::
 
@@ -136,6 +137,12 @@ def render_limits() -> str:
     return render_table()
 
 
+def render_token_classes() -> str:
+    from steerc.highlight.words import render_table
+
+    return render_table()
+
+
 def render_capabilities() -> str:
     from steerc.targets.capabilities import capability_matrix
 
@@ -148,6 +155,7 @@ GENERATED = {
     ("json.md", "ir-nodes"): render_ir_nodes,
     ("capabilities.md", "capabilities"): render_capabilities,
     ("limits.md", "limits"): render_limits,
+    ("highlighting.md", "token-classes"): render_token_classes,
 }
 
 
