@@ -499,3 +499,12 @@ def test_many_misuses_are_one_error_in_linear_time():
     result = _check(text)
     assert time.perf_counter() - start < 5.0
     assert [d.code for d in result.diagnostics if d.severity == "error"] == ["per-request-param"]
+
+
+def test_an_intervention_with_errors_of_its_own_gets_no_per_request_error_too():
+    """`add strength * joy` with `joy` undefined is one error (undefined-name), not also a misuse."""
+    from steerc.api import check_source
+
+    result = check_source("steer 1\nparam strength = 1 per request\nintervention c {\n  at resid_post[1]\n"
+                          "  add strength * joy\n}\n", "pr.steer")
+    assert [d.code for d in result.diagnostics if d.is_error] == ["undefined-name"], result.render()

@@ -57,6 +57,8 @@ def run(ctx: CheckContext) -> None:
                 uses.setdefault(stmt.name, []).append((role, operand, node))
     bad = False
     for stmt in ctx.program.statements:
+        if isinstance(stmt, ir.InterventionDecl) and stmt.name not in by_name:
+            continue  # it has errors of its own (an undefined name, say): no uses to judge yet
         reported: set = set()  # one error per param and operand (or declaration): the first misuse
         parents = _Parents(stmt)
         for node in walk(stmt):
