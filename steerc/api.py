@@ -100,7 +100,8 @@ def check(source: Source, options: Options, facts=None) -> CheckResult:
 def _check(source: Source, options: Options, facts) -> CheckResult:
     diagnostics = Diagnostics()
     program = parse(source, diagnostics)
-    result = CheckResult(source, program, diagnostics.items, sources={source.name: source}, facts=facts)
+    result = CheckResult(source, program, diagnostics.items, sources={**options.sources, source.name: source},
+                         facts=facts)
     if program is None:
         return result
     ctx = CheckContext(program, source, diagnostics, options)
