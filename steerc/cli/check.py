@@ -1,6 +1,7 @@
-"""``steerc check FILE... [--model PATH] [--root DIR] [--set K=V] [--target T] [--format F]``.
+"""``steerc check PATH... [--model PATH] [--root DIR] [--set K=V] [--target T] [--format F]``.
 
-Each program gets its project: the nearest
+PATH is a file, a folder (its ``*.steer`` files, recursively) or a glob
+(see :mod:`steerc.cli.inputs`). Each program gets its project: the nearest
 ``steer.toml`` above it, or ``--root``; the project's defaults (model,
 target, params) apply where the command line gives none. A project's
 ``steer.toml`` diagnostics, and those of a model it names, are reported
@@ -26,7 +27,9 @@ from steerc.project import TARGET_NAMES
 
 
 def add_arguments(cmd) -> None:
-    cmd.add_argument("files", nargs="+", metavar="FILE", help=".steer files ('-' reads standard input)")
+    cmd.add_argument("files", nargs="+", metavar="PATH",
+                     help=".steer files, folders (their .steer files, recursively) or quoted globs "
+                          "('examples/**/*.steer'); '-' reads standard input")
     add_program_options(cmd)
     cmd.add_argument("--target", choices=TARGET_NAMES, help="also check what this target can express")
     cmd.add_argument("--format", choices=FORMATS, default="text", help=FORMAT_HELP)
@@ -35,7 +38,9 @@ def add_arguments(cmd) -> None:
 
 
 def run(args) -> int:
-    files = args.files
+    from steerc.cli.inputs import expand
+
+    files = expand(args.files)
     session = _Session(args)
     if args.model:  # one model for every program: if it cannot be used, nothing is checked against it
         session.facts, report = model_facts(args)

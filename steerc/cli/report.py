@@ -1,4 +1,4 @@
-"""How ``steerc check`` prints what it found: ``--format text|json``.
+"""How ``steerc check`` prints what it found: ``--format text|json|sarif|github``.
 
 A report is the diagnostics of one program, or of a ``steer.toml`` or a
 model that programs use, with the texts their spans point into. Every
@@ -12,8 +12,9 @@ import sys
 
 from attrs import define, field
 
-FORMATS = ("text", "json")
-FORMAT_HELP = "how to print diagnostics: text (default) or json (spec/json.md)"
+FORMATS = ("text", "json", "sarif", "github")
+FORMAT_HELP = ("how to print diagnostics: text (default), json (spec/json.md), sarif (SARIF 2.1.0) or github "
+               "(GitHub Actions annotations); see spec/formats.md")
 
 
 @define
@@ -35,9 +36,18 @@ def write(fmt: str, reports: list, files: list[str], out=None) -> tuple[int, int
     if fmt == "json":
         print_json({"diagnostics": [to_json_dict(d) for d, _ in shown], "files": files, "errors": errors,
                     "warnings": warnings}, out)
+    elif fmt == "sarif":
+        from steerc.diagnostics.sarif import to_sarif
+
+        print_json(to_sarif(shown), out)
     else:
-        for r in reports:
-            if r.diagnostics:
-                out.write("\n\n".join(render_text(d, r.sources) for d in capped(r.diagnostics)) + "\n\n")
+        if fmt == "github":
+            from steerc.diagnostics.github import workflow_command
+
+            out.writelines(workflow_command(d, sources) + "\n" for d, sources in shown)
+        else:
+            for r in reports:
+                if r.diagnostics:
+                    out.write("\n\n".join(render_text(d, r.sources) for d in capped(r.diagnostics)) + "\n\n")
         out.write(summary(len(files), errors, warnings) + "\n")
     return errors, warnings

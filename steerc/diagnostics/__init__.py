@@ -32,6 +32,7 @@ __all__ = [
     "Diagnostics",
     "Note",
     "capped",
+    "omitted_line",
     "printable",
     "render_text",
     "to_json_dict",
@@ -210,6 +211,12 @@ def _snippet(span: Span, sources: dict[str, Source], gutter: int, label: str | N
     return lines
 
 
+def omitted_line(d: Diagnostic) -> str:
+    """The note saying how many diagnostics like ``d`` were left out (see `capped`)."""
+    return (f"note: {d.omitted:,} more `{d.code}` {d.severity}{'s' if d.omitted > 1 else ''} "
+            f"like this one are not shown (at most {MAX_REPEATS} per code)")
+
+
 def render_text(d: Diagnostic, sources: dict[str, Source]) -> str:
     """Render one diagnostic the way a compiler does: header, location, caret."""
     head = f"{d.severity}[{d.code}]: {d.message}"
@@ -236,8 +243,7 @@ def render_text(d: Diagnostic, sources: dict[str, Source]) -> str:
     if d.help:
         trailer.append(f"{pad} = help: {d.help}")
     if d.omitted:
-        trailer.append(f"{pad} = note: {d.omitted:,} more `{d.code}` {d.severity}{'s' if d.omitted > 1 else ''} "
-                       f"like this one are not shown (at most {MAX_REPEATS} per code)")
+        trailer.append(f"{pad} = {omitted_line(d)}")
     if trailer:
         out.append(f"{pad} |")
         out.extend(trailer)
