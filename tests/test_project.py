@@ -307,3 +307,35 @@ def test_the_spec_shows_what_steerc_prints(toml_text, argv, output, examples_dir
     monkeypatch.chdir(tmp_path)
     code, out, _ = run_cli(argv)
     assert code == 1 and out.startswith(output), out
+
+
+def test_a_deep_or_huge_steer_toml_is_limit_exceeded(project):
+    toml(project, "[params]\nx = " + "[" * 70 + "]" * 70 + "\n")
+    (d,) = project_at(str(project)).diagnostics
+    assert d.code == "limit-exceeded" and "more than 64 deep" in d.message and d.span.as_tuple() == (2, 69, 2, 70)
+    toml(project, "[params]\nx = " + "[" * 5000 + "]" * 5000 + "\n")  # would overflow tomllib's recursion
+    assert project_at(str(project)).diagnostics[0].code == "limit-exceeded"
+    (project / "steer.toml").write_text("# " + "x" * (2 * 1024 * 1024) + "\n")
+    (d,) = project_at(str(project)).diagnostics
+    assert d.code == "limit-exceeded" and "larger than" in d.message
+
+
+def test_no_steer_toml_text_makes_a_traceback(tmp_path):
+    """Whatever steer.toml holds, reading it gives a Project, each diagnostic placed inside the file."""
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+
+    pieces = st.sampled_from(['[defaults]', '[params]', '[x]', 'model', 'target', '"vllm"', '"models/m"', '=',
+                              ' ', '\n', '"', "'", '#', '[', ']', '{', '}', ',', '.', '1', 'nan', 'true', 'é😀',
+                              'strength', '"a\\"b"', "'''", '"""', '\\', '\t', '\r\n', '1979-05-27'])
+
+    @settings(max_examples=300, deadline=None)
+    @given(st.lists(pieces, max_size=40).map("".join))
+    def run(text):
+        (tmp_path / "steer.toml").write_text(text, encoding="utf-8", newline="")
+        p = project_at(str(tmp_path))
+        for d in p.diagnostics:
+            assert d.code in ("invalid-config", "limit-exceeded") and d.span is not None
+            assert 0 <= d.span.start <= d.span.end <= len(p.source.text)
+
+    run()

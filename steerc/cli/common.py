@@ -69,9 +69,7 @@ def options_from(args, project=None, **extra):
     """The check Options of the command line, with the defaults of ``project`` (its ``steer.toml``)."""
     from steerc.passes.context import Options
 
-    root = getattr(args, "root", None)
-    if root is not None and not os.path.isdir(root):
-        raise UsageError(f"--root {root}: no such folder")
+    root = root_of(args)
     overrides = parse_overrides(getattr(args, "overrides", []))
     origins, sources = {}, {}
     if project is not None:
@@ -153,10 +151,15 @@ def project_for(args, path: str):
     """The project (``steer.toml``) of the program at ``path`` ('-': standard input) under ``--root``."""
     from steerc.project import project_of
 
+    return project_of(None if path == "-" else path, root_of(args))
+
+
+def root_of(args) -> str | None:
+    """``--root``, checked to be a folder; None when not given."""
     root = getattr(args, "root", None)
     if root is not None and not os.path.isdir(root):
         raise UsageError(f"--root {root}: no such folder")
-    return project_of(None if path == "-" else path, root)
+    return root
 
 
 def print_diagnostics(report, file=None) -> None:

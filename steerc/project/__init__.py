@@ -41,7 +41,7 @@ from attrs import field, frozen
 
 from steerc.diagnostics import Diagnostic
 from steerc.paths import MARKER, find_root
-from steerc.project.locate import locate, scan
+from steerc.project.locate import locate, scan, too_deep
 from steerc.project.toml import tomllib
 from steerc.source import Source, Span
 
@@ -89,7 +89,7 @@ def project_of(path: str | None, root: str | None = None) -> Project:
 
 def project_at(root: str) -> Project:
     """The project whose root is ``root``, its ``steer.toml`` read and checked."""
-    from steerc.limits import MAX_SOURCE_BYTES
+    from steerc.limits import MAX_NESTING, MAX_SOURCE_BYTES
     from steerc.source import read_program
 
     root = os.path.realpath(root)
@@ -107,6 +107,11 @@ def project_at(root: str) -> Project:
     if len(text) > MAX_SOURCE_BYTES:
         d = Diagnostic.error("limit-exceeded", f"steer.toml is larger than {MAX_SOURCE_BYTES:,} bytes",
                              source.span(0, 0))
+        return Project(root, file, source, diagnostics=(d,))
+    deep = too_deep(text, MAX_NESTING)
+    if deep is not None:
+        d = Diagnostic.error("limit-exceeded", f"steer.toml nests arrays or tables more than {MAX_NESTING} deep",
+                             source.span(deep, deep + 1))
         return Project(root, file, source, diagnostics=(d,))
     try:
         data = tomllib.loads(text)

@@ -90,3 +90,36 @@ def _value_length(rest: str) -> int:
                 return i + 1
     body = rest.split("#", 1)[0].rstrip()
     return max(len(body), 1) if rest else 0
+
+
+def too_deep(text: str, limit: int) -> int | None:
+    """The offset of the first ``[`` or ``{`` nested deeper than ``limit`` (strings and comments skipped), or None.
+
+    ``tomllib`` recurses once per level and would overflow the stack on a deep enough value.
+
+    >>> too_deep('a = [[1], "[[["]  # [[[', 2), too_deep("a = [[[1]]]", 2)
+    (None, 6)
+    """
+    depth, i, quote = 0, 0, None
+    while i < len(text):
+        ch = text[i]
+        if quote is not None:
+            if ch == "\\" and quote == '"':
+                i += 1
+            elif text.startswith(quote, i) or (ch == "\n" and len(quote) == 1):
+                i += len(quote) - 1
+                quote = None
+        elif ch == "#":
+            end = text.find("\n", i)
+            i = len(text) if end < 0 else end
+        elif ch in "\"'":
+            quote = ch * 3 if text.startswith(ch * 3, i) else ch
+            i += len(quote) - 1
+        elif ch in "[{":
+            depth += 1
+            if depth > limit:
+                return i
+        elif ch in "]}":
+            depth = max(depth - 1, 0)
+        i += 1
+    return None
