@@ -31,7 +31,8 @@ def add_arguments(cmd) -> None:
                      help=".steer files, folders (their .steer files, recursively) or quoted globs "
                           "('examples/**/*.steer'); '-' reads standard input")
     add_program_options(cmd)
-    cmd.add_argument("--target", choices=TARGET_NAMES, help="also check what this target can express")
+    cmd.add_argument("--target", choices=TARGET_NAMES,
+                     help="also check what this target can express (default: `target` in steer.toml)")
     cmd.add_argument("--format", choices=FORMATS, default="text", help=FORMAT_HELP)
     cmd.add_argument("--xgrammar", action="store_true",
                      help="also validate constraints with xgrammar (slower: it imports torch)")
