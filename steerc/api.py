@@ -105,7 +105,8 @@ def check(source: Source, options: Options, facts=None, parser=parse, fuse: bool
 def _check(source: Source, options: Options, facts, parser, fuse: bool) -> CheckResult:
     diagnostics = Diagnostics()
     program = parser(source, diagnostics)
-    result = CheckResult(source, program, diagnostics.items, sources={source.name: source}, facts=facts)
+    result = CheckResult(source, program, diagnostics.items, sources={**options.sources, source.name: source},
+                         facts=facts)
     if program is None:
         return result
     ctx = CheckContext(program, source, diagnostics, options)

@@ -86,14 +86,16 @@ def _table(*rows: tuple[str, str, str, str]) -> dict[str, Limit]:
 
 LIMITS: dict[str, Limit] = _table(
     ("MAX_SOURCE_BYTES", "bytes",
-     "the size of a program (UTF-8), and of a file read by `constrain ... from`",
+     "the size of a program (UTF-8), of a file read by `constrain ... from`, and of a `steer.toml`",
      ("checking takes time and memory in the text's length (a few seconds per MiB); "
       "2 MiB holds some 20,000 interventions")),
     ("MAX_NESTING", "levels",
      ("how deeply expressions and conditions nest: each binary operator, unary `-`, call, vector literal, "
-      "comparison, `and`, `or` and `not` opens a level (parentheses do not)"),
-     ("the checker, `fmt` and the IR writer walk expressions recursively; 64 levels keep them well inside "
-      "Python's stack (a chain `a + b + c + ...` nests one level per operator)")),
+      "comparison, `and`, `or` and `not` opens a level (parentheses do not); also how deeply the arrays and "
+      "inline tables of a `steer.toml` nest"),
+     ("the checker, `fmt` and the IR writer walk expressions recursively, and Python's TOML reader its "
+      "values; 64 levels keep them well inside Python's stack (a chain `a + b + c + ...` nests one level "
+      "per operator)")),
     ("MAX_NUMBER_CHARS", "characters",
      "the length of one number literal (digits, point, exponent)",
      "a float64 has 17 significant digits; longer literals only cost time to convert"),

@@ -178,7 +178,7 @@ def test_gpt2_module_names(examples_dir, monkeypatch):
 def test_explain_without_model_is_a_usage_error(examples_dir, monkeypatch):
     code, out, err = explain(examples_dir, monkeypatch, "01_add.steer", model=None)
     assert code == 2 and out == ""
-    assert "required: --model" in err
+    assert "--model is required" in err and "steer.toml" in err
 
 
 def test_explain_of_a_bad_program_exits_1(examples_dir, monkeypatch):

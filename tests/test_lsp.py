@@ -69,7 +69,7 @@ def project(tmp_path_factory):
     joy = np.zeros(HIDDEN, dtype=np.float32)
     joy[:4] = [3.0, 4.0, 0.0, 0.0]  # norm 5
     save_file({"joy": joy}, str(root / "vectors" / "joy.safetensors"))
-    (root / "steer.toml").write_text('[check]\nmodel = "smollm2"\n')
+    (root / "steer.toml").write_text('[defaults]\nmodel = "smollm2"\n')
     (root / "schema.json").write_text('{"type": "object", "properties": {"a": {"type": "nosuchtype"}}}\n')
     return root
 
@@ -204,7 +204,7 @@ def test_notes_are_related_information_in_their_files(server, project):
 
 
 def test_a_model_that_cannot_be_used_points_into_its_config(project, tmp_path):
-    (tmp_path / "steer.toml").write_text('model = "odd/config.json"\n')
+    (tmp_path / "steer.toml").write_text('[defaults]\nmodel = "odd/config.json"\n')
     (tmp_path / "odd").mkdir()
     (tmp_path / "odd" / "config.json").write_text('{"model_type": "nosuchfamily", "num_hidden_layers": 2}\n')
     client = Client(cwd=str(tmp_path))

@@ -35,7 +35,9 @@ MODEL_HELP = "a Hugging Face model folder, its config.json, a facts JSON, or a m
 
 
 def add_program_options(cmd, model_help: str = MODEL_HELP, model_required: bool = False) -> None:
-    cmd.add_argument("--model", metavar="PATH", help=model_help, required=model_required)
+    """--model, --root and --set. A required --model may come from steer.toml instead (see `required`)."""
+    where = "required: here or as `model` in steer.toml" if model_required else "default: `model` in steer.toml"
+    cmd.add_argument("--model", metavar="PATH", help=f"{model_help} ({where})")
     cmd.add_argument("--root", metavar="DIR", help="project root for paths in the program (default: nearest steer.toml)")
     cmd.add_argument(
         "--set",
@@ -43,7 +45,7 @@ def add_program_options(cmd, model_help: str = MODEL_HELP, model_required: bool 
         action="append",
         default=[],
         dest="overrides",
-        help="override a param: --set strength=6 (repeatable)",
+        help="override a param: --set strength=6 (repeatable; wins over steer.toml's [params])",
     )
 
 
@@ -63,41 +65,117 @@ def parse_overrides(items: list[str]) -> dict[str, float]:
     return out
 
 
-def options_from(args, **extra):
+def options_from(args, project=None, **extra):
+    """The check Options of the command line, with the defaults of ``project`` (its ``steer.toml``)."""
     from steerc.passes.context import Options
 
-    root = getattr(args, "root", None)
-    if root is not None and not os.path.isdir(root):
-        raise UsageError(f"--root {root}: no such folder")
-    return Options(root=root, overrides=parse_overrides(getattr(args, "overrides", [])), **extra)
+    root = root_of(args)
+    overrides = parse_overrides(getattr(args, "overrides", []))
+    origins, sources = {}, {}
+    if project is not None:
+        origins.update(project.param_spans())
+        sources.update(project.sources)
+    if overrides:
+        src, spans = argument_spans(args, "--set")
+        items = getattr(args, "overrides", [])
+        if len(spans) == len(items):
+            origins.update((item.partition("=")[0].strip(), span) for item, span in zip(items, spans))
+            sources[src.name] = src
+    return Options(root=root, overrides=overrides, project_params=dict(project.params) if project else {},
+                   origins=origins, sources=sources, **extra)
 
 
-def facts_from(args):
-    """The ModelFacts for --model; None when absent.
+def facts_from(args, project=None):
+    """The ModelFacts for --model, else for the ``model`` of ``project``'s steer.toml; None without either.
 
-    An unreadable model is a usage error (exit 2); a model of a family steerc
+    An unreadable --model is a usage error (exit 2); a model of a family steerc
     does not know is a diagnostic (``unknown-family``), printed in the
-    command's ``--format``, and exits 1.
+    command's ``--format``, and exits 1, as does an unreadable steer.toml
+    ``model`` (``invalid-config``, at its value).
     """
-    path = getattr(args, "model", None)
-    if not path:
-        return None
-    facts, diagnostic, sources = load_facts_or_diagnostic(path)
-    if diagnostic is not None:
+    facts, report = model_facts(args, project)
+    if report is not None:
         if getattr(args, "format", "text") == "json":
             from steerc.diagnostics import to_json_dict
 
-            print_json({"diagnostics": [to_json_dict(diagnostic)], "files": [], "errors": 1, "warnings": 0})
+            print_json({"diagnostics": [to_json_dict(d) for d in report.diagnostics], "files": [], "errors": 1,
+                        "warnings": 0})
         else:
-            from steerc.diagnostics import render_text
-
-            print(render_text(diagnostic, sources), file=sys.stderr)
+            print_diagnostics(report)
         raise SystemExit(1)
     return facts
 
 
-def load_facts_or_diagnostic(path: str):
-    """(facts, None, {}) or (None, an ``unknown-family`` diagnostic, its sources)."""
+def model_facts(args, project=None):
+    """(facts, None), (None, None) without a model, or (None, a Report of why the model cannot be used)."""
+    from steerc.cli.report import Report
+
+    if getattr(args, "model", None):
+        facts, diagnostic, sources = load_facts_or_diagnostic(args.model)
+    elif project is not None and project.model:
+        facts, diagnostic, sources = load_facts_or_diagnostic(project.model, project)
+    else:
+        return None, None
+    return facts, None if diagnostic is None else Report([diagnostic], sources)
+
+
+def chosen(args, project, key: str, default=None):
+    """``--KEY`` from the command line, else ``KEY`` from ``project``'s steer.toml, else ``default``."""
+    value = getattr(args, key, None)
+    if value is None and project is not None:
+        value = getattr(project, key)
+    return default if value is None else value
+
+
+def required(args, project, key: str) -> str:
+    """``chosen`` for an option the command cannot do without: a usage error when neither gives it."""
+    value = chosen(args, project, key)
+    if value is None:
+        raise UsageError(f"--{key} is required (on the command line, or as `{key}` under [defaults] in steer.toml)")
+    return value
+
+
+def checked_project(args, path: str):
+    """``project_for``, its steer.toml's diagnostics printed on standard error; exits 1 when they are errors."""
+    from steerc.cli.report import Report
+
+    project = project_for(args, path)
+    if project.diagnostics:
+        print_diagnostics(Report(list(project.diagnostics), project.sources))
+    if not project.ok:
+        raise SystemExit(1)
+    return project
+
+
+def project_for(args, path: str):
+    """The project (``steer.toml``) of the program at ``path`` ('-': standard input) under ``--root``."""
+    from steerc.project import project_of
+
+    return project_of(None if path == "-" else path, root_of(args))
+
+
+def root_of(args) -> str | None:
+    """``--root``, checked to be a folder; None when not given."""
+    root = getattr(args, "root", None)
+    if root is not None and not os.path.isdir(root):
+        raise UsageError(f"--root {root}: no such folder")
+    return root
+
+
+def print_diagnostics(report, file=None) -> None:
+    """Render a report's diagnostics as text, on standard error unless ``file`` says otherwise."""
+    from steerc.diagnostics import capped, render_text
+
+    for d in capped(report.diagnostics):
+        print(render_text(d, report.sources), file=file or sys.stderr)
+
+
+def load_facts_or_diagnostic(path: str, project=None):
+    """(facts, None, {}) or (None, an ``unknown-family`` or ``invalid-model`` diagnostic, its sources).
+
+    A model that cannot be read is a usage error, or for the ``model`` of a
+    ``project``'s steer.toml an ``invalid-config`` diagnostic at its value.
+    """
     from steerc.diagnostics import Diagnostic
     from steerc.facts import FactsError, load_facts
     from steerc.source import Source
@@ -105,8 +183,12 @@ def load_facts_or_diagnostic(path: str):
     try:
         return load_facts(path), None, {}
     except FactsError as exc:
-        if exc.code is None:
+        if exc.code is None and project is None:
             raise UsageError(f"{path}: {exc}") from None
+        if exc.code is None:
+            return None, Diagnostic.error("invalid-config", f"model {path}: {exc}", project.spans["model"],
+                                          help="give a model folder, its config.json or a facts JSON"), \
+                project.sources
         sources, span = {}, None
         if exc.file and exc.text is not None:
             src = Source(exc.file, exc.text, exc.file)
@@ -142,29 +224,39 @@ def argument_source(args, flag: str):
     >>> src.text, (span.column, span.end_column)
     ('steerc run x.steer --model m', (28, 29))
     """
+    src, spans = argument_spans(args, flag)
+    return src, spans[0] if spans else src.span(0, len(src.text))
+
+
+def argument_spans(args, flag: str):
+    """(a ``<command line>`` Source, the span of each value of ``flag`` in it, in order).
+
+    >>> import argparse
+    >>> src, spans = argument_spans(argparse.Namespace(argv=["check", "--set", "a=1", "--set=b=2"]), "--set")
+    >>> [src.text[s.start:s.end] for s in spans]
+    ['a=1', 'b=2']
+    """
     import shlex
 
     from steerc.source import Source
 
-    argv = list(getattr(args, "argv", None) or [])
-    words = ["steerc", *argv]
-    text, start, end = "", None, None
+    words = ["steerc", *(getattr(args, "argv", None) or [])]
+    text, places = "", []
     for i, word in enumerate(words):
         quoted = shlex.quote(word)
         at = len(text) + (1 if text else 0)
         text = f"{text} {quoted}" if text else quoted
-        if start is None and i > 0 and words[i - 1] == flag:
-            start, end = at, at + len(quoted)
-        elif start is None and word.startswith(flag + "="):
-            start, end = at + len(flag) + 1, at + len(quoted)
+        if i > 0 and words[i - 1] == flag:
+            places.append((at, at + len(quoted)))
+        elif word.startswith(flag + "="):
+            quote = int(quoted != word)  # shlex.quote wrapped the word in '...'
+            places.append((at + len(flag) + 1 + quote, at + len(quoted) - quote))
     src = Source("<command line>", text)
-    if start is None:
-        start, end = 0, len(text)
-    return src, src.span(start, max(end, start + 1))
+    return src, [src.span(a, max(b, a + 1)) for a, b in places]
 
 
-def print_json(obj) -> None:
-    sys.stdout.write(json.dumps(obj, indent=2, sort_keys=False, ensure_ascii=False) + "\n")
+def print_json(obj, out=None) -> None:
+    (out or sys.stdout).write(json.dumps(obj, indent=2, sort_keys=False, ensure_ascii=False) + "\n")
 
 
 def summary(n_files: int, errors: int, warnings: int) -> str:

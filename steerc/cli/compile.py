@@ -7,16 +7,18 @@ import shlex
 import sys
 
 from steerc.cli import EXIT_ERRORS, EXIT_OK, UsageError
-from steerc.cli.common import add_program_options, facts_from, options_from, read_text
+from steerc.cli.common import add_program_options, checked_project, facts_from, options_from, read_text, required
+from steerc.project import TARGET_NAMES
 
 
 def add_arguments(cmd) -> None:
     cmd.add_argument("file", metavar="FILE", help="a .steer file")
     add_program_options(cmd, model_required=True)
-    cmd.add_argument("--target", choices=("hf", "vllm", "serve", "llamacpp"), required=True,
+    cmd.add_argument("--target", choices=TARGET_NAMES,
                      help="hf: a Python package of hooks; vllm: plan.msgpack for vLLM workers; "
                           "serve: plan.json for per-request steering on a vLLM server; "
-                          "llamacpp: control_vector.gguf for llama.cpp's --control-vector")
+                          "llamacpp: control_vector.gguf for llama.cpp's --control-vector (required: here or as "
+                          "`target` in steer.toml)")
     cmd.add_argument("-o", "--output", metavar="OUT", required=True, help="output folder")
     cmd.add_argument("--dialect", choices=("steerc", "vllm-hook"), default="steerc",
                      help="serve target only: steerc's own format, or IBM vLLM-Hook's spec")
@@ -37,6 +39,9 @@ def run(args) -> int:
     from steerc.api import check_source
     from steerc.targets import check_target
 
+    project = checked_project(args, args.file)
+    required(args, project, "model")
+    args.target = required(args, project, "target")
     if args.dialect != "steerc" and args.target != "serve":
         raise UsageError("--dialect applies to --target serve only")
     key = None
@@ -49,8 +54,8 @@ def run(args) -> int:
             key = read_key(args.hmac_key_file)
         except (OSError, ValueError) as exc:
             raise UsageError(f"--hmac-key-file: {exc}") from None
-    facts = facts_from(args)
-    options = options_from(args, use_xgrammar=not args.no_xgrammar and _xgrammar_available())
+    facts = facts_from(args, project)
+    options = options_from(args, project, use_xgrammar=not args.no_xgrammar and _xgrammar_available())
     result = check_source(read_text(args.file), args.file, path=os.path.abspath(args.file),
                           options=options, facts=facts)
     target_caps = "vllm-hook" if args.dialect == "vllm-hook" else args.target

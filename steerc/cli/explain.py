@@ -8,16 +8,25 @@ import os
 import sys
 
 from steerc.cli import EXIT_ERRORS, EXIT_OK, UsageError
-from steerc.cli.common import add_program_options, facts_from, options_from, print_json, read_text
-
+from steerc.cli.common import (
+    add_program_options,
+    checked_project,
+    chosen,
+    facts_from,
+    options_from,
+    print_json,
+    read_text,
+    required,
+)
 GENERATED_DEFAULT = 8
+EXPLAINED = ("hf", "vllm", "serve")  # llama.cpp's control vector has no hooks to show
 
 
 def add_arguments(cmd) -> None:
     cmd.add_argument("file", metavar="FILE", help="a .steer file")
     add_program_options(cmd, model_required=True)
-    cmd.add_argument("--target", choices=("hf", "vllm", "serve"), default="hf",
-                     help="whose hooks to show (default hf)")
+    cmd.add_argument("--target", choices=EXPLAINED,
+                     help="whose hooks to show (default: `target` in steer.toml, else hf)")
     cmd.add_argument("--format", choices=("text", "json", "html"), default="text",
                      help="text for reading (default), json for tools (spec/json.md), html: a page of the "
                           "--tokens prompt, its tokens coloured by the interventions that steer them")
@@ -39,18 +48,24 @@ def run(args) -> int:
     from steerc.targets import check_target
 
     _check_token_options(args)
-    facts = facts_from(args)
+    project = checked_project(args, args.file)
+    model = required(args, project, "model")
+    facts = facts_from(args, project)
+    target = chosen(args, project, "target", "hf")
+    if target not in EXPLAINED:
+        raise UsageError(f"explain shows the hooks of {', '.join(EXPLAINED)}; steer.toml's target is {target} "
+                         "(`steerc check --target llamacpp` says what a control vector can express): pass --target")
     result = check_source(read_text(args.file), args.file, path=os.path.abspath(args.file),
-                          options=options_from(args), facts=facts)
-    check_target(result, args.target)
+                          options=options_from(args, project), facts=facts)
+    check_target(result, target)
     if not result.ok:
         print(result.render(), file=sys.stderr)
         return EXIT_ERRORS
     if result.diagnostics:
         print(result.render(), file=sys.stderr)
-    doc = explain(result, args.target)
+    doc = explain(result, target)
     if args.tokens is not None:
-        doc["tokens"] = _tokens(args, result.plan)
+        doc["tokens"] = _tokens(args, result.plan, model)
     if args.format == "json":
         print_json(doc)
     elif args.format == "html":
@@ -90,7 +105,7 @@ def _check_token_options(args) -> None:
                          f"got {args.generated}")
 
 
-def _tokens(args, plan) -> dict:
+def _tokens(args, plan, model: str) -> dict:
     from steerc.limits import MAX_PROMPT_TOKENS
 
     try:
@@ -103,7 +118,7 @@ def _tokens(args, plan) -> dict:
     from steerc.runtime.models import NoTokenizer, load_tokenizer
 
     try:
-        tokenizer = load_tokenizer(args.model)
+        tokenizer = load_tokenizer(model)
     except NoTokenizer as exc:
         raise UsageError(f"--tokens needs the model's tokenizer: {exc}") from None
     ids, templated = prompt_ids(tokenizer, args.tokens, chat=not args.raw)

@@ -8,7 +8,7 @@ import os
 import sys
 
 from steerc.cli import EXIT_ERRORS, EXIT_OK, UsageError
-from steerc.cli.common import add_program_options, argument_source, options_from, read_text
+from steerc.cli.common import add_program_options, argument_source, checked_project, options_from, read_text, required
 
 
 def add_arguments(cmd) -> None:
@@ -33,7 +33,9 @@ def run(args) -> int:
     from steerc.api import check_source
 
     text = read_text(args.file)
-    options = options_from(args)
+    project = checked_project(args, args.file)
+    model_path = required(args, project, "model")
+    options = options_from(args, project)
     path = os.path.abspath(args.file)
     # The program is checked before the model loads: a mistake costs no load.
     early = check_source(text, args.file, path=path, options=options)
@@ -43,13 +45,13 @@ def run(args) -> int:
     from steerc.runtime.models import ModelNotRunnable, runnable_path
 
     try:
-        runnable_path(args.model)
+        runnable_path(model_path)
     except ModelNotRunnable as problem:
-        return _report(args, problem)
-    if not os.path.exists(runnable_path(args.model)):
+        return _report(args, problem, project)
+    if not os.path.exists(runnable_path(model_path)):
         from steerc.facts.named import names
 
-        raise UsageError(f"--model {args.model}: no such folder or file, and not a model name ({names()})")
+        raise UsageError(f"--model {model_path}: no such folder or file, and not a model name ({names()})")
     try:
         import torch  # noqa: F401
         import transformers  # noqa: F401
@@ -58,9 +60,9 @@ def run(args) -> int:
     from steerc.runtime.hf import facts_from_model, install
     from steerc.runtime.models import encode_prompt, load_model
     try:
-        model, tokenizer = load_model(args.model)
+        model, tokenizer = load_model(model_path)
     except (OSError, ValueError) as exc:
-        raise UsageError(f"cannot load {args.model}: {exc}") from None
+        raise UsageError(f"cannot load {model_path}: {exc}") from None
     result = check_source(text, args.file, path=path, options=options, facts=facts_from_model(model))
     if result.diagnostics:
         print(result.render(), file=sys.stderr)
@@ -120,14 +122,18 @@ def render_gates(row: dict, length: int) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _report(args, problem) -> int:
-    """A ``model-without-weights`` diagnostic pointing at the ``--model`` argument."""
+def _report(args, problem, project) -> int:
+    """A ``model-without-weights`` diagnostic pointing at the ``--model`` argument (or steer.toml's ``model``)."""
     from steerc.diagnostics import Diagnostic, Note, render_text
 
-    source, span = argument_source(args, "--model")
+    if args.model:
+        source, span = argument_source(args, "--model")
+        sources = {source.name: source}
+    else:
+        sources, span = project.sources, project.spans["model"]
     diagnostic = Diagnostic.error("model-without-weights", problem.message, span, help=problem.help,
                                   notes=tuple(Note(n) for n in problem.notes))
-    print(render_text(diagnostic, {source.name: source}), file=sys.stderr)
+    print(render_text(diagnostic, sources), file=sys.stderr)
     return EXIT_ERRORS
 
 

@@ -32,6 +32,7 @@ __all__ = [
     "Diagnostics",
     "Note",
     "capped",
+    "omitted_line",
     "omitted_note",
     "printable",
     "render_text",
@@ -215,6 +216,11 @@ def omitted_note(d: Diagnostic) -> str:
     """What a diagnostic that stands for others (see `capped`) says about them."""
     return (f"{d.omitted:,} more `{d.code}` {d.severity}{'s' if d.omitted > 1 else ''} like this one are not "
             f"shown (at most {MAX_REPEATS} per code)")
+
+
+def omitted_line(d: Diagnostic) -> str:
+    """The note line saying how many diagnostics like ``d`` were left out (see `capped`)."""
+    return f"note: {omitted_note(d)}"
 
 
 def render_text(d: Diagnostic, sources: dict[str, Source]) -> str:

@@ -64,6 +64,7 @@ CODES: dict[str, Code] = _table(
     ("vector-model-mismatch", "warning", "a vector `steerc derive` made for one model is used with another"),
     ("vector-site-mismatch", "warning", "a vector `steerc derive` read at one site is used at another"),
     ("invalid-model", "error", "the --model config or facts file gives sizes or flags no model has (or cannot be read as one)"),
+    ("invalid-config", "error", "a `steer.toml` is not TOML, or holds a table, key or value steerc does not take"),
     ("limit-exceeded", "error", "an input is larger or deeper than steerc's resource limits allow"),
     ("unused-name", "warning", "a param, vector or probe is declared but never used"),
     ("no-effect", "warning", "a line or an intervention cannot change anything"),

@@ -1,15 +1,16 @@
 """Which model a document is checked against.
 
 The editor's ``initializationOptions.model`` wins (it is ``--model``);
-else the nearest ``steer.toml`` at or above the document's folder that
-sets ``model`` at its top level or in ``[check]``; else no model. A relative
-path in ``steer.toml`` is relative to that file's folder, and a value that
-names no file is passed on as it is (a model name such as ``smollm2``).
+else the ``model`` under ``[defaults]`` of the nearest ``steer.toml`` at or
+above the document's folder, read by :mod:`steerc.project` as ``steerc
+check`` reads it (a relative path is relative to that file's folder; a
+value that names no file is a model name such as ``smollm2``); else no
+model.
 
 >>> import os, tempfile
 >>> top = tempfile.mkdtemp()
 >>> with open(os.path.join(top, "steer.toml"), "w") as fh:
-...     _ = fh.write('[check]\\nmodel = "smollm2"\\n')
+...     _ = fh.write('[defaults]\\nmodel = "smollm2"\\n')
 >>> os.makedirs(os.path.join(top, "sub"))
 >>> model_setting(os.path.join(top, "sub")) == ("smollm2", os.path.join(os.path.realpath(top), "steer.toml"))
 True
@@ -19,31 +20,20 @@ from __future__ import annotations
 
 import os
 
-from steerc.paths import find_marker
-
 
 def model_setting(start_dir: str) -> tuple[str, str] | None:
-    """(the model, the steer.toml that names it) from the nearest steer.toml above ``start_dir``; None
-    when there is none, it sets no model, or it cannot be read (a project that wants more of steer.toml
-    replaces this one function)."""
+    """(the model, the steer.toml that names it) from the nearest steer.toml above ``start_dir``; None when
+    there is none, it sets no model, or it has errors (``steerc check`` reports those)."""
+    from steerc.paths import find_marker
+    from steerc.project import project_at
+
     path = find_marker(start_dir)
     if path is None:
         return None
-    try:
-        import tomllib
-    except ImportError:  # Python 3.10: no TOML reader in the standard library
+    project = project_at(os.path.dirname(path))
+    if not project.ok or not project.model:
         return None
-    try:
-        with open(path, "rb") as fh:
-            data = tomllib.load(fh)
-    except (OSError, ValueError):
-        return None
-    check = data.get("check")
-    value = data.get("model", check.get("model") if isinstance(check, dict) else None)
-    if not isinstance(value, str) or not value:
-        return None
-    near = os.path.join(os.path.dirname(path), value)
-    return (near if os.path.exists(near) else value), path
+    return project.model, path
 
 
 class FactsCache:

@@ -10,7 +10,7 @@ from attrs import define, field
 from steerc.diagnostics import Diagnostics
 from steerc.ir import nodes as ir
 from steerc.limits import MAX_NAME_CHARS, MAX_REPEATS, MAX_SUGGESTION_CANDIDATES, MAX_VALUES
-from steerc.source import Source
+from steerc.source import Source, Span
 
 
 class Fault(Exception):
@@ -25,13 +25,31 @@ class Options:
     :mod:`steerc.paths`); ``overrides``: ``--set NAME=VALUE`` params;
     ``base_dir``: where relative paths start (default: the file's folder,
     or the working directory for text with no file); ``use_xgrammar``:
-    also validate constraints with xgrammar (which imports torch).
+    also validate constraints with xgrammar (which imports torch);
+    ``project_params``: a ``steer.toml``'s ``[params]``, the values of the
+    params the program declares unless ``overrides`` names them (names it
+    does not declare are left alone); ``origins``: where the value of
+    each overridden param was written (a ``--set`` in the ``<command
+    line>``, a line of ``steer.toml``), for diagnostics, with the texts of
+    those spans in ``sources``.
     """
 
     root: str | None = None
     overrides: dict[str, float] = field(factory=dict)
     base_dir: str | None = None
     use_xgrammar: bool = False
+    project_params: dict[str, float] = field(factory=dict)
+    origins: dict[str, Span] = field(factory=dict)
+    sources: dict[str, Source] = field(factory=dict)
+
+    def given(self, name: str) -> float | None:
+        """The value of param ``name`` from the command line, else from ``steer.toml``; None if neither.
+
+        >>> Options(overrides={"a": 1.0}, project_params={"a": 2.0, "b": 3.0}).given("a")
+        1.0
+        """
+        value = self.overrides.get(name)
+        return self.project_params.get(name) if value is None else value
 
 
 @define

@@ -16,6 +16,7 @@ import math
 
 from attrs import evolve
 
+from steerc.diagnostics import Note
 from steerc.frontend.fmt import op as fmt_op
 from steerc.ir import checked as ck
 from steerc.ir import nodes as ir
@@ -47,7 +48,7 @@ def run(ctx: CheckContext) -> None:
             continue
         try:
             if isinstance(stmt, ir.ParamDecl):
-                value = ctx.options.overrides.get(stmt.name)
+                value = ctx.options.given(stmt.name)
                 params[stmt.name] = env[stmt.name] = ev.scalar(stmt.value) if value is None else float(value)
                 if stmt.range is not None or stmt.per_request:
                     bounds = _param_bounds(ev, stmt, env[stmt.name], value is not None)
@@ -83,8 +84,15 @@ def _param_bounds(ev: Evaluator, stmt: ir.ParamDecl, value: float, overridden: b
         ev.fail("invalid-value", f"the range [{lo:g}, {hi:g}] is empty", stmt.range_span)
     if not lo <= value <= hi:
         if overridden:
-            ev.fail("param-out-of-range", f"`--set {stmt.name}={value:g}` is outside the range [{lo:g}, {hi:g}] "
-                    f"that `{stmt.name}` declares", stmt.range_span,
+            options = ev.ctx.options
+            origin = options.origins.get(stmt.name)
+            if stmt.name in options.overrides:
+                given = f"`--set {stmt.name}={value:g}`"
+            else:
+                given = f"`{stmt.name} = {value:g}` in {origin.file if origin else 'steer.toml'}"
+            notes = (Note("the value is given here", origin),) if origin is not None else ()
+            ev.fail("param-out-of-range", f"{given} is outside the range [{lo:g}, {hi:g}] that `{stmt.name}` "
+                    "declares", stmt.range_span, notes=notes,
                     help=f"give a value from {lo:g} to {hi:g}, or widen the range")
         ev.fail("param-out-of-range", f"the default {value:g} of `{stmt.name}` is outside its range "
                 f"[{lo:g}, {hi:g}]", stmt.value.span)
@@ -112,7 +120,7 @@ def _check_overrides(ctx: CheckContext) -> None:
             ctx.error(
                 "undefined-name",
                 f"`--set {key}=...` names no param of this program",
-                None,
+                ctx.options.origins.get(key),
                 help=did_you_mean(key, params) or (f"its params are {', '.join(params)}" if params else "it declares no params"),
             )
 

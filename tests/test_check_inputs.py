@@ -1,0 +1,118 @@
+"""``steerc check`` on folders and globs: which files, in which order, each with its own project root."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+from support import run_cli
+
+CLEAN = "steer 1\n\nvector v = [1.0, 0.0, 0.0, 0.0]\n\nintervention push {\n  at  resid_pre[0]\n  add 2 * v\n}\n"
+BROKEN = "steer 1\n\nintervention push {\n  at  resid_pre[0]\n  add 2 * w\n}\n"
+
+
+def write(root, files: dict[str, str]) -> None:
+    for rel, text in files.items():
+        path = root / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text, encoding="utf-8")
+
+
+def checked(argv: list[str]) -> tuple[int, list[str]]:
+    code, out, err = run_cli(["check", "--format", "json", *argv])
+    assert "Traceback" not in err
+    return code, json.loads(out)["files"] if out else []
+
+
+@pytest.fixture
+def tree(tmp_path, monkeypatch):
+    write(tmp_path, {
+        "b.steer": CLEAN,
+        "a/z.steer": CLEAN,
+        "a/b-c/y.steer": CLEAN,
+        "a/notes.txt": "not a program",
+        "a/.hidden.steer": BROKEN,
+        ".git/x.steer": BROKEN,
+        ".venv/lib/x.steer": BROKEN,
+        "venv/pyvenv.cfg": "home = /usr\n",
+        "venv/lib/x.steer": BROKEN,
+        "node_modules/pkg/x.steer": BROKEN,
+        "a/__pycache__/x.steer": BROKEN,
+    })
+    monkeypatch.chdir(tmp_path)
+    return tmp_path
+
+
+def test_a_folder_is_its_steer_files_sorted_by_path(tree):
+    assert checked(["."]) == (0, ["a/b-c/y.steer", "a/z.steer", "b.steer"])
+    assert checked(["a"]) == (0, ["a/b-c/y.steer", "a/z.steer"])
+    assert checked([str(tree / "a")])[1] == [str(tree / "a" / "b-c" / "y.steer"), str(tree / "a" / "z.steer")]
+
+
+def test_a_glob_is_expanded_by_steerc(tree):
+    assert checked(["**/*.steer"]) == (0, ["a/b-c/y.steer", "a/z.steer", "b.steer"])
+    assert checked(["a/*.steer"]) == (0, ["a/z.steer"])
+    assert checked(["?.steer"]) == (0, ["b.steer"])
+
+
+def test_a_glob_names_skipped_folders_only_outright(tree):
+    """A wildcard does not enter node_modules or a virtual environment; a pattern naming one does."""
+    code, files = checked(["node_modules/*/x.steer"])
+    assert (code, files) == (1, ["node_modules/pkg/x.steer"])
+    code, files = checked(["venv/**/*.steer"])
+    assert (code, files) == (1, ["venv/lib/x.steer"])
+
+
+def test_an_explicit_file_is_checked_whatever_its_name_or_folder(tree):
+    code, files = checked([".git/x.steer", "a/notes.txt"])
+    assert code == 1 and files == [".git/x.steer", "a/notes.txt"]
+
+
+def test_each_file_is_checked_once_where_it_first_appears(tree):
+    assert checked(["b.steer", ".", "a/z.steer", "*.steer"])[1] == ["b.steer", "a/b-c/y.steer", "a/z.steer"]
+
+
+@pytest.mark.parametrize("argv, fragment", [
+    (["a/b-c/empty"], "no .steer files in the folder a/b-c/empty"),
+    (["nothing/**/*.steer"], "no file matches the glob 'nothing/**/*.steer'"),
+    (["b.steer", "*.stear"], "no file matches the glob '*.stear'"),
+])
+def test_an_empty_folder_or_glob_is_a_usage_error(tree, argv, fragment):
+    (tree / "a" / "b-c" / "empty").mkdir()
+    code, out, err = run_cli(["check", *argv])
+    assert code == 2 and out == ""
+    assert fragment in err and "Traceback" not in err
+
+
+def test_the_exit_code_is_the_worst_file(tree):
+    write(tree, {"c/broken.steer": BROKEN})
+    code, out, _ = run_cli(["check", "a", "c"])
+    assert code == 1
+    assert "error[undefined-name]" in out and out.rstrip().endswith("3 files checked: 1 error, 0 warnings")
+
+
+def test_each_file_has_the_root_of_its_own_steer_toml(tmp_path, monkeypatch):
+    """A folder of two projects: the same program text loads `../v.npy` inside one root and outside the other."""
+    import numpy as np
+
+    program = ('steer 1\n\nvector v = load("../v.npy")\n\nintervention push {\n  at  resid_pre[0]\n'
+               '  add 2 * v\n}\n')
+    write(tmp_path, {"one/steer.toml": "", "one/p/prog.steer": program,
+                     "two/p/steer.toml": "", "two/p/prog.steer": program})
+    for folder in ("one", "two/p/.."):
+        np.save(tmp_path / folder / "v.npy", np.ones(4, dtype=np.float32))
+    monkeypatch.chdir(tmp_path)
+    code, out, _ = run_cli(["check", "--format", "json", "."])
+    doc = json.loads(out)
+    assert code == 1 and doc["files"] == ["one/p/prog.steer", "two/p/prog.steer"]
+    assert [(d["file"], d["code"]) for d in doc["diagnostics"]] == [("two/p/prog.steer", "path-escape")]
+    code, out, _ = run_cli(["check", "--format", "json", ".", "--root", "."])  # one root for both
+    assert code == 0, out
+    code, out, _ = run_cli(["check", "--format", "json", ".", "--root", "two"])
+    assert [d["file"] for d in json.loads(out)["diagnostics"]] == ["one/p/prog.steer"]
+
+
+def test_a_folder_walk_does_not_follow_links_to_folders(tree):
+    os.symlink(tree / "a", tree / "link")
+    assert checked(["."])[1] == ["a/b-c/y.steer", "a/z.steer", "b.steer"]
