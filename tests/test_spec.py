@@ -90,15 +90,21 @@ def render_family_table() -> str:
 
     out = [
         "| family | `model_type` | layers | hidden | heads | kv_heads | head_dim | intermediate | vocab "
-        "| tied_embeddings | parallel_residual | sandwich norms |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| tied_embeddings | parallel_residual | block outputs | MLP |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for f in FAMILIES.values():
         head_dim = "`head_dim` if set, else hidden / heads" if f.head_dim_from_config else "hidden / heads"
         if f.parallel_residual_key:
             parallel = f"`{f.parallel_residual_key}`, else {str(f.parallel_residual_default).lower()}"
         else:
-            parallel = "false"
+            parallel = str(f.parallel_residual_default).lower()
+        if f.post_norms:
+            block = "normed, then added"
+        elif f.residual_scale_key:
+            block = f"added times `{f.residual_scale_key}`"
+        else:
+            block = "added as they are"
         cells = [
             f"`{f.name}`",
             ", ".join(f"`{m}`" for m in f.model_types),
@@ -107,11 +113,12 @@ def render_family_table() -> str:
             _keys(f.heads),
             _keys(f.kv_heads, "heads"),
             head_dim,
-            _keys(f.intermediate, "4 × hidden"),
+            _keys(f.intermediate, str(f.intermediate_default) if f.intermediate_default else "4 × hidden"),
             _keys(f.vocab, "0"),
             f"`tie_word_embeddings`, else {str(f.tied_default).lower()}",
             parallel,
-            "yes" if f.sandwich_norms else "no",
+            block,
+            f"experts (`{f.experts_key}`)" if f.experts_key else "dense",
         ]
         out.append("| " + " | ".join(cells) + " |")
     return "\n".join(out) + "\n"
