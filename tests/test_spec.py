@@ -149,11 +149,18 @@ def render_capabilities() -> str:
     return capability_matrix()
 
 
+def render_families() -> str:
+    from steerc.targets.families import family_matrix
+
+    return family_matrix()
+
+
 GENERATED = {
     ("models.md", "site-tables"): render_site_tables,
     ("models.md", "family-facts"): render_family_table,
     ("json.md", "ir-nodes"): render_ir_nodes,
     ("capabilities.md", "capabilities"): render_capabilities,
+    ("capabilities.md", "families"): render_families,
     ("limits.md", "limits"): render_limits,
 }
 
