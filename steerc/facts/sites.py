@@ -119,17 +119,22 @@ class SiteTable:
         }
 
 
-def _hf(family: str, root: str, attn: str, mlp: str, head: str, norm: str, notes=()) -> SiteTable:
+def _table(family: str, backend: str, root: str, norm: str, attn: str, mlp: str, head: str, *, read_from: str,
+           stream_in: str = "input", stream_out: str = "output", notes=(), partial=()) -> SiteTable:
+    """A table whose every site is a hook on ``root.{l}`` or a module below it (the paths after ``root.{l}.``)."""
     return SiteTable(
-        family, "hf", root, norm,
-        resid_pre0=Hook(f"{root}.0", "pre", "input"),
-        resid_post=Hook(root + ".{l}", "post", "output"),
+        family, backend, root, norm,
+        resid_pre0=Hook(f"{root}.0", "pre", stream_in),
+        resid_post=Hook(root + ".{l}", "post", stream_out),
         attn_out=Hook(root + ".{l}." + attn, "post", "output"),
         mlp_out=Hook(root + ".{l}." + mlp, "post", "output"),
         head=Hook(root + ".{l}." + head, "pre", "heads"),
-        read_from=HF_READ_FROM,
-        notes=tuple(notes),
+        read_from=read_from, notes=tuple(notes), partial_under_tp=tuple(partial),
     )
+
+
+def _hf(family: str, root: str, attn: str, mlp: str, head: str, norm: str, notes=()) -> SiteTable:
+    return _table(family, "hf", root, norm, attn, mlp, head, read_from=HF_READ_FROM, notes=notes)
 
 
 _SANDWICH = "Gemma-2/3 sandwich norms: attn_out/mlp_out are the normed outputs actually added to the stream"
@@ -180,32 +185,16 @@ _ROW_PARALLEL = "o_proj is a RowParallelLinear returning (out, bias); its input 
 
 
 def _vllm_fused(family: str, attn: str, mlp: str, notes=(), read_from: str = f"vLLM {VLLM_READ_FROM}",
-                attn_module: str = "self_attn", stream_input: str = "input1") -> SiteTable:
-    root = "model.layers"
-    return SiteTable(
-        family, "vllm", root, "model.norm",
-        resid_pre0=Hook(f"{root}.0", "pre", stream_input),
-        resid_post=Hook(root + ".{l}", "post", "fused_pair"),
-        attn_out=Hook(root + ".{l}." + attn, "post", "output"),
-        mlp_out=Hook(root + ".{l}." + mlp, "post", "output"),
-        head=Hook(root + ".{l}." + attn_module + ".o_proj", "pre", "heads"),
-        read_from=read_from,
-        notes=(_FUSED, _ROW_PARALLEL, *notes),
-    )
+                attn_module: str = "self_attn", stream_in: str = "input1") -> SiteTable:
+    return _table(family, "vllm", "model.layers", "model.norm", attn, mlp, f"{attn_module}.o_proj",
+                  read_from=read_from, stream_in=stream_in, stream_out="fused_pair",
+                  notes=(_FUSED, _ROW_PARALLEL, *notes))
 
 
 def _vllm_plain(family: str, attn: str, mlp: str, notes=(), partial=()) -> SiteTable:
     """vLLM layers ``forward(positions, hidden_states[, residual])`` whose first output is the whole stream."""
-    root = "model.layers"
-    return SiteTable(
-        family, "vllm", root, "model.norm",
-        resid_pre0=Hook(f"{root}.0", "pre", "input1"),
-        resid_post=Hook(root + ".{l}", "post", "output"),
-        attn_out=Hook(root + ".{l}." + attn, "post", "output"),
-        mlp_out=Hook(root + ".{l}." + mlp, "post", "output"),
-        head=Hook(root + ".{l}.self_attn.o_proj", "pre", "heads"),
-        read_from=VLLM_032, notes=(_ROW_PARALLEL, *notes), partial_under_tp=tuple(partial),
-    )
+    return _table(family, "vllm", "model.layers", "model.norm", attn, mlp, "self_attn.o_proj", read_from=VLLM_032,
+                  stream_in="input1", notes=(_ROW_PARALLEL, *notes), partial=partial)
 
 
 _VLLM_TABLES = {
@@ -214,36 +203,19 @@ _VLLM_TABLES = {
         fam: _vllm_fused(fam, "post_attention_layernorm", "post_feedforward_layernorm", [_SANDWICH])
         for fam in ("gemma2", "gemma3_text")
     },
-    "gpt2": SiteTable(
-        "gpt2", "vllm", "transformer.h", "transformer.ln_f",
-        resid_pre0=Hook("transformer.h.0", "pre", "input"),
-        resid_post=Hook("transformer.h.{l}", "post", "output"),
-        attn_out=Hook("transformer.h.{l}.attn", "post", "output"),
-        mlp_out=Hook("transformer.h.{l}.mlp", "post", "output"),
-        head=Hook("transformer.h.{l}.attn.c_proj", "pre", "heads"),
-        read_from=f"vLLM {VLLM_READ_FROM}",
-        notes=("blocks take and return one tensor, the full residual stream",),
-    ),
-    "gpt_neox": SiteTable(
-        "gpt_neox", "vllm", "model.layers", "model.final_layer_norm",
-        resid_pre0=Hook("model.layers.0", "pre", "input"),
-        resid_post=Hook("model.layers.{l}", "post", "output"),
-        attn_out=Hook("model.layers.{l}.attention.dense", "post", "output"),
-        mlp_out=Hook("model.layers.{l}.mlp", "post", "output"),
-        head=Hook("model.layers.{l}.attention.dense", "pre", "heads"),
-        read_from=f"vLLM {VLLM_READ_FROM} (Transformers backend; activations carry a leading batch of 1)",
-        notes=("vLLM <= 0.31 had a native GPT-NeoX under gpt_neox.*; steerc targets the Transformers backend",),
-    ),
-    "olmo2": SiteTable(
-        "olmo2", "vllm", "model.layers", "model.norm",
-        resid_pre0=Hook("model.layers.0", "pre", "input"),
-        resid_post=Hook("model.layers.{l}", "post", "output"),
-        attn_out=Hook("model.layers.{l}.post_attention_layernorm", "post", "output"),
-        mlp_out=Hook("model.layers.{l}.post_feedforward_layernorm", "post", "output"),
-        head=Hook("model.layers.{l}.self_attn.o_proj", "pre", "heads"),
-        read_from=f"{VLLM_032} (Transformers backend: transformers' own Olmo2DecoderLayer modules)",
-        notes=(_POST_NORMS,),
-    ),
+    "gpt2": _table("gpt2", "vllm", "transformer.h", "transformer.ln_f", "attn", "mlp", "attn.c_proj",
+                   read_from=f"vLLM {VLLM_READ_FROM}",
+                   notes=["blocks take and return one tensor, the full residual stream"]),
+    "gpt_neox": _table("gpt_neox", "vllm", "model.layers", "model.final_layer_norm", "attention.dense", "mlp",
+                       "attention.dense",
+                       read_from=f"vLLM {VLLM_READ_FROM} (Transformers backend; activations carry a leading batch "
+                                 "of 1)",
+                       notes=["vLLM <= 0.31 had a native GPT-NeoX under gpt_neox.*; steerc targets the "
+                              "Transformers backend"]),
+    "olmo2": _table("olmo2", "vllm", "model.layers", "model.norm", "post_attention_layernorm",
+                    "post_feedforward_layernorm", "self_attn.o_proj",
+                    read_from=f"{VLLM_032} (Transformers backend: transformers' own Olmo2DecoderLayer modules)",
+                    notes=[_POST_NORMS]),
     "granite": _vllm_plain("granite", "self_attn", "mlp", [
         "layers take (positions, hidden_states) and return the residual stream", _SCALED]),
     "cohere": _vllm_plain("cohere", "self_attn", "mlp", [
@@ -258,7 +230,7 @@ _VLLM_TABLES = {
     "gpt_oss": _vllm_fused("gpt_oss", "attn", "mlp", [
         "gpt-oss layers are forward(hidden_states, positions, residual): resid_pre[0] is input 0; attention is "
         "`attn` (transformers: self_attn)", _REDUCED, _MOE, _SINKS], read_from=VLLM_032, attn_module="attn",
-        stream_input="input"),
+        stream_in="input"),
 }
 
 TABLES = {"hf": _HF_TABLES, "vllm": _VLLM_TABLES}
