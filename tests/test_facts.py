@@ -41,6 +41,22 @@ REAL = {
     "smollm2-135m-instruct": ("llama", 30, 576, 9, 3, 64, 1536, 49152, True, False),
 }
 
+# Shipped with the tests (tests/data/real_configs/README.md names each source): the families of issue 15.
+REAL_CONFIGS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "real_configs")
+REAL_ADDED = {
+    "olmo-2-1124-7b-instruct": ("olmo2", 32, 4096, 32, 32, 128, 11008, 100352, False, False),
+    "granite-3.3-8b-instruct": ("granite", 40, 4096, 32, 8, 128, 12800, 49159, True, False),
+    # silent on tying: Cohere's default (tied); parallel residual always
+    "aya-23-8b": ("cohere", 32, 4096, 32, 8, 128, 14336, 256000, True, True),
+    "mixtral-8x7b-v0.1": ("mixtral", 32, 4096, 32, 8, 128, 14336, 32000, False, False),
+    # intermediate is one routed expert's width (moe_intermediate_size), not the shared expert's 5632
+    "qwen1.5-moe-a2.7b-chat": ("qwen2_moe", 24, 2048, 16, 16, 128, 1408, 151936, False, False),
+    "qwen3-30b-a3b": ("qwen3_moe", 48, 2048, 32, 4, 128, 768, 151936, False, False),
+    "olmoe-1b-7b-0125-instruct": ("olmoe", 16, 2048, 16, 16, 128, 1024, 50304, False, False),
+    # 64 heads of 64 = 4096 wide, hidden 2880
+    "gpt-oss-20b": ("gpt_oss", 24, 2880, 64, 8, 64, 2880, 201088, False, False),
+}
+
 
 def _model_dir(name: str) -> str:
     path = os.path.join(MODELS, name) if name in TINY else os.path.join(MODELS, "real", name)
@@ -64,6 +80,19 @@ def test_facts_of_every_shared_config(name):
     assert load_facts(os.path.join(_model_dir(name), "config.json")) == facts
 
 
+@pytest.mark.parametrize("name", sorted(REAL_ADDED))
+def test_facts_of_every_real_config_shipped_with_the_tests(name):
+    facts = load_facts(os.path.join(REAL_CONFIGS, f"{name}.json"))
+    assert _as_tuple(facts) == REAL_ADDED[name]
+
+
+def test_every_family_has_a_real_config():
+    shipped = {v[0] for v in REAL_ADDED.values()}
+    shared = {v[0] for v in REAL.values()}
+    # families read only from transformers' configuration classes so far
+    assert set(FAMILIES) - shipped - shared == {"qwen3", "gemma", "gemma3_text"}
+
+
 def test_gemma2_2b_heads_times_head_dim_is_not_hidden():
     f = load_facts(_model_dir("gemma-2-2b"))
     assert f.heads * f.head_dim == 2048 != f.hidden == 2304
@@ -81,15 +110,19 @@ def _cfg(model_type: str, **extra) -> dict:
 @pytest.mark.parametrize("family,tied", [
     ("llama", False), ("mistral", False), ("qwen2", False), ("qwen3", False), ("phi3", False),
     ("gemma", True), ("gemma2", True), ("gemma3_text", True), ("gpt2", True), ("gpt_neox", False),
+    ("olmo2", False), ("granite", False), ("cohere", True), ("mixtral", False), ("qwen2_moe", False),
+    ("qwen3_moe", False), ("olmoe", False), ("gpt_oss", False),
 ])
 def test_tied_embeddings_family_default_and_override(family, tied):
     assert facts_from_config(_cfg(family)).tied_embeddings is tied
     assert facts_from_config(_cfg(family, tie_word_embeddings=not tied)).tied_embeddings is (not tied)
 
 
-def test_parallel_residual_only_for_gpt_neox():
+def test_parallel_residual_for_gpt_neox_by_its_key_and_cohere_always():
     assert facts_from_config(_cfg("gpt_neox")).parallel_residual is True  # family default
     assert facts_from_config(_cfg("gpt_neox", use_parallel_residual=False)).parallel_residual is False
+    # Cohere has no such key: its layers are always parallel
+    assert facts_from_config(_cfg("cohere", use_parallel_residual=False)).parallel_residual is True
     # other families ignore the key
     assert facts_from_config(_cfg("llama", use_parallel_residual=True)).parallel_residual is False
 
@@ -215,6 +248,20 @@ LIVE_CONFIGS = {
     "phi3": {"num_key_value_heads": 4, "pad_token_id": 0},
     "gpt2": {},
     "gpt_neox": {"rotary_pct": 0.25, "use_parallel_residual": True},
+    "olmo2": {"num_key_value_heads": 2},
+    "granite": {"num_key_value_heads": 2, "residual_multiplier": 0.5, "embedding_multiplier": 2.0},
+    "cohere": {"num_key_value_heads": 2},
+    "mixtral": {"num_key_value_heads": 2, "num_local_experts": 4, "num_experts_per_tok": 2},
+    "qwen2_moe": {"num_key_value_heads": 2, "num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 16,
+                  "shared_expert_intermediate_size": 24},
+    # layer 1 dense among sparse ones; heads * head_dim != hidden
+    "qwen3_moe": {"num_key_value_heads": 2, "head_dim": 12, "num_experts": 4, "num_experts_per_tok": 2,
+                  "moe_intermediate_size": 16, "mlp_only_layers": [1]},
+    "olmoe": {"num_key_value_heads": 2, "num_experts": 4, "num_experts_per_tok": 2},
+    "gpt_oss": {"num_key_value_heads": 2, "head_dim": 12, "num_local_experts": 4, "num_experts_per_tok": 2,
+                "sliding_window": 4, "layer_types": ["sliding_attention", "full_attention"],
+                "rope_parameters": {"rope_type": "yarn", "rope_theta": 150000.0, "factor": 2.0,
+                                    "original_max_position_embeddings": 32, "beta_fast": 32.0, "beta_slow": 1.0}},
 }
 
 
@@ -227,9 +274,10 @@ def live_model(family: str):
         cfg["n_positions"] = 64
     model_type = cfg.pop("model_type")
     config = transformers.AutoConfig.for_model(model_type, **cfg)
+    from tiny_models import from_config
+
     torch.manual_seed(0)
-    model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float64)
-    return model.eval()
+    return from_config(config, torch.float64).eval()
 
 
 def test_live_model_facts_agree_with_config_for_every_family():
@@ -327,9 +375,11 @@ def test_hf_site_table_names_real_modules_with_the_right_tensors(family):
         want = facts.heads * facts.head_dim if kind == "head" else facts.hidden
         assert value.shape[-1] == want, (kind, value.shape)
     pre = seen[("resid_pre", 0)]
+    key = FAMILIES[family].residual_scale_key  # Granite scales both block outputs in the add
+    scale = model.config.to_dict()[key] if key else 1.0
     for layer in (0, 1):
         post = seen[("resid_post", layer)]
-        total = pre + seen[("attn_out", layer)] + seen[("mlp_out", layer)]
+        total = pre + scale * (seen[("attn_out", layer)] + seen[("mlp_out", layer)])
         assert torch.allclose(post, total, atol=1e-9), f"{family} layer {layer}: resid_post != pre + attn + mlp"
         pre = post
 

@@ -91,15 +91,21 @@ def render_family_table() -> str:
 
     out = [
         "| family | `model_type` | layers | hidden | heads | kv_heads | head_dim | intermediate | vocab "
-        "| tied_embeddings | parallel_residual | sandwich norms |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| tied_embeddings | parallel_residual | block outputs | MLP |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for f in FAMILIES.values():
         head_dim = "`head_dim` if set, else hidden / heads" if f.head_dim_from_config else "hidden / heads"
         if f.parallel_residual_key:
             parallel = f"`{f.parallel_residual_key}`, else {str(f.parallel_residual_default).lower()}"
         else:
-            parallel = "false"
+            parallel = str(f.parallel_residual_default).lower()
+        if f.post_norms:
+            block = "normed, then added"
+        elif f.residual_scale_key:
+            block = f"added times `{f.residual_scale_key}`"
+        else:
+            block = "added as they are"
         cells = [
             f"`{f.name}`",
             ", ".join(f"`{m}`" for m in f.model_types),
@@ -108,11 +114,12 @@ def render_family_table() -> str:
             _keys(f.heads),
             _keys(f.kv_heads, "heads"),
             head_dim,
-            _keys(f.intermediate, "4 × hidden"),
+            _keys(f.intermediate, str(f.intermediate_default) if f.intermediate_default else "4 × hidden"),
             _keys(f.vocab, "0"),
             f"`tie_word_embeddings`, else {str(f.tied_default).lower()}",
             parallel,
-            "yes" if f.sandwich_norms else "no",
+            block,
+            f"experts (`{f.experts_key}`)" if f.experts_key else "dense",
         ]
         out.append("| " + " | ".join(cells) + " |")
     return "\n".join(out) + "\n"
@@ -149,11 +156,18 @@ def render_capabilities() -> str:
     return capability_matrix()
 
 
+def render_families() -> str:
+    from steerc.targets.families import family_matrix
+
+    return family_matrix()
+
+
 GENERATED = {
     ("models.md", "site-tables"): render_site_tables,
     ("models.md", "family-facts"): render_family_table,
     ("json.md", "ir-nodes"): render_ir_nodes,
     ("capabilities.md", "capabilities"): render_capabilities,
+    ("capabilities.md", "families"): render_families,
     ("limits.md", "limits"): render_limits,
     ("highlighting.md", "token-classes"): render_token_classes,
 }

@@ -197,11 +197,12 @@ def facts_from_config(config: dict, origin: str = "config") -> ModelFacts:
         if head_dim < 1:
             raise FactsError(f"the hidden size {hidden} is smaller than the {heads} attention heads it is split into",
                              code=INVALID, needle=f'"{(fam.heads or ("heads",))[0]}"')
-    intermediate = _count(config, fam.intermediate, "intermediate", "the intermediate size", 4 * hidden)
+    intermediate = _count(config, fam.intermediate, "intermediate", "the intermediate size",
+                          fam.intermediate_default or 4 * hidden)
     vocab = _count(config, fam.vocab, "vocab", "the vocabulary size", 0)
     tied = _flag(config, "tie_word_embeddings", fam.tied_default)
     parallel = _flag(config, fam.parallel_residual_key, fam.parallel_residual_default) \
-        if fam.parallel_residual_key else False
+        if fam.parallel_residual_key else fam.parallel_residual_default
     facts = ModelFacts(family_name, layers, hidden, heads, kv_heads, head_dim, intermediate, vocab,
                        tied, parallel, model_type=original_type or model_type, origin=origin)
     # kv_heads is only bounded: steerc uses it in `model { ... }` assertions alone, and transformers

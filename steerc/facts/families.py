@@ -24,12 +24,16 @@ class Family:
     tied_default: bool = False  # tie_word_embeddings when the config is silent
     head_dim_from_config: bool = True  # honour an explicit `head_dim`
     parallel_residual_key: str | None = None
-    parallel_residual_default: bool = False
-    sandwich_norms: bool = False  # Gemma-2/3: attn and MLP outputs are normed before the add
+    parallel_residual_default: bool = False  # the fact when the config is silent (or the family has no key)
+    # How a block's output enters the residual stream (spec/models.md, "Block outputs"):
+    post_norms: bool = False  # attn and MLP outputs are normed before the add (Gemma-2/3 sandwich, OLMo-2)
+    residual_scale_key: str | None = None  # Granite: both outputs are multiplied by this config value in the add
+    experts_key: str | None = None  # MoE: the config key counting routed experts; mlp_out is the sparse block
     # transformers' configuration-class defaults, for configs that leave a key out
     # (None: head_dim = hidden // heads, kv_heads = heads).
     head_dim_default: int | None = None
     kv_heads_default: int | None = None
+    intermediate_default: int | None = None  # None: 4 x hidden
 
 
 FAMILIES: dict[str, Family] = {
@@ -41,9 +45,9 @@ FAMILIES: dict[str, Family] = {
         Family("qwen2", ("qwen2",), head_dim_from_config=False, kv_heads_default=32),
         Family("qwen3", ("qwen3",), head_dim_default=128, kv_heads_default=32),
         Family("gemma", ("gemma",), tied_default=True, head_dim_default=256, kv_heads_default=16),
-        Family("gemma2", ("gemma2",), tied_default=True, sandwich_norms=True, head_dim_default=256,
+        Family("gemma2", ("gemma2",), tied_default=True, post_norms=True, head_dim_default=256,
                kv_heads_default=4),
-        Family("gemma3_text", ("gemma3_text", "gemma3"), tied_default=True, sandwich_norms=True,
+        Family("gemma3_text", ("gemma3_text", "gemma3"), tied_default=True, post_norms=True,
                head_dim_default=256, kv_heads_default=4),
         Family("phi3", ("phi3",)),
         Family(
@@ -65,6 +69,20 @@ FAMILIES: dict[str, Family] = {
             parallel_residual_key="use_parallel_residual",
             parallel_residual_default=True,
         ),
+        # Dense families of issue 15, read from transformers 5.24 (5.19 alike) and vLLM 0.32.
+        Family("olmo2", ("olmo2",), post_norms=True),
+        Family("granite", ("granite",), residual_scale_key="residual_multiplier"),
+        # Cohere (Command-R, Aya): one input norm feeds attention and MLP, both add to the stream.
+        Family("cohere", ("cohere",), tied_default=True, parallel_residual_default=True),
+        # Mixture-of-experts families: `intermediate` is the width of one routed expert.
+        Family("mixtral", ("mixtral",), kv_heads_default=8, experts_key="num_local_experts"),
+        # vLLM's Qwen2-MoE and OLMoE attention always use hidden // heads (qwen2_moe.py:225, olmoe.py:147).
+        Family("qwen2_moe", ("qwen2_moe",), intermediate=("moe_intermediate_size",), intermediate_default=1408,
+               head_dim_from_config=False, kv_heads_default=16, experts_key="num_experts"),
+        Family("qwen3_moe", ("qwen3_moe",), intermediate=("moe_intermediate_size",), intermediate_default=768,
+               kv_heads_default=4, experts_key="num_experts"),
+        Family("olmoe", ("olmoe",), head_dim_from_config=False, experts_key="num_experts"),
+        Family("gpt_oss", ("gpt_oss",), head_dim_default=64, kv_heads_default=8, experts_key="num_local_experts"),
     )
 }
 

@@ -156,7 +156,7 @@ class _RequestSteer:
                                 width=max(facts.hidden, facts.head_dim), dtype=dtype, device=device)
         self.fns = {}
         for hook in boot["hooks"]:
-            local = _localise(hook, facts.heads, tp_rank, tp_size, facts.head_dim)
+            local = _localise(hook, facts.heads, tp_rank, tp_size, facts.head_dim, facts.family)
             if local is not None:
                 self.fns[(hook["module"], hook["kind"], hook["tensor"])] = site_function(self.state, local["sites"])
         self.started = False

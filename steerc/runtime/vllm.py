@@ -24,6 +24,8 @@ after the first real step the worker checks that each one ran, and
 Tensor parallel: ``head[l, h]`` is applied on the rank holding head ``h``
 (query heads are split in contiguous blocks); residual, attention-output and
 MLP-output kernels run on every rank on identical, already-reduced tensors.
+Where a family's layer reduces later (Cohere's attention and MLP, summed
+before one all-reduce) those sites are refused under tensor parallelism.
 Pipeline parallel: each rank hooks only the layers it owns, and the driver
 checks that every hook of the plan landed on some rank.
 """
@@ -74,11 +76,17 @@ def _layer_path(module_path: str) -> str:
     return module_path
 
 
-def _localise(hook: dict, heads: int, tp_rank: int, tp_size: int, head_dim: int) -> dict | None:
+def _localise(hook: dict, heads: int, tp_rank: int, tp_size: int, head_dim: int, family: str) -> dict | None:
     """This rank's share of a hook: head sites keep the heads it holds, with local columns."""
+    from steerc.facts.sites import site_table
+
+    table = site_table(family, "vllm")
     local = heads // tp_size
     sites = []
     for site in hook["sites"]:
+        refusal = table.tensor_parallel_refusal(site["site"].split("[", 1)[0], tp_size)
+        if refusal is not None:
+            raise PlanError("plan.boot.hooks", f"{site['site']}: {refusal}")
         if site["head"] is None:
             sites.append(dict(site, local_columns=None))
             continue
@@ -123,7 +131,7 @@ class InstalledPlan:
                 if not _owns(model, _layer_path(hook["module"])):
                     self.skipped.append(hook["name"])
                     continue
-                local = _localise(hook, facts["heads"], tp_rank, tp_size, facts["head_dim"])
+                local = _localise(hook, facts["heads"], tp_rank, tp_size, facts["head_dim"], facts["family"])
                 if local is None:
                     self.installed.append(hook["name"])  # no head of this rank: nothing to do here
                     continue

@@ -322,11 +322,13 @@ def capability_matrix() -> str:
 
 
 def check_target(result, target: str) -> None:
-    """Add ``unsupported-by-target`` diagnostics to a CheckResult for ``target``."""
+    """Add ``unsupported-by-target`` diagnostics to a CheckResult for ``target`` (its model's family too)."""
+    from steerc.targets.families import check_family
     from steerc.targets.features import program_features
 
     if result.checked is None:
         return
+    check_family(result, target)
     caps = TARGETS[target]
     for key, span in program_features(result.checked):
         f = caps.get(key)

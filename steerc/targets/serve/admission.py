@@ -117,8 +117,13 @@ def _fail(field: str, message: str):
     raise RequestError(f"{PLAN_KEY}.{field}" if field else PLAN_KEY, message)
 
 
-def _check_site(field: str, site: dict, facts) -> int:
-    """The site's width on this model (refusing layers and heads it lacks)."""
+def _check_site(field: str, site: dict, facts, tp_size: int) -> int:
+    """The site's width on this model (refusing layers and heads it lacks, and sites the ranks only hold in part)."""
+    from steerc.facts.sites import site_table
+
+    refusal = site_table(facts.family, "vllm").tensor_parallel_refusal(site["kind"], tp_size)
+    if refusal is not None:
+        _fail(f"{field}.kind", refusal)
     if site["layer"] >= facts.layers:
         _fail(f"{field}.layer", f"layer {site['layer']}, but the model has {facts.layers} layers")
     if (site["kind"] == "head") != (site["head"] is not None):
@@ -249,7 +254,7 @@ def check_document(doc, facts, artifacts: dict[str, bytes], *, tp_size: int = 1,
         if p["name"] in probe_names:
             _fail(f"{field}.name", f"probe {p['name'][:40]!r} is declared twice")
         probe_names.add(p["name"])
-        width = _check_site(f"{field}.site", p["site"], facts)
+        width = _check_site(f"{field}.site", p["site"], facts, tp_size)
         if p["site"]["kind"] == "head" and tp_size > 1:
             _fail(f"{field}.site", "a head probe cannot be shared across tensor-parallel ranks")
         lo, hi = READOUT_ROWS[p["readout"]]
@@ -261,7 +266,7 @@ def check_document(doc, facts, artifacts: dict[str, bytes], *, tp_size: int = 1,
         else:
             refs.tensor(f"{field}.vectors", p["vectors"], (lo, hi), width)
     for i, entry in enumerate(doc["sites"]):
-        width = _check_site(f"sites[{i}].site", entry["site"], facts)
+        width = _check_site(f"sites[{i}].site", entry["site"], facts, tp_size)
         for j, k in enumerate(entry["kernels"]):
             field = f"sites[{i}].kernels[{j}]"
             op = k["op"]
