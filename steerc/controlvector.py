@@ -17,7 +17,8 @@ llama.cpp (the copy vendored by llama-cpp-python 0.3.36, llama.cpp commit
   (``tensors[0]`` is never made: "there's never a tensor for layer 0"), and
   ``apply_to(ctx, cur, il)`` adds ``tensors[il]`` to ``cur``;
 * ``src/models/llama.cpp`` (and every family steerc knows: qwen2, qwen3,
-  gemma, gemma2, gemma3, phi3, gpt2, gptneox) calls ``build_cvec(cur, il)``
+  gemma, gemma2, gemma3, phi3, gpt2, gptneox, olmo2, granite, command-r,
+  qwen2moe, qwen3moe, olmoe, openai-moe) calls ``build_cvec(cur, il)``
   on the output of decoder layer ``il`` (0-based), right before
   ``cb(cur, "l_out", il)``.
 
@@ -32,8 +33,8 @@ output (``l_out-i``) ``direction.{i + 1}``, so llama.cpp applies it one
 layer later than it was read; the file's meaning is where llama.cpp adds
 it, and that is what steerc reads.
 
->>> llamacpp_arch("gpt_neox"), llamacpp_arch("mistral"), llamacpp_arch("qwen2")
-('gptneox', 'llama', 'qwen2')
+>>> llamacpp_arch("gpt_neox"), llamacpp_arch("mistral"), llamacpp_arch("qwen2"), llamacpp_arch("cohere")
+('gptneox', 'llama', 'qwen2', 'command-r')
 """
 
 from __future__ import annotations
@@ -50,7 +51,8 @@ PREFIX = "direction"
 NAME = re.compile(r"direction\.([0-9]{1,6})", re.ASCII)
 
 # steerc's families as llama.cpp names their architecture (convert_hf_to_gguf.py: Mistral converts as llama).
-_LLAMACPP = {"mistral": "llama", "gemma3_text": "gemma3", "gpt_neox": "gptneox"}
+_LLAMACPP = {"mistral": "llama", "mixtral": "llama", "gemma3_text": "gemma3", "gpt_neox": "gptneox",
+             "cohere": "command-r", "qwen2_moe": "qwen2moe", "qwen3_moe": "qwen3moe", "gpt_oss": "gpt-oss"}
 
 
 def llamacpp_arch(name: str) -> str:

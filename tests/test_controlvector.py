@@ -291,3 +291,21 @@ def test_steercs_writer_writes_the_gguf_packages_bytes(tmp_path):
                        ("controlvector.model_hint", STRING, "llama"), ("controlvector.layer_count", UINT32, 3)],
                       [(f"direction.{i}", dirs[i]) for i in (3, 2, 1)])
     assert mine == (tmp_path / "r.gguf").read_bytes()
+
+
+def test_a_cvector_generator_hint_names_the_new_families_as_llama_cpp_does():
+    """cvector-generator writes llama.cpp's architecture name (llama-arch.cpp): Cohere is `command-r`,
+    Mixtral converts as `llama`, gpt-oss is `gpt-oss`; each fits the model it was made for."""
+    from steerc.controlvector import hint_fits
+    from steerc.facts import facts_from_config
+
+    base = {"num_hidden_layers": 2, "hidden_size": 64, "num_attention_heads": 4, "intermediate_size": 128,
+            "vocab_size": 100}
+    for model_type, hint, other in (("cohere", "command-r", "llama"), ("mixtral", "llama", "qwen2moe"),
+                                    ("qwen2_moe", "qwen2moe", "qwen2"), ("qwen3_moe", "qwen3moe", "qwen3"),
+                                    ("gpt_oss", "gpt-oss", "llama"), ("olmo2", "olmo2", "olmoe")):
+        config = dict(base, model_type=model_type)
+        if model_type in ("mixtral", "qwen2_moe", "qwen3_moe", "gpt_oss", "olmoe"):
+            config.update(num_local_experts=4, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32)
+        facts = facts_from_config(config)
+        assert hint_fits(hint, facts) and not hint_fits(other, facts), model_type
