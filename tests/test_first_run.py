@@ -410,3 +410,34 @@ def test_an_unwritable_cache_falls_back_to_loading_the_file(monkeypatch, tmp_pat
     assert models.load_model(str(gguf)) == ("model", "tokenizer")
     err = capsys.readouterr().err
     assert "could not keep the dequantized copy" in err and "Traceback" not in err
+
+
+def test_a_cache_tokenizer_another_transformers_wrote_is_read_from_the_gguf(monkeypatch):
+    """transformers 5.x saves a `TokenizersBackend` tokenizer that 4.x cannot read: the dequantized cache
+    (shared by every environment) then gives the weights, and the GGUF itself the tokenizer."""
+    pytest.importorskip("transformers")
+    import transformers
+
+    from steerc.runtime import models
+
+    calls = []
+
+    class Tok:
+        pad_token_id, eos_token = 0, "</s>"
+
+    def tokenizer(source, **kw):
+        calls.append((source, kw))
+        if "gguf_file" not in kw:
+            raise ValueError("Tokenizer class TokenizersBackend does not exist or is not currently imported.")
+        return Tok()
+
+    class Model:
+        def eval(self):
+            return self
+
+    monkeypatch.setattr(transformers.AutoTokenizer, "from_pretrained", tokenizer)
+    monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained", lambda *a, **k: Model())
+    model, tok = models._load_folder("/cache/gguf/abc", "auto", gguf="/models/m.gguf")
+    assert isinstance(tok, Tok) and calls[-1] == ("/models", {"gguf_file": "m.gguf"})
+    with pytest.raises(ValueError, match="TokenizersBackend"):
+        models._load_folder("/some/folder", "auto")  # a plain folder has no GGUF to fall back on

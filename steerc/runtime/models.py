@@ -247,7 +247,7 @@ def load_model(path: str, dtype: str = "auto"):
                 _dequantize_into(path, folder)
             except OSError as exc:  # a read-only or full cache: load the file itself
                 unwritable = exc
-        model, tokenizer = _load_gguf(path, dtype) if unwritable else _load_folder(source, dtype)
+        model, tokenizer = _load_gguf(path, dtype) if unwritable else _load_folder(source, dtype, gguf=folder and path)
     if unwritable is not None:
         print(f"steerc: could not keep the dequantized copy ({unwritable}); the next run dequantizes again",
               file=sys.stderr)
@@ -276,10 +276,19 @@ def _ready(model, tokenizer):
     return model, tokenizer
 
 
-def _load_folder(source: str, dtype: str):
+def _load_folder(source: str, dtype: str, gguf: str | None = None):
+    """A model folder; for a GGUF's cache folder (``gguf``: the file), a tokenizer the installed transformers
+    cannot read there (the cache written by another major version: 5.x saves a `TokenizersBackend` that 4.x
+    does not know) is read from the GGUF itself instead."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    tokenizer = AutoTokenizer.from_pretrained(source)
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(source)
+    except (ValueError, OSError):
+        if gguf is None:
+            raise
+        folder, name = os.path.split(os.path.abspath(gguf))
+        tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
     model = AutoModelForCausalLM.from_pretrained(source, dtype=_dtype(dtype))
     return _ready(model, tokenizer)
 
