@@ -176,6 +176,25 @@ def test_fmt_check_exit_codes(examples_dir, tmp_path):
     assert code == 1
 
 
+def test_fmt_takes_folders_and_globs_as_check_does(examples_dir, tmp_path, monkeypatch):
+    """`steerc fmt --check .` in CI: every .steer below, hidden folders and virtual environments skipped."""
+    messy_text = open(os.path.join(examples_dir, "05_ops_and_scopes.steer"), encoding="utf-8").read()
+    (tmp_path / "a").mkdir()
+    (tmp_path / ".venv").mkdir()
+    (tmp_path / "a" / "messy.steer").write_text(messy_text)
+    (tmp_path / "tidy.steer").write_text(fmt_text(messy_text))
+    (tmp_path / ".venv" / "vendored.steer").write_text(messy_text)
+    monkeypatch.chdir(tmp_path)
+    code, out, err = run_cli(["fmt", "--check", "."])
+    assert code == 1 and out.splitlines() == [f"would reformat {os.path.join('a', 'messy.steer')}"], out
+    code, out, _ = run_cli(["fmt", "**/*.steer"])
+    assert code == 0 and (tmp_path / "a" / "messy.steer").read_text() == fmt_text(messy_text)
+    assert (tmp_path / ".venv" / "vendored.steer").read_text() == messy_text
+    assert run_cli(["fmt", "--check", "."])[0] == 0
+    code, _, err = run_cli(["fmt", "nothing/*.steer"])
+    assert code == 2 and "nothing/*.steer" in err
+
+
 def test_fmt_rewrites_files(examples_dir, tmp_path):
     messy = tmp_path / "messy.steer"
     shutil.copy(os.path.join(examples_dir, "04_bank.steer"), messy)

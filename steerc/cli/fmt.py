@@ -1,4 +1,4 @@
-"""``steerc fmt FILE... [--check]``: rewrite programs in the canonical layout."""
+"""``steerc fmt FILE|FOLDER|GLOB... [--check] [--diff]``: rewrite programs in the canonical layout."""
 
 from __future__ import annotations
 
@@ -10,7 +10,9 @@ from steerc.cli.common import read_text
 
 
 def add_arguments(cmd) -> None:
-    cmd.add_argument("files", nargs="+", metavar="FILE", help=".steer files ('-': standard input to standard output)")
+    cmd.add_argument("files", nargs="+", metavar="FILE",
+                     help=".steer files, folders (every .steer below) or quoted globs, as check takes them "
+                          "('-': standard input to standard output)")
     cmd.add_argument("--check", action="store_true", help="change nothing; exit 1 if a file is not formatted")
     cmd.add_argument("--diff", action="store_true", help="print what would change instead of writing")
 
@@ -20,8 +22,10 @@ def run(args) -> int:
     from steerc.frontend.fmt import MeaningChanged, format_source
     from steerc.source import Source
 
+    from steerc.cli.inputs import expand
+
     status = EXIT_OK
-    for path in args.files:
+    for path in expand(args.files):
         text = read_text(path)
         source = Source("<stdin>" if path == "-" else path, text)
         try:
