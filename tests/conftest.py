@@ -44,12 +44,31 @@ def pytest_addoption(parser):
     )
 
 
+def _tree_digest(path: str) -> dict[str, str]:
+    import hashlib
+
+    out = {}
+    for top, dirs, files in os.walk(path):
+        dirs.sort()
+        for name in sorted(files):
+            full = os.path.join(top, name)
+            with open(full, "rb") as fh:
+                out[os.path.relpath(full, path)] = hashlib.sha256(fh.read()).hexdigest()
+    return out
+
+
 @pytest.fixture(scope="session")
-def examples_dir() -> str:
+def examples_dir():
+    """The shared conformance examples. They are not ours to change: a test that writes into them (a `fmt`
+    on their folder, say) fails the session at its end, naming the files."""
     path = examples_path()
     if not os.path.isdir(path):
         pytest.skip(f"shared examples not found at {path} (set STEERC_EXAMPLES)")
-    return path
+    before = _tree_digest(path)
+    yield path
+    after = _tree_digest(path)
+    changed = sorted(k for k in before.keys() | after.keys() if before.get(k) != after.get(k))
+    assert not changed, f"tests changed the shared examples in {path}: {', '.join(changed)}"
 
 
 @pytest.fixture(scope="session")

@@ -138,7 +138,7 @@ def test_exit_codes(examples_dir, monkeypatch, tmp_path):
         (["check", "no_such_file.steer"], "no such file"),
         (["check", "models"], "no .steer files in the folder models"),
         (["check", "no_such_*.steer"], "no file matches the glob"),
-        (["fmt", "bad"], "folder"),
+        (["fmt", "--check", "no_such_*.steer"], "no file matches the glob"),  # never `fmt` on the shared folder
         (["check", "01_add.steer", "--set", "strength"], "NAME=VALUE"),
         (["check", "01_add.steer", "--set", "=1"], "NAME=VALUE"),
         (["check", "01_add.steer", "--set", "strength=abc"], "not a number"),
