@@ -175,8 +175,11 @@ def _table(family: str, backend: str, root: str, norm: str, attn: str, mlp: str,
     )
 
 
-def _hf(family: str, root: str, attn: str, mlp: str, head: str, norm: str, notes=()) -> SiteTable:
-    return _table(family, "hf", root, norm, attn, mlp, head, read_from=HF_READ_FROM, notes=notes)
+def hf_table(family: str, root: str, attn: str, mlp: str, head: str, norm: str, notes=(), *,
+             read_from: str = HF_READ_FROM) -> SiteTable:
+    """An hf table of the usual shape: layer ``root.{l}``, and ``attn``, ``mlp`` and the heads' ``head``
+    (paths below it); also what a guessed facts file starts from (:func:`steerc.runtime.hf.guess_sites`)."""
+    return _table(family, "hf", root, norm, attn, mlp, head, read_from=read_from, notes=notes)
 
 
 _SANDWICH = "Gemma-2/3 sandwich norms: attn_out/mlp_out are the normed outputs actually added to the stream"
@@ -194,28 +197,29 @@ _SINKS = ("gpt-oss: head[l, h] is o_proj's input columns of head h; attention si
 
 _HF_TABLES = {
     **{
-        fam: _hf(fam, "model.layers", "self_attn", "mlp", "self_attn.o_proj", "model.norm")
+        fam: hf_table(fam, "model.layers", "self_attn", "mlp", "self_attn.o_proj", "model.norm")
         for fam in ("llama", "mistral", "qwen2", "qwen3", "gemma")
     },
     **{
-        fam: _hf(fam, "model.layers", "post_attention_layernorm", "post_feedforward_layernorm",
+        fam: hf_table(fam, "model.layers", "post_attention_layernorm", "post_feedforward_layernorm",
                  "self_attn.o_proj", "model.norm", [_SANDWICH])
         for fam in ("gemma2", "gemma3_text")
     },
-    "phi3": _hf("phi3", "model.layers", "resid_attn_dropout", "resid_mlp_dropout", "self_attn.o_proj", "model.norm",
-                ["merged qkv_proj and gate_up_proj; the residual dropouts carry each block's contribution"]),
-    "gpt2": _hf("gpt2", "transformer.h", "attn", "mlp", "attn.c_proj", "transformer.ln_f",
+    "phi3": hf_table("phi3", "model.layers", "resid_attn_dropout", "resid_mlp_dropout", "self_attn.o_proj",
+                     "model.norm",
+                     ["merged qkv_proj and gate_up_proj; the residual dropouts carry each block's contribution"]),
+    "gpt2": hf_table("gpt2", "transformer.h", "attn", "mlp", "attn.c_proj", "transformer.ln_f",
                 ["attn includes c_proj and its bias; c_proj is a Conv1D whose input is the concatenated heads"]),
-    "gpt_neox": _hf("gpt_neox", "gpt_neox.layers", "post_attention_dropout", "post_mlp_dropout", "attention.dense",
+    "gpt_neox": hf_table("gpt_neox", "gpt_neox.layers", "post_attention_dropout", "post_mlp_dropout", "attention.dense",
                     "gpt_neox.final_layer_norm",
                     ["parallel residual (use_parallel_residual): x + attn(ln1(x)) + mlp(ln2(x))"]),
-    "olmo2": _hf("olmo2", "model.layers", "post_attention_layernorm", "post_feedforward_layernorm",
+    "olmo2": hf_table("olmo2", "model.layers", "post_attention_layernorm", "post_feedforward_layernorm",
                  "self_attn.o_proj", "model.norm", [_POST_NORMS]),
-    "granite": _hf("granite", "model.layers", "self_attn", "mlp", "self_attn.o_proj", "model.norm", [_SCALED]),
-    "cohere": _hf("cohere", "model.layers", "self_attn", "mlp", "self_attn.o_proj", "model.norm", [_PARALLEL]),
-    **{fam: _hf(fam, "model.layers", "self_attn", "mlp", "self_attn.o_proj", "model.norm", [note])
+    "granite": hf_table("granite", "model.layers", "self_attn", "mlp", "self_attn.o_proj", "model.norm", [_SCALED]),
+    "cohere": hf_table("cohere", "model.layers", "self_attn", "mlp", "self_attn.o_proj", "model.norm", [_PARALLEL]),
+    **{fam: hf_table(fam, "model.layers", "self_attn", "mlp", "self_attn.o_proj", "model.norm", [note])
        for fam, note in _MOE_TABLES.items()},
-    "gpt_oss": _hf("gpt_oss", "model.layers", "self_attn", "mlp", "self_attn.o_proj", "model.norm",
+    "gpt_oss": hf_table("gpt_oss", "model.layers", "self_attn", "mlp", "self_attn.o_proj", "model.norm",
                    [_MOE + "; GptOssMLP returns (hidden, router_scores), element 0 is the site", _SINKS]),
 }
 

@@ -94,20 +94,16 @@ def guess_sites(model) -> dict:
     base = root.rsplit(".", 1)[0] if "." in root else ""
     base_module = model.get_submodule(base) if base else model
     norm = _child(base_module, ("norm", "ln_f", "final_layer_norm", "final_layernorm"))
+    from steerc.facts.sites import hf_table
+
     unknown = "?"  # where a name was not found: the user fills it in before confirming
-    return {
-        "read_from": "guessed by steerc.runtime.hf.guess_sites from the module names; check each path",
-        "layers": root,
-        "final_norm": f"{base + '.' if base else ''}{norm or unknown}",
-        "resid_pre[0]": {"module": f"{root}.0", "hook": "pre", "tensor": "input"},
-        "resid_post[l]": {"module": root + ".{l}", "hook": "post", "tensor": "output"},
-        "attn_out[l]": {"module": root + ".{l}." + (attn or unknown), "hook": "post", "tensor": "output"},
-        "mlp_out[l]": {"module": root + ".{l}." + (mlp or unknown), "hook": "post", "tensor": "output"},
-        "head[l, h]": {"module": root + ".{l}." + (f"{attn}.{proj}" if attn and proj else unknown), "hook": "pre",
-                       "tensor": "heads"},
-        "notes": ["attn_out and mlp_out are the modules' outputs: check that they are what the layer adds to the "
-                  "residual stream (no norm or scale after them)"],
-    }
+    table = hf_table(
+        facts_from_model(model).family, root, attn or unknown, mlp or unknown,
+        f"{attn}.{proj}" if attn and proj else unknown, f"{base + '.' if base else ''}{norm or unknown}",
+        [("attn_out and mlp_out are the modules' outputs: check that they are what the layer adds to the "
+          "residual stream (no norm or scale after them)")],
+        read_from="guessed by steerc.runtime.hf.guess_sites from the module names; check each path")
+    return table.to_json()
 
 
 def write_facts(model, path: str) -> dict:
