@@ -375,3 +375,16 @@ def test_calibrate_finds_the_threshold_the_runtime_gate_would_use(folder, projec
     code, _, err = run_cli(["derive", "--model", folder, "--positive", "pos.txt", "--negative", "neg.txt",
                             "--calibrate", "cast.steer", "--probe", "nope"])
     assert code == 2 and "no probe of that name (about)" in err
+
+
+def test_a_file_of_bad_lines_stops_at_the_repeat_cap(project):
+    """Every kind of bad line counts towards the cap: a 64 MiB file of them stores no more than MAX_REPEATS."""
+    from steerc.derive.data import DataError, parse_pairs
+    from steerc.limits import MAX_REPEATS
+    from steerc.source import Source
+
+    text = '{"positive": "a"}\n' * (3 * MAX_REPEATS) + "[1]\n" * MAX_REPEATS
+    with pytest.raises(DataError) as err:
+        parse_pairs(Source("many.jsonl", text))
+    assert len(err.value.diagnostics) == MAX_REPEATS
+    assert {d.code for d in err.value.diagnostics} == {"invalid-data"}

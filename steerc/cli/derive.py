@@ -58,13 +58,15 @@ def add_arguments(cmd) -> None:
 
 
 def _fail(args, diagnostics, sources) -> int:
-    from steerc.diagnostics import render_text, to_json_dict
+    """Print ``diagnostics`` as every command does (at most MAX_REPEATS per code, the last counting the rest)."""
+    from steerc.cli.common import print_diagnostics
+    from steerc.cli.report import Report
+    from steerc.diagnostics import capped, to_json_dict
 
     if args.format == "json":
-        print(json.dumps({"diagnostics": [to_json_dict(d) for d in diagnostics]}, indent=2))
+        print(json.dumps({"diagnostics": [to_json_dict(d) for d in capped(diagnostics)]}, indent=2))
     else:
-        for d in diagnostics:
-            print(render_text(d, sources), file=sys.stderr)
+        print_diagnostics(Report(list(diagnostics), sources))
     return EXIT_ERRORS
 
 

@@ -31,7 +31,7 @@ from attrs import frozen
 
 from steerc.diagnostics import Diagnostic, Note
 from steerc.jsonio import JSONError, loads
-from steerc.limits import MAX_DATA_BYTES, MAX_EXAMPLE_CHARS, MAX_EXAMPLES, human
+from steerc.limits import MAX_DATA_BYTES, MAX_EXAMPLE_CHARS, MAX_EXAMPLES, MAX_REPEATS, human
 from steerc.source import Source
 
 KEYS = ("positive", "negative", "prompt")
@@ -115,6 +115,8 @@ def parse_pairs(src: Source) -> Dataset:
     problems: list[Diagnostic] = []
     pairs: list[Pair] = []
     for offset, line in _lines(src):
+        if len(problems) >= MAX_REPEATS:  # enough to fix the file by; storing more is unbounded work
+            break
         span = src.span(offset, offset + len(line))
         if len(pairs) >= MAX_EXAMPLES:
             problems.append(_too_many(src, offset))
@@ -143,8 +145,6 @@ def parse_pairs(src: Source) -> Dataset:
                   for k in KEYS if k in row])
         if ok:
             pairs.append(Pair(row["positive"], row["negative"], row.get("prompt")))
-        if len(problems) > 50:
-            break
     if not problems and not pairs:
         problems.append(Diagnostic.error("empty-data", "no pairs in this file", src.span(0, min(1, len(src.text))),
                                          help='one JSON object per line: {"positive": "...", "negative": "..."}'))
