@@ -12,6 +12,7 @@ prompts.
 
 from __future__ import annotations
 
+import json
 import os
 
 import numpy as np
@@ -190,6 +191,56 @@ def test_run_with_one_prompt_prints_as_before(saved, tmp_path, monkeypatch):
     assert "  lean (dot at resid_post[0], per token): min " in out
 
 
+def test_run_format_json_holds_what_the_text_says(saved, tmp_path, monkeypatch):
+    """``--format json``: one document, the same completions and decisions as the text, thresholds exact."""
+    from steerc.runtime.models import load_model
+
+    model, tok = load_model(str(saved))
+    direct = [_cosine(_hidden(model, tok(p)["input_ids"], 1).mean(axis=0), VECTOR) for p in PROMPTS]
+    threshold = float(np.float32((direct[0] + direct[1]) / 2))
+    (tmp_path / "gate.steer").write_text(pooled_program(threshold))
+    (tmp_path / "tok.steer").write_text(TOKEN_PROGRAM)
+    monkeypatch.chdir(tmp_path)
+    common = ["--model", str(saved), "--prompt", PROMPTS[0], "--prompt", PROMPTS[1], "--max-new-tokens", "3", "--raw",
+              "--compare", "--show-gates"]
+    code, text, err = run_cli(["run", "gate.steer", *common])
+    assert code == 0, err
+    code, out, err = run_cli(["run", "gate.steer", *common, "--format", "json"])
+    assert code == 0, err
+    doc = json.loads(out)
+    assert out.endswith("}\n") and "===" not in out and "---" not in out
+    assert (doc["format"], doc["file"], doc["model"], doc["max_new_tokens"], doc["chat"]) == \
+        ("steerc.run/1", "gate.steer", str(saved), 3, False)
+    assert [r["prompt"] for r in doc["prompts"]] == list(PROMPTS)
+    for record, block, value in zip(doc["prompts"], text.split("=== prompt ")[1:], direct):
+        unsteered, rest = block.split("--- unsteered ---\n")[1].split("\n--- steered ---\n")
+        steered = rest.split("\n--- gates ---\n")[0]
+        assert (record["unsteered"], record["steered"]) == (unsteered, steered)
+        assert record["prompt_tokens"] == len(tok(record["prompt"])["input_ids"])
+        assert record["gates"]["positions"] == record["prompt_tokens"] + 2  # the last token is never fed back
+        (gate,) = record["gates"]["gates"]
+        (c,) = gate["comparisons"]
+        assert gate["interventions"] == ["lift"] and gate["decided"] == "once per sequence"
+        assert gate["opened"] == (value < threshold) == c["held"]
+        assert gate["condition"] == f"mood < {threshold!r}" and c["threshold"] == threshold  # reads back exactly
+        assert (c["probe"], c["readout"], c["site"], c["pool"], c["op"]) == \
+            ("mood", "cosine", "resid_post[1]", "prompt.mean", "<")
+        assert c["value"] == pytest.approx(value, rel=1e-4)
+        assert gate["steered"] == {"lift": list(range(record["prompt_tokens"], record["gates"]["positions"]))
+                                   if gate["opened"] else []}
+    assert sum(r["gates"]["gates"][0]["opened"] for r in doc["prompts"]) == 1
+    # A per-token gate: min and max where they were; without --show-gates or --compare, only the completion.
+    code, out, err = run_cli(["run", "tok.steer", "--model", str(saved), "--prompt", "maybe", "--max-new-tokens",
+                              "2", "--show-gates", "--format", "json"])
+    assert code == 0, err
+    ((c,),) = [g["comparisons"] for g in json.loads(out)["prompts"][0]["gates"]["gates"]]
+    assert c["pool"] == "token" and c["min"] <= c["max"] and {"min_at", "max_at"} <= set(c) and "value" not in c
+    code, out, err = run_cli(["run", "tok.steer", "--model", str(saved), "--prompt", "maybe", "--max-new-tokens",
+                              "2", "--format", "json"])
+    (record,) = json.loads(out)["prompts"]
+    assert code == 0 and set(record) == {"prompt", "prompt_tokens", "steered"}
+
+
 # ----------------------------------------------------------------- the real model
 
 
@@ -215,6 +266,11 @@ def test_cheer_up_opens_on_the_gloomy_prompt_only(tmp_path, monkeypatch):
     assert "mood < 0.125022 does not hold" in cheerful
     explain_block, gates_block = _spec_blocks()[:2]
     assert out == gates_block.split("\n", 2)[2], "spec/explain.md's --show-gates sample is not what run prints"
+    code, out, err = run_cli(["run", "cheer_up.steer", "--model", "smollm2", "--prompt",
+                              "Describe a rainy Monday morning.", "--max-new-tokens", "12", "--show-gates",
+                              "--format", "json"])
+    assert code == 0, err
+    _same_as_json_sample(json.loads(out))
     code, out, err = run_cli(["explain", "cheer_up.steer", "--model", "smollm2", "--tokens",
                               "Describe a rainy Monday morning."])
     assert code == 0, err
@@ -231,6 +287,28 @@ def test_cheer_up_opens_on_the_gloomy_prompt_only(tmp_path, monkeypatch):
     assert "     35    0  '\\n'                        <--  . #\n" in out
     shown = [line for line in explain_block.splitlines()[1:] if line.strip() != "..."]
     assert all(line + "\n" in out for line in shown), "spec/explain.md's --tokens sample is not what explain prints"
+
+
+def _same_as_json_sample(doc: dict) -> None:
+    """spec/json.md's run sample, with its shortened lists (``"..."``) read as ranges."""
+    import re
+
+    with open(os.path.join(REPO, "spec", "json.md"), encoding="utf-8") as fh:
+        sample = re.search(r"## `steerc run --format json`.*?```json\n(.*?)```", fh.read(), re.S).group(1)
+    spec = json.loads(sample)
+
+    def expand(x):
+        if isinstance(x, list) and "..." in x:
+            return list(range(x[0], x[-1] + 1))
+        if isinstance(x, list):
+            return [expand(y) for y in x]
+        return {k: expand(v) for k, v in x.items()} if isinstance(x, dict) else x
+
+    spec = expand(spec)
+    # The probe value is compared to six digits, as the text sample shows it (the last bits follow the CPU's kernels).
+    (ours,), (theirs,) = (d["prompts"][0]["gates"]["gates"][0]["comparisons"] for d in (doc, spec))
+    assert ours.pop("value") == pytest.approx(theirs.pop("value"), rel=1e-5)
+    assert doc == spec, "spec/json.md's run sample is not what run --format json prints"
 
 
 def _spec_blocks() -> list[str]:

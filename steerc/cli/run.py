@@ -1,14 +1,24 @@
 """``steerc run FILE --model PATH --prompt TEXT [--prompt TEXT ...] [--compare] [--show-gates]``
-``[--max-new-tokens N]`` (spec/explain.md for ``--show-gates``).
+``[--max-new-tokens N] [--format text|json]`` (spec/explain.md for ``--show-gates``, spec/json.md for JSON).
 """
 
 from __future__ import annotations
 
+import contextlib
+import math
 import os
 import sys
 
 from steerc.cli import EXIT_ERRORS, EXIT_OK, UsageError
-from steerc.cli.common import add_program_options, argument_source, checked_project, options_from, read_text, required
+from steerc.cli.common import (
+    add_program_options,
+    argument_source,
+    checked_project,
+    options_from,
+    print_json,
+    read_text,
+    required,
+)
 
 
 def add_arguments(cmd) -> None:
@@ -25,6 +35,9 @@ def add_arguments(cmd) -> None:
     cmd.add_argument("--show-gates", action="store_true",
                      help="after each steered completion, whether each gate opened and the probe values that "
                           "decided it, as the runtime computed them")
+    cmd.add_argument("--format", choices=("text", "json"), default="text",
+                     help="text for reading (default), json for tools: the completions, and the gates with "
+                          "--show-gates, as one document (spec/json.md)")
 
 
 def run(args) -> int:
@@ -70,25 +83,58 @@ def run(args) -> int:
         return EXIT_ERRORS
     from steerc.explain_tokens import visible
 
+    as_json = args.format == "json"
+    records = []
     for n, prompt in enumerate(args.prompt, 1):
-        if len(args.prompt) > 1:
+        if len(args.prompt) > 1 and not as_json:
             print(f"=== prompt {n}: {visible(prompt, 60)} ===")
         inputs = encode_prompt(tokenizer, prompt, chat=not args.raw)
+        length = int(inputs["input_ids"].shape[1])
+        record = {"prompt": prompt, "prompt_tokens": length}
         if args.compare:
-            print("--- unsteered ---")
-            print(_complete(model, tokenizer, inputs, args.max_new_tokens))
-            print("--- steered ---")
+            record["unsteered"] = _complete(model, tokenizer, inputs, args.max_new_tokens)
+            if not as_json:
+                print(f"--- unsteered ---\n{record['unsteered']}\n--- steered ---")
         with install(model, result.plan, tokenizer) as handle:
-            if not args.show_gates:
-                print(_complete(model, tokenizer, inputs, args.max_new_tokens))
-                continue
             from steerc.runtime.gates import GateTrace
 
-            with GateTrace(model, handle, result.plan) as trace:
-                print(_complete(model, tokenizer, inputs, args.max_new_tokens))
-        print("--- gates ---")
-        sys.stdout.write(render_gates(trace.report()[0], inputs["input_ids"].shape[1]))
+            with GateTrace(model, handle, result.plan) if args.show_gates else contextlib.nullcontext() as trace:
+                record["steered"] = _complete(model, tokenizer, inputs, args.max_new_tokens)
+        if not as_json:
+            print(record["steered"])
+        if args.show_gates:
+            row = trace.report()[0]
+            if as_json:
+                record["gates"] = gates_json(row)
+            else:
+                sys.stdout.write("--- gates ---\n" + render_gates(row, length))
+        records.append(record)
+    if as_json:
+        print_json({"format": "steerc.run/1", "file": args.file, "model": model_path,
+                    "max_new_tokens": args.max_new_tokens, "chat": not args.raw, "prompts": records})
     return EXIT_OK
+
+
+def gates_json(row: dict) -> dict:
+    """``--show-gates`` for one row as JSON (spec/json.md): the trace's report, each gate's condition as text
+    with thresholds that read back exactly, and a pooled value the row never reached as ``null``."""
+    from steerc.explain import gate_text
+
+    def number(x):
+        return None if x is None or math.isnan(x) else float(x)
+
+    gates = []
+    for g in row["gates"]:
+        comparisons = [{k: number(v) if k in ("threshold", "value", "min", "max") else v for k, v in c.items()}
+                       for c in g["comparisons"]]
+        gates.append({"interventions": g["interventions"], "condition": gate_text(g["gate"], _exact),
+                      "decided": g["decided"], "opened": g["opened"], "positions": g["positions"],
+                      "steered": g["steered"], "comparisons": comparisons})
+    return {"positions": row["positions"], "gates": gates}
+
+
+def _exact(x: float) -> str:
+    return repr(float(x))
 
 
 def render_gates(row: dict, length: int) -> str:
