@@ -278,6 +278,64 @@ def test_definition_references_and_rename(server, project):
         server.at("textDocument/prepareRename", uri, **position(PROGRAM, "steer 1"))
 
 
+def test_while_the_text_does_not_parse_names_answer_from_the_last_version_that_did(server, project):
+    uri, _ = opened(server, project, "broken.steer", PROGRAM)
+    row = line_of(PROGRAM, "param strength") + 1
+    server.change(uri, 2, "param = \n", ((row, 0), (row, 0)))  # a syntax error on a line of its own
+    broken = PROGRAM.replace("\nvector joy", "\nparam = \nvector joy")
+    assert [d["code"] for d in server.diagnostics(uri, 2)] == ["syntax-error"]
+
+    def at(method, needle, after=0, **extra):
+        return server.at(method, uri, **position(broken, needle, after=after), **extra)
+
+    use = at("textDocument/hover", "strength * joy")  # after the error: moved down a line
+    assert "per request" in use["contents"]["value"]
+    assert use["range"]["start"] == position(broken, "strength * joy")
+    assert "norm 5" in at("textDocument/hover", "vector joy", len("vector "))["contents"]["value"]
+    assert "`model.layers.8` post-hook" in at("textDocument/hover", "resid_post[8]", 2)["contents"]["value"]
+    assert at("textDocument/hover", "param = ") is None  # the text that changed
+    found = at("textDocument/definition", "strength * joy")
+    assert found["range"]["start"] == position(broken, "param strength", after=len("param "))  # before it
+    refs = at("textDocument/references", "vector joy", len("vector "), context={"includeDeclaration": True})
+    assert [r["range"]["start"] for r in refs] == [position(broken, n, after=len(n) - 3) for n in
+                                                   ("vector joy", "cosine(joy", "strength * joy")]
+    for method in ("textDocument/prepareRename", "textDocument/rename"):
+        with pytest.raises(ServerError, match="syntax error") as err:
+            at(method, "strength * joy", newName="force")
+        assert err.value.code == -32803
+    # An edit after the error, on a use of joy: the uses between the two edits are no longer answered for.
+    row = line_of(broken, "add    strength * joy")
+    column = broken.split("\n")[row].index("joy")
+    server.change(uri, 3, "glee", ((row, column), (row, column + 3)))
+    twice = broken.replace("strength * joy", "strength * glee")
+    assert [d["code"] for d in server.diagnostics(uri, 3)] == ["syntax-error"]
+    assert server.at("textDocument/hover", uri, **position(twice, "cosine(joy)", after=len("cosine("))) is None
+    refs = server.at("textDocument/references", uri, **position(twice, "vector joy", after=len("vector ")),
+                     context={"includeDeclaration": True})
+    assert refs is None  # the declaration lies between the two edits
+    refs = server.at("textDocument/references", uri, **position(twice, "param strength", after=len("param ")),
+                     context={"includeDeclaration": True})
+    assert [r["range"]["start"] for r in refs] == [position(twice, "param strength", after=len("param "))]
+    probe = server.at("textDocument/hover", uri, **position(twice, "happy <"))  # after both edits
+    assert "pool `prompt.mean`" in probe["contents"]["value"]
+    assert probe["range"]["start"] == position(twice, "happy <")
+    # Fixed: the current text answers again, and rename works.
+    server.change(uri, 4, "", ((line_of(twice, "param = "), 0), (line_of(twice, "param = ") + 1, 0)))
+    fixed = twice.replace("param = \n", "")
+    assert {d["code"] for d in server.diagnostics(uri, 4)} == {"undefined-name"}
+    edit = server.at("textDocument/rename", uri, **position(fixed, "vector joy", after=len("vector ")),
+                     newName="bliss")
+    assert len(edit["changes"][uri]) == 2  # the declaration and cosine(joy); `glee` is another name
+
+
+def test_before_the_text_ever_parsed_nothing_answers(server, project):
+    text = PROGRAM.replace("\nvector joy", "\nparam = \nvector joy")
+    uri, got = opened(server, project, "never.steer", text)
+    assert [d["code"] for d in got] == ["syntax-error"]
+    assert server.at("textDocument/hover", uri, **position(text, "strength * joy")) is None
+    assert server.at("textDocument/definition", uri, **position(text, "strength * joy")) is None
+
+
 # ------------------------------------------------------------------ formatting
 
 

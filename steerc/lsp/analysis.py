@@ -14,6 +14,10 @@ site's selector.
 >>> hit = a.at(text.index("[0]") + 1)
 >>> hit.kind, type(hit.node).__name__, hit.axis
 ('selector', 'SelIndex', 0)
+
+While the text has a syntax error, :class:`Lookup` reads the last analysis
+that parsed through the edits made since: it answers at offsets in text
+those edits left alone, and moves its spans into the current text.
 """
 
 from __future__ import annotations
@@ -24,7 +28,8 @@ from attrs import define, field
 
 from steerc.ir import nodes as ir
 from steerc.ir.walk import walk
-from steerc.source import Span
+from steerc.lsp.reparse import common_prefix, common_suffix
+from steerc.source import Source, Span
 
 DECLARATIONS = {
     ir.ParamDecl: "param",
@@ -105,6 +110,51 @@ class Analysis:
             return None
         stmt = statements[i]
         return stmt if stmt.span is not None and offset <= stmt.span.end else None
+
+
+class Lookup:
+    """An offset in the current text, and the analysis that answers for it there.
+
+    ``analysis`` is the current one, or (``stale``) the last one that parsed while the current text has
+    a syntax error; ``offset`` is in ``analysis``' text (None where the edits since changed the text, so
+    that nothing answers), and :meth:`span` moves one of its spans into the current text (None for a span
+    in text that changed).
+
+    >>> from steerc.api import check_source
+    >>> old = "steer 1\\nparam g = 2\\nintervention x {\\n  at resid_pre[0]\\n  scale g\\n}\\n"
+    >>> new = old.replace("param g", "par@m h = 3\\nparam g")
+    >>> look = Lookup(Analysis(check_source(old, "x.steer")), Source("x.steer", new), new.index("g\\n}"))
+    >>> look.stale, look.offset == old.index("g\\n}"), look.span(look.analysis.symbols["g"].uses[0]).line
+    (True, True, 6)
+    >>> Lookup(look.analysis, Source("x.steer", new), new.index("h = 3")).offset is None
+    True
+    """
+
+    def __init__(self, analysis: Analysis, source: Source, offset: int) -> None:
+        self.analysis, self.source = analysis, source
+        old, new = analysis.source.text, source.text
+        self.stale = old != new
+        self.prefix = common_prefix(old, new)
+        self.suffix = common_suffix(old, new, min(len(old), len(new)) - self.prefix)
+        self.delta = len(new) - len(old)
+        self.offset = self._old(offset)
+
+    def _old(self, offset: int) -> int | None:
+        if offset <= self.prefix:
+            return offset
+        if offset >= len(self.source.text) - self.suffix:
+            return offset - self.delta
+        return None
+
+    def span(self, span: Span | None) -> Span | None:
+        """``span`` (in the analysis' text) in the current text, or None if the edits since touched it."""
+        if span is None or not self.stale:
+            return span
+        if span.end <= self.prefix:
+            return span
+        if span.start >= len(self.analysis.source.text) - self.suffix:
+            return self.source.span(span.start + self.delta, span.end + self.delta)
+        return None
 
 
 def _symbols(program: ir.Program) -> dict[str, Symbol]:

@@ -81,50 +81,45 @@ def did_close(ls: SteerServer, params: lsp.DidCloseTextDocumentParams) -> None:
 def hover(ls: SteerServer, params: lsp.HoverParams) -> lsp.Hover | None:
     from steerc.lsp.hover import hover as hover_text
 
-    analysis, offset = ls.offset(params.text_document.uri, params.position)
-    text = hover_text(analysis, offset)
-    if text is None:
+    look = ls.lookup(params.text_document.uri, params.position)
+    if look.offset is None:
         return None
-    hit = analysis.at(offset)
-    return lsp.Hover(lsp.MarkupContent(lsp.MarkupKind.Markdown, text), ls.range_of(analysis, hit.span))
+    hit = look.analysis.at(look.offset)
+    where = ls.range_of(look, hit.span) if hit is not None else None
+    text = hover_text(look.analysis, look.offset) if where is not None else None
+    return lsp.Hover(lsp.MarkupContent(lsp.MarkupKind.Markdown, text), where) if text is not None else None
 
 
 def definition(ls: SteerServer, params: lsp.DefinitionParams) -> lsp.Location | None:
-    analysis, offset = ls.offset(params.text_document.uri, params.position)
-    found = analysis.symbol_at(offset)
-    if found is None:
-        return None
-    return lsp.Location(params.text_document.uri, ls.range_of(analysis, found[0].decl.name_span))
+    look = ls.lookup(params.text_document.uri, params.position)
+    found = _symbol(ls, look)
+    where = ls.range_of(look, found[0].decl.name_span) if found is not None else None
+    return lsp.Location(params.text_document.uri, where) if where is not None else None
 
 
 def references(ls: SteerServer, params: lsp.ReferenceParams) -> list[lsp.Location] | None:
-    analysis, offset = ls.offset(params.text_document.uri, params.position)
-    found = analysis.symbol_at(offset)
+    look = ls.lookup(params.text_document.uri, params.position)
+    found = _symbol(ls, look)
     if found is None:
         return None
     sym = found[0]
     spans = ([sym.decl.name_span] if params.context.include_declaration else []) + sym.uses
-    return [lsp.Location(params.text_document.uri, ls.range_of(analysis, s)) for s in spans]
+    ranges = (ls.range_of(look, s) for s in spans)
+    return [lsp.Location(params.text_document.uri, r) for r in ranges if r is not None]
 
 
 def prepare_rename(ls: SteerServer, params: lsp.PrepareRenameParams) -> lsp.Range:
-    analysis, offset = ls.offset(params.text_document.uri, params.position)
-    found = analysis.symbol_at(offset)
-    if found is None or found[0].kind not in RENAMED:
-        raise Refused("nothing to rename here: put the cursor on the name of a param, vector, probe or "
-                      "intervention")
-    return ls.range_of(analysis, found[1])
+    look = _renamable(ls, params)
+    return ls.range_of(look, _symbol(ls, look)[1])
 
 
 def rename(ls: SteerServer, params: lsp.RenameParams) -> lsp.WorkspaceEdit | None:
     from steerc.limits import MAX_NAME_CHARS
     from steerc.lsp.complete import keywords
 
-    analysis, offset = ls.offset(params.text_document.uri, params.position)
-    found = analysis.symbol_at(offset)
-    if found is None or found[0].kind not in RENAMED:
-        raise Refused("nothing to rename here")
-    sym, new = found[0], params.new_name
+    look = _renamable(ls, params)
+    sym, new = _symbol(ls, look)[0], params.new_name
+    analysis = look.analysis
     if new == sym.name:
         return None
     if not NAME.fullmatch(new) or len(new) > MAX_NAME_CHARS:
@@ -135,8 +130,30 @@ def rename(ls: SteerServer, params: lsp.RenameParams) -> lsp.WorkspaceEdit | Non
     if new in analysis.symbols:
         raise Refused(f"`{new}` is already declared (a {analysis.symbols[new].kind})")
     spans = [sym.decl.name_span, *sym.uses]
-    edits = [lsp.TextEdit(ls.range_of(analysis, s), new) for s in spans]
+    edits = [lsp.TextEdit(ls.range_of(look, s), new) for s in spans]
     return lsp.WorkspaceEdit(changes={params.text_document.uri: edits})
+
+
+def _symbol(ls: SteerServer, look):
+    """The symbol named at the lookup's offset and that name's span, or None (also where the text changed)."""
+    if look.offset is None:
+        return None
+    found = look.analysis.symbol_at(look.offset)
+    return found if found is not None and ls.range_of(look, found[1]) is not None else None
+
+
+def _renamable(ls: SteerServer, params):
+    """The lookup for a rename: refused on a text with a syntax error (a name's uses there are not all known),
+    and where no param, vector, probe or intervention is named."""
+    look = ls.lookup(params.text_document.uri, params.position)
+    if look.stale:
+        raise Refused("cannot rename while the program has a syntax error: every use of the name must be known "
+                      "(fix the error first)")
+    found = _symbol(ls, look)
+    if found is None or found[0].kind not in RENAMED:
+        raise Refused("nothing to rename here: put the cursor on the name of a param, vector, probe or "
+                      "intervention")
+    return look
 
 
 def formatting(ls: SteerServer, params: lsp.DocumentFormattingParams) -> list[lsp.TextEdit]:

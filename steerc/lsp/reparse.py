@@ -100,8 +100,8 @@ def _cut(old: str, new: str, program: ir.Program):
     """
     if old == new:
         return None
-    prefix = _common_prefix(old, new)
-    suffix = _common_suffix(old, new, min(len(old), len(new)) - prefix)
+    prefix = common_prefix(old, new)
+    suffix = common_suffix(old, new, min(len(old), len(new)) - prefix)
     old_end, delta = len(old) - suffix, len(new) - len(old)
     statements = program.statements
     if any(s.span is None for s in statements) or program.version_span is None:
@@ -124,7 +124,7 @@ def _cut(old: str, new: str, program: ir.Program):
     return before, after, start, end
 
 
-def _common_prefix(a: str, b: str) -> int:
+def common_prefix(a: str, b: str) -> int:
     n = min(len(a), len(b))
     if a[:n] == b[:n]:
         return n
@@ -138,7 +138,7 @@ def _common_prefix(a: str, b: str) -> int:
     return lo
 
 
-def _common_suffix(a: str, b: str, most: int) -> int:
+def common_suffix(a: str, b: str, most: int) -> int:
     if most <= 0:
         return 0
     if a[len(a) - most:] == b[len(b) - most:]:

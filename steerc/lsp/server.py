@@ -23,7 +23,7 @@ from pygls.uris import to_fs_path
 
 from steerc import __version__
 from steerc.lsp import wire
-from steerc.lsp.analysis import Analysis
+from steerc.lsp.analysis import Analysis, Lookup
 from steerc.lsp.positions import ENCODINGS, UTF16, Document, normalize, source_offset
 from steerc.lsp.project import FactsCache, model_setting, without_model
 from steerc.lsp.reparse import Reparser
@@ -80,12 +80,13 @@ class _Protocol(LanguageServerProtocol):
 
 
 class OpenDocument:
-    __slots__ = ("uri", "doc", "analysis", "checked_version", "reparser")
+    __slots__ = ("uri", "doc", "analysis", "checked_version", "reparser", "parsed")
 
     def __init__(self, uri: str, doc: Document):
         self.uri = uri
         self.doc = doc
         self.analysis: Analysis | None = None
+        self.parsed: Analysis | None = None  # the last analysis whose text parsed
         self.checked_version: int | None = None
         self.reparser = Reparser()
 
@@ -116,6 +117,8 @@ class SteerServer(LanguageServer):
         if od.checked_version != od.doc.version or od.analysis is None:
             od.analysis = Analysis(self._check(od))
             od.checked_version = od.doc.version
+            if od.analysis.program is not None:
+                od.parsed = od.analysis
         return od.analysis
 
     def _check(self, od: OpenDocument):
@@ -171,12 +174,19 @@ class SteerServer(LanguageServer):
 
         asyncio.get_running_loop().create_task(later())
 
-    def offset(self, uri: str, position: lsp.Position) -> tuple[Analysis, int]:
+    def lookup(self, uri: str, position: lsp.Position) -> Lookup:
+        """What answers at ``position``: the current analysis, or while the text has a syntax error the last
+        one that parsed, read through the edits since."""
         analysis = self.analysis(uri)
-        return analysis, source_offset(analysis.source, position.line, position.character, self.encoding)
+        offset = source_offset(analysis.source, position.line, position.character, self.encoding)
+        parsed = self.open[uri].parsed
+        return Lookup(parsed if analysis.program is None and parsed is not None else analysis,
+                      analysis.source, offset)
 
-    def range_of(self, analysis: Analysis, span) -> lsp.Range:
-        return wire.span_range(span, analysis.source, self.encoding)
+    def range_of(self, look: Lookup, span) -> lsp.Range | None:
+        """The LSP range of a span of ``look``'s analysis in the current text (None where it changed)."""
+        moved = look.span(span)
+        return wire.span_range(moved, look.source, self.encoding) if moved is not None else None
 
 
 def resolved_model(model: str, base: str) -> str:
