@@ -106,6 +106,40 @@ def test_errors_fall_back_to_a_full_parse():
     assert fresh(Source("x", text), Diagnostics()) is not None and fresh.reused == 0  # none to start from
 
 
+@pytest.mark.parametrize("seed", range(3))
+def test_answers_read_through_edits_point_at_the_same_text(examples_dir, seed):
+    """Lookup (the last analysis that parsed, read through the edits since): at every offset of the edited
+    text where it answers, the thing it finds and every span it moves spell in the new text what they spelled
+    in the old, and no answer comes from text the edits changed."""
+    from steerc.lsp.analysis import Analysis, Lookup
+
+    rng = random.Random(seed)
+    for path, text in programs(examples_dir):
+        parsed = Analysis(check(Source(path, text, path), Options(), None))
+        if parsed.program is None:
+            continue
+        new = text
+        for _ in range(rng.choice([1, 2])):
+            new = edit(rng, new)
+        source = Source(path, new, path)
+        for offset in range(0, len(new) + 1, 3):
+            look = Lookup(parsed, source, offset)
+            if look.offset is None:
+                continue
+            assert offset <= look.prefix or offset >= len(new) - look.suffix
+            hit = parsed.at(look.offset)
+            moved = look.span(hit.span) if hit is not None else None
+            if moved is None:
+                continue
+            assert new[moved.start:moved.end] == text[hit.span.start:hit.span.end]
+            assert source.span(moved.start, moved.end) == moved  # lines and columns of the new text
+            found = parsed.symbol_at(look.offset)
+            if found is not None:
+                for span in [found[0].decl.name_span, *found[0].uses]:
+                    there = look.span(span)
+                    assert there is None or new[there.start:there.end] == found[0].name
+
+
 @pytest.mark.parametrize("model", ["tiny-llama", "tiny-gpt2"])
 def test_leaving_out_fusion_changes_no_diagnostic(examples_dir, tiny_facts, model):
     paths = sorted(glob.glob(os.path.join(examples_dir, "*.steer")) + glob.glob(os.path.join(examples_dir, "bad",
