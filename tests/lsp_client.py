@@ -135,9 +135,11 @@ class Client:
 
     # ---------------------------------------------------------- life
 
-    def initialize(self, encodings=None, options=None, root: str | None = None) -> dict:
+    def initialize(self, encodings=None, options=None, root: str | None = None, watch: bool = False) -> dict:
         caps = {"textDocument": {"rename": {"prepareSupport": True},
                                  "publishDiagnostics": {"relatedInformation": True, "codeDescriptionSupport": True}}}
+        if watch:  # the editor lets the server ask for file events (client/registerCapability)
+            caps["workspace"] = {"didChangeWatchedFiles": {"dynamicRegistration": True}}
         if encodings is not None:
             caps["general"] = {"positionEncodings": list(encodings)}
         params = {"processId": os.getpid(), "rootUri": None, "capabilities": caps}

@@ -222,6 +222,44 @@ def test_a_model_that_cannot_be_used_points_into_its_config(project, tmp_path):
         client.kill()
 
 
+@pytest.mark.parametrize("toml", [
+    '[defaults]\nmodel = "smollm2"\ntarget = "llamacpp"\n\n[params]\nstrength = 9\n',  # a target, a param
+    '[defaults]\nmodel = "smollm2"\ntraget = "vllm"\n',  # an error in steer.toml
+])
+def test_a_projects_steer_toml_applies_as_check_applies_it(tmp_path, toml):
+    from safetensors.numpy import save_file
+
+    (tmp_path / "vectors").mkdir()
+    save_file({"joy": np.ones(HIDDEN, dtype=np.float32)}, str(tmp_path / "vectors" / "joy.safetensors"))
+    (tmp_path / "steer.toml").write_text(toml)
+    want = None
+    client = Client(cwd=str(tmp_path))
+    try:
+        client.initialize(root=str(tmp_path))
+        uri, got = opened(client, tmp_path, "p.steer", PROGRAM)
+        want = check_json(tmp_path, "p.steer")
+    finally:
+        client.kill()
+    assert [d["code"] for d in got] == [d["code"] for d in want] and want
+    assert [d["message"].split("\n")[0] for d in got] == [d["message"] for d in want]
+    toml_uri = (tmp_path / "steer.toml").as_uri()
+    for g, w in zip(got, want):
+        places = [r["location"] for r in g.get("relatedInformation") or []]
+        if w["file"] == "steer.toml":  # at the document's start, its place in steer.toml the first related one
+            assert g["range"]["start"] == {"line": 0, "character": 0}
+            assert places[0] == {"uri": toml_uri, "range": {
+                "start": {"line": w["line"] - 1, "character": w["column"] - 1},
+                "end": {"line": w["end_line"] - 1, "character": w["end_column"] - 1}}}
+        for note in w.get("notes", []):
+            if note["file"] == "steer.toml":
+                assert {"uri": toml_uri, "range": {
+                    "start": {"line": note["line"] - 1, "character": note["column"] - 1},
+                    "end": {"line": note["end_line"] - 1, "character": note["end_column"] - 1}}} in places
+    codes = {d["code"] for d in got}
+    assert {"unsupported-by-target", "param-out-of-range"} <= codes if "llamacpp" in toml else \
+        codes == {"invalid-config"}
+
+
 # ---------------------------------------------------------------------- hover
 
 
@@ -334,6 +372,42 @@ def test_before_the_text_ever_parsed_nothing_answers(server, project):
     assert [d["code"] for d in got] == ["syntax-error"]
     assert server.at("textDocument/hover", uri, **position(text, "strength * joy")) is None
     assert server.at("textDocument/definition", uri, **position(text, "strength * joy")) is None
+
+
+def test_files_a_check_reads_are_watched_and_a_change_checks_again(tmp_path):
+    from safetensors.numpy import save_file
+
+    (tmp_path / "vectors").mkdir()
+    save_file({"joy": np.ones(HIDDEN, dtype=np.float32)}, str(tmp_path / "vectors" / "joy.safetensors"))
+    (tmp_path / "steer.toml").write_text('[defaults]\nmodel = "smollm2"\n')
+    client = Client(cwd=str(tmp_path))
+    try:
+        client.initialize(root=str(tmp_path), watch=True)
+        asked = client.wait_for("client/registerCapability")
+        (registration,) = asked["registrations"]
+        assert registration["method"] == "workspace/didChangeWatchedFiles"
+        globs = [w["globPattern"] for w in registration["registerOptions"]["watchers"]]
+        assert "**/steer.toml" in globs and "**/*.{safetensors,npy,pt,gguf}" in globs
+        uri, got = opened(client, tmp_path, "w.steer", PROGRAM)
+        assert got == []
+        save_file({"joy": np.ones(10, dtype=np.float32)}, str(tmp_path / "vectors" / "joy.safetensors"))
+        changed = {"changes": [{"uri": (tmp_path / "vectors" / "joy.safetensors").as_uri(), "type": 2}]}
+        client.notify("workspace/didChangeWatchedFiles", changed)
+        assert "shape-mismatch" in {d["code"] for d in client.diagnostics(uri, 1)}
+        (tmp_path / "steer.toml").write_text("[defaults]\n")  # no model: no width to mismatch
+        client.notify("workspace/didChangeWatchedFiles", {"changes": [{"uri": (tmp_path / "steer.toml").as_uri(),
+                                                                       "type": 2}]})
+        assert client.diagnostics(uri, 1) == []
+        assert client.close() == 0
+    finally:
+        client.kill()
+    quiet = Client(cwd=str(tmp_path))  # an editor that does not let servers ask is not asked
+    try:
+        quiet.initialize(root=str(tmp_path))
+        quiet.request("shutdown")
+        assert not [n for n in quiet.notifications if n["method"] == "client/registerCapability"]
+    finally:
+        quiet.kill()
 
 
 # ------------------------------------------------------------------ formatting

@@ -28,7 +28,7 @@ async function activate(context) {
       { scheme: "file", language: "steer" },
       { scheme: "untitled", language: "steer" },
     ],
-    synchronize: { fileEvents: vscode.workspace.createFileSystemWatcher("**/{*.steer,steer.toml}") },
+    // No `synchronize`: the server asks for the file events it needs (client/registerCapability).
   };
   client = new LanguageClient("steer", "Steer (steerc lsp)", server, clientOptions);
   try {

@@ -13,11 +13,15 @@ from steerc.lsp.server import OpenDocument, Refused, SteerServer, resolved_model
 TRIGGERS = [" ", "(", ",", "*"]
 NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 RENAMED = ("param", "vector", "probe", "intervention")
+# The files a check reads besides the program: steer.toml, vectors, schemas, grammars, a model's config.json.
+WATCHED = ("**/steer.toml", "**/*.{safetensors,npy,pt,gguf}", "**/*.json", "**/*.{ebnf,gbnf}")
 
 
 def register(server: SteerServer) -> None:
     for method, handler, options in (
         (lsp.INITIALIZE, initialize, None),
+        (lsp.INITIALIZED, initialized, None),
+        (lsp.WORKSPACE_DID_CHANGE_WATCHED_FILES, watched_files_changed, None),
         (lsp.SHUTDOWN, shutdown, None),
         (lsp.TEXT_DOCUMENT_DID_OPEN, did_open, None),
         (lsp.TEXT_DOCUMENT_DID_CHANGE, did_change, None),
@@ -46,6 +50,24 @@ def initialize(ls: SteerServer, params: lsp.InitializeParams) -> None:
         ls.model = resolved_model(options["model"], ls.model_base)
     if isinstance(options.get("specUrl"), str):
         ls.spec = spec_href(options["specUrl"])
+
+
+def initialized(ls: SteerServer, params) -> None:
+    """Ask the editor to report changes to the files a check reads (where it lets a server ask)."""
+    caps = ls.client_capabilities.workspace
+    watch = caps.did_change_watched_files if caps is not None else None
+    if watch is None or not watch.dynamic_registration:
+        return
+    options = lsp.DidChangeWatchedFilesRegistrationOptions([lsp.FileSystemWatcher(g) for g in WATCHED])
+    ls.client_register_capability(lsp.RegistrationParams([lsp.Registration(
+        "steerc-watched-files", lsp.WORKSPACE_DID_CHANGE_WATCHED_FILES, options)]))
+
+
+def watched_files_changed(ls: SteerServer, params: lsp.DidChangeWatchedFilesParams) -> None:
+    """A file a check may read changed on disk: check every open document again."""
+    for od in ls.open.values():
+        od.checked_version = None
+        ls.publish_soon(od.uri, od.doc.version)
 
 
 def shutdown(ls: SteerServer, params) -> None:

@@ -1,4 +1,4 @@
-"""Which model a document is checked against.
+"""The project a document is checked in (its steer.toml), and which model it is checked against.
 
 The editor's ``initializationOptions.model`` wins (it is ``--model``);
 else the ``model`` under ``[defaults]`` of the nearest ``steer.toml`` at or
@@ -12,7 +12,8 @@ model.
 >>> with open(os.path.join(top, "steer.toml"), "w") as fh:
 ...     _ = fh.write('[defaults]\\nmodel = "smollm2"\\n')
 >>> os.makedirs(os.path.join(top, "sub"))
->>> model_setting(os.path.join(top, "sub")) == ("smollm2", os.path.join(os.path.realpath(top), "steer.toml"))
+>>> project = project_setting(os.path.join(top, "sub"))
+>>> (project.model, project.file) == ("smollm2", os.path.join(os.path.realpath(top), "steer.toml"))
 True
 """
 
@@ -21,19 +22,14 @@ from __future__ import annotations
 import os
 
 
-def model_setting(start_dir: str) -> tuple[str, str] | None:
-    """(the model, the steer.toml that names it) from the nearest steer.toml above ``start_dir``; None when
-    there is none, it sets no model, or it has errors (``steerc check`` reports those)."""
+def project_setting(start_dir: str):
+    """The project of the nearest steer.toml at or above ``start_dir`` (read and checked as ``steerc check``
+    reads it, its diagnostics included); None when there is none."""
     from steerc.paths import find_marker
     from steerc.project import project_at
 
     path = find_marker(start_dir)
-    if path is None:
-        return None
-    project = project_at(os.path.dirname(path))
-    if not project.ok or not project.model:
-        return None
-    return project.model, path
+    return project_at(os.path.dirname(path)) if path is not None else None
 
 
 class FactsCache:

@@ -25,7 +25,7 @@ from steerc import __version__
 from steerc.lsp import wire
 from steerc.lsp.analysis import Analysis, Lookup
 from steerc.lsp.positions import ENCODINGS, UTF16, Document, normalize, source_offset
-from steerc.lsp.project import FactsCache, model_setting, without_model
+from steerc.lsp.project import FactsCache, project_setting, without_model
 from steerc.lsp.reparse import Reparser
 
 log = logging.getLogger("steerc.lsp")
@@ -122,28 +122,41 @@ class SteerServer(LanguageServer):
         return od.analysis
 
     def _check(self, od: OpenDocument):
+        """The document checked as ``steerc check`` checks a file: its project's steer.toml (params, target,
+        model; its diagnostics first), then the model's problem if it cannot be used, then the program's."""
+        from types import SimpleNamespace
+
         from steerc.api import check
-        from steerc.passes.context import Options
+        from steerc.cli.common import options_from
         from steerc.source import Source
 
         path = to_fs_path(od.uri) if od.uri.startswith("file:") else None
         source = Source(path or od.uri, normalize(od.doc.text), path)
-        facts, problem, sources = self._facts(path)
-        result = check(source, Options(), facts, parser=od.reparser, fuse=False)
-        if problem is not None:
-            result.diagnostics.insert(0, problem)
-            result.sources.update(sources)
+        project = project_setting(os.path.dirname(path) if path else self.model_base)
+        facts, problem, sources = self._facts(path, project)
+        options = options_from(SimpleNamespace(), project)
+        target = project.target if project is not None else None
+        # A target's checks read the plan as compiled, so fusion stays on where one is set.
+        result = check(source, options, facts, parser=od.reparser, fuse=target is not None)
+        if target:
+            from steerc.targets import check_target
+
+            check_target(result, target)
+        first = list(project.diagnostics) if project is not None else []
+        result.diagnostics[:0] = first + ([problem] if problem is not None else [])
+        result.sources.update(sources)
+        if project is not None:
+            result.sources.update(project.sources)
         return result
 
-    def _facts(self, path: str | None):
+    def _facts(self, path: str | None, project):
         """(facts or None, a diagnostic when the model cannot be used, the sources it points into)."""
         if self.model:
             model, origin = self.model, "the editor's `model` setting (or --model)"
+        elif project is not None and project.model:
+            model, origin = project.model, f"`model` in {project.file}"
         else:
-            found = model_setting(os.path.dirname(path) if path else self.model_base)
-            if found is None:
-                return None, None, {}
-            model, origin = found[0], f"`model` in {found[1]}"
+            return None, None, {}
         facts, problem, sources = self.facts.get(model)
         if problem is None:
             return facts, None, {}
