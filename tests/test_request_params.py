@@ -321,6 +321,89 @@ def test_hf_install_params_equals_set():
         install(model, base, params={"strength": 9})
 
 
+@pytest.mark.parametrize("text", [TEXT, TEXT.replace("scale strength\n", "scale strength * joy\n")],
+                         ids=["scalar-scale", "vector-scale"])
+def test_the_emitted_package_takes_params_as_install_does(tmp_path, text):
+    """compile --target hf, then the package's install(params=): the in-process install's logits, bit for bit,
+    for every bound role (add, scale, clamp, rotate, a gate threshold); its refusals name the param alike."""
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    from hf_util import load_emitted
+    from tiny_models import tiny_model
+
+    from steerc.runtime.hf import facts_from_model, install
+    from steerc.targets.hf.emit import emit
+    from steerc.targets.hooks import lower_hf
+
+    model = tiny_model("llama")
+    facts = facts_from_model(model)
+    result = _check(text, facts)
+    assert result.ok, result.render()
+    plan = result.plan
+    files = emit(lower_hf(plan, facts), str(tmp_path / "pkg"), "steerc compile (test)")
+    assert files == ["__init__.py", "_params.py", "_support.py", "tensors.safetensors"]
+    pkg = load_emitted(str(tmp_path / "pkg"), f"steer_params_{len(text)}")
+    ids = torch.tensor([[5, 6, 7, 8, 9, 10]])
+
+    def logits(handle):
+        with handle, torch.no_grad():
+            out = model.generate(ids, max_new_tokens=4, do_sample=False, output_logits=True,
+                                 return_dict_in_generate=True, pad_token_id=0)
+        return out.sequences, torch.stack(out.logits)
+
+    seen = []
+    for values in (None, {"strength": 2.0, "limit": -1.0}, {"strength": 0.5, "limit": -1.0}, {"limit": -1.0}):
+        a, b = logits(pkg.install(model, params=values)), logits(install(model, plan, params=values))
+        assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1]), values
+        seen.append(a[1])
+    assert all(not torch.equal(seen[0], x) for x in seen[1:])  # each value steers differently
+    for bad in ({"strength": 9}, {"nope": 1}, {"strength": True}, {"strength": float("nan")}, [1]):
+        with pytest.raises(ValueError) as ours:
+            pkg.install(model, params=bad)
+        with pytest.raises(ParamError) as theirs:
+            install(model, plan, params=bad)
+        assert str(ours.value) == str(theirs.value) and type(ours.value).__name__ == "ParamError"
+    assert pkg.install.__doc__ and "params" in pkg.install.__doc__
+
+
+def test_the_packages_param_checks_are_plain_python():
+    """_params.py is steerc/ir/param_values.py, copied: it must import nothing but the standard library."""
+    import ast
+
+    from steerc.ir import param_values
+    from steerc.limits import FLOAT32_MAX
+
+    tree = ast.parse(open(param_values.__file__, encoding="utf-8").read())
+    imported = {a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+    imported |= {n.module.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
+    assert imported <= {"__future__", "math", "collections"}, imported
+    assert param_values.FLOAT32_MAX == FLOAT32_MAX == float(np.finfo(np.float32).max)
+
+
+def test_an_emitted_package_without_params_is_as_before(tmp_path):
+    pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    import inspect
+
+    from hf_util import load_emitted
+    from tiny_models import tiny_model
+
+    from steerc.runtime.hf import facts_from_model
+    from steerc.targets.hf.emit import emit
+    from steerc.targets.hooks import lower_hf
+
+    model = tiny_model("llama")
+    facts = facts_from_model(model)
+    plan = _plan(facts, strength=2.0)
+    fixed = _check(TEXT.replace(" per request", ""), facts, strength=2.0).plan
+    assert emit(lower_hf(fixed, facts), str(tmp_path / "pkg"), "t") == ["__init__.py", "_support.py",
+                                                                         "tensors.safetensors"]
+    pkg = load_emitted(str(tmp_path / "pkg"), "steer_no_params")
+    assert list(inspect.signature(pkg.install).parameters) == ["model", "tokenizer", "check"]
+    assert "ctx.bound" not in open(tmp_path / "pkg" / "__init__.py").read()
+    assert plan.params and not fixed.params
+
+
 # ---------------------------------------------------------------- vllm buffers
 
 

@@ -25,7 +25,6 @@ only ``resid_pre`` site in a plan is ``resid_pre[0]``.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 from typing import Union
 
@@ -33,6 +32,7 @@ from attrs import evolve, field, frozen
 
 from steerc.ir import nodes as ir
 from steerc.ir.checked import Constraint, Gate
+from steerc.ir.param_values import ParamError, check_values  # noqa: F401 (re-exported)
 from steerc.ir.values import Vec
 from steerc.source import Span
 
@@ -188,15 +188,6 @@ class Plan:
 # ------------------------------------------------------------ per-request params
 
 
-class ParamError(ValueError):
-    """A per-request value a plan refuses; ``field`` is the param's name."""
-
-    def __init__(self, field: str, message: str):
-        super().__init__(f"{field}: {message}")
-        self.field = field
-        self.message = message
-
-
 def _gate_bound(g) -> bool:
     from steerc.ir import checked as ck
 
@@ -256,37 +247,6 @@ def check_params(plan: Plan, values: Mapping | None) -> dict[str, float]:
     value past float32.
     """
     return check_values(plan.params, values, _coefficients(plan))
-
-
-def check_values(declared, values: Mapping | None, coefficients=()) -> dict[str, float]:
-    """:func:`check_params` over ``declared`` :class:`Param` s and (param, largest |coefficient|) pairs:
-    what the vllm target's workers run on the params of their buffer form."""
-    from steerc.limits import FLOAT32_MAX
-
-    declared = {p.name: p for p in declared}
-    out = {name: p.default for name, p in declared.items()}
-    if values is not None and not isinstance(values, Mapping):
-        raise ParamError("params", f"expected a map of param name to number, got {type(values).__name__}")
-    for name, value in (values or {}).items():
-        if name not in declared:
-            known = ", ".join(sorted(declared)) or "none"
-            raise ParamError(str(name)[:64], f"this plan has no per-request param of that name (its params: {known})")
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise ParamError(name, f"expected a number, got {type(value).__name__}")
-        try:
-            value = float(value)
-        except OverflowError:
-            value = math.inf
-        if not math.isfinite(value):
-            raise ParamError(name, "expected a finite number")
-        p = declared[name]
-        if (p.low is not None and value < p.low) or (p.high is not None and value > p.high):
-            raise ParamError(name, f"{value:g} is outside its declared range [{p.low:g}, {p.high:g}]")
-        out[name] = value
-    for name, coefficient in coefficients:
-        if coefficient * abs(out[name]) > FLOAT32_MAX:
-            raise ParamError(name, f"{out[name]:g} makes a steered value overflow float32")
-    return out
 
 
 def _times(coefficient, value: float):

@@ -111,6 +111,28 @@ class Tensors:
     def names(self):
         return sorted(self._base)
 
+    def raw(self, name: str):
+        """The tensor as stored (float32, on the CPU)."""
+        return self._base[name]
+
+
+def bind(tensors: Tensors, rows, values) -> tuple[dict, Tensors]:
+    """The emitted package's per-request operands at ``values`` (``install(params=...)``): per row
+    ``(slot, param, coefficient, shape)``, ``coefficient * value`` as ``steerc.ir.plan.rebind`` computes it:
+    a number times the value (a scalar slot when ``shape`` is None, else a float32 tensor of that shape),
+    or a stored float32 coefficient tensor (``coefficient`` its name) times the value in float64, then
+    float32. Returns (scalars by slot, the tensors by slot)."""
+    scalars, bound = {}, {}
+    for slot, param, coefficient, shape in rows:
+        value = values[param]
+        if isinstance(coefficient, str):
+            bound[slot] = (tensors.raw(coefficient).double() * value).float()
+        elif shape is None:
+            scalars[slot] = coefficient * value
+        else:
+            bound[slot] = torch.full(shape, coefficient * value, dtype=torch.float32)
+    return scalars, Tensors(bound)
+
 
 def select(mask, new, old):
     """``new`` where ``mask`` ([B, T]) is set, else ``old``."""
@@ -210,6 +232,9 @@ class Context:
         self.values: dict[str, torch.Tensor] = {}  # per-token probe values this forward, [B, T]
         self.pos = self.real = self.plen = None
         self._masks: dict = {}
+        # the emitted package's per-request operands (S.bind) and gates with bound thresholds, by name
+        self.bound: dict = {}
+        self.bound_tensors = Tensors({})
 
     # called by the base model's pre-hook
     def begin_forward(self, input_ids, embeds, attention_mask, past_len: int) -> None:

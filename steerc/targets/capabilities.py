@@ -142,8 +142,8 @@ TARGETS: dict[str, Target] = {
             pipeline=_yes("parallel:pipeline", "works with accelerate device maps (hooks move tensors)"),
             constraint=_yes("constraint:json_schema", "an xgrammar logits processor in generate()"),
             per_request=_yes("param:per-request", "values at install time: `install(model, plan, tokenizer, "
-                                                  "params={...})`; the emitted package holds the compiled values "
-                                                  "(compile it with --set for others)"),
+                                                  "params={...})`, and the emitted package's `install(model, "
+                                                  "tokenizer, params={...})` (logits equal, every bound role)"),
         ),
         _target(
             "vllm",

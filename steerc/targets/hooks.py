@@ -125,6 +125,7 @@ class HookProgram:
     source_name: str
     source_sha256: str
     constraint: object = None  # steerc.ir.checked.Constraint
+    params: tuple = ()  # steerc.ir.plan.Param: the per-request params, at their compiled values
 
     @property
     def constraint_data(self) -> tuple | None:
@@ -240,4 +241,5 @@ def lower_hooks(plan: Plan, facts, backend: str, table=None) -> HookProgram:
         source_name=os.path.basename(plan.source_name),
         source_sha256=plan.source_sha256,
         constraint=plan.constraint,
+        params=tuple(plan.params),
     )

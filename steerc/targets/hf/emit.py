@@ -25,6 +25,7 @@ from steerc.facts.families import FAMILIES
 from steerc.targets.hooks import HookProgram, HookCode, KernelCall, SiteCode
 
 SUPPORT = os.path.join(os.path.dirname(__file__), "..", "..", "runtime", "_support.py")
+PARAMS = os.path.join(os.path.dirname(__file__), "..", "..", "ir", "param_values.py")
 
 
 class _Names:
@@ -38,6 +39,55 @@ class _Names:
         if value not in self.items:
             self.items[value] = f"{self.prefix}_{len(self.items)}"
         return self.items[value]
+
+
+class _Bound:
+    """The program's per-request operands and bound gates, as the emitted ``install(params=...)`` binds
+    them (``_support.bind``, ``_params.bound_gate``): rows ``(slot, param, coefficient, shape)``, coefficient
+    tensors to store, and per bound gate its constant and ``(param, coefficient)`` or None per comparison."""
+
+    def __init__(self, tensors: dict):
+        self.tensors = tensors  # the program's tensors (read for shapes)
+        self.rows: list[tuple] = []
+        self.coefficients: dict = {}
+        self.gates: dict[tuple, str] = {}  # (gate data, gate params) -> constant name
+        self.largest: dict[str, float] = {}
+        self.scalars = 0
+
+    def _note(self, param: str, coefficient) -> None:
+        import numpy as np
+
+        size = float(np.abs(np.asarray(coefficient, dtype=np.float64)).max(initial=0.0))
+        self.largest[param] = max(self.largest.get(param, 0.0), size)
+
+    def scalar(self, param: str, coefficient: float) -> str:
+        slot = f"B_{self.scalars}"
+        self.scalars += 1
+        self.rows.append((slot, param, float(coefficient), None))
+        self._note(param, coefficient)
+        return f"ctx.bound[{slot!r}]"
+
+    def tensor(self, slot: str, param: str, coefficient, v: str) -> str:
+        import numpy as np
+
+        if isinstance(coefficient, float):
+            self.rows.append((slot, param, coefficient, tuple(self.tensors[slot].shape)))
+        else:
+            name = f"{slot}.coefficient"
+            self.coefficients[name] = np.ascontiguousarray(coefficient, dtype=np.float32).reshape(
+                self.tensors[slot].shape)
+            self.rows.append((slot, param, name, None))
+        self._note(param, coefficient)
+        return f"ctx.bound_tensors.get({slot!r}, {v})"
+
+    def gate(self, k: KernelCall) -> str:
+        key = (k.gate, k.gate_params)
+        if key not in self.gates:
+            self.gates[key] = f"BOUND_GATE_{len(self.gates)}"
+            for b in k.gate_params:
+                if b is not None:
+                    self._note(*b)
+        return f"ctx.bound[{self.gates[key]!r}]"
 
 
 def _scope_comment(scope: tuple) -> str:
@@ -60,28 +110,40 @@ def _tensor(name: str | None, like: str) -> str:
     return "None" if name is None else f"_T.get({name!r}, {like})"
 
 
-def _kernel_lines(k: KernelCall, scopes: _Names, gates: _Names, v: str) -> list[str]:
+def _kernel_lines(k: KernelCall, scopes: _Names, gates: _Names, bound: _Bound, v: str) -> list[str]:
+    roles = {role: (param, coefficient) for role, param, coefficient in k.bindings}
+
+    def operand(role: str) -> str:
+        if role in roles and k.tensor(role) is not None:
+            return bound.tensor(k.tensor(role), *roles[role], v)
+        return _tensor(k.tensor(role), v)
+
     lines = [f"# {k.label}"]
     lines.append(f"m = ctx.scope_mask({scopes(k.scope)})")
     if k.gate is not None:
-        lines.append(f"m = m & ctx.gate_mask({gates(k.gate)})")
+        gate = bound.gate(k) if any(b is not None for b in k.gate_params) else gates(k.gate)
+        lines.append(f"m = m & ctx.gate_mask({gate})")
     if k.kind == "affine":
-        scale = repr(k.scale) if k.scale is not None else _tensor(k.tensor("scale"), v)
+        if k.scale is None:
+            scale = operand("scale")
+        else:
+            scale = bound.scalar(*roles["scale"]) if "scale" in roles else repr(k.scale)
         if k.schedule:
             lines.append(f"f = S.schedule_factor({k.schedule!r}, {_tensor(k.tensor('schedule'), v)}, ctx.pos, ctx.plen)")
-        new = f"S.affine({v}, {scale}, {_tensor(k.tensor('bias'), v)}{', f' if k.schedule else ''})"
+        new = f"S.affine({v}, {scale}, {operand('bias')}{', f' if k.schedule else ''})"
     elif k.kind == "project":
-        new = f"S.project({v}, {_tensor(k.tensor('basis'), v)}, {_tensor(k.tensor('target'), v)})"
+        new = f"S.project({v}, {_tensor(k.tensor('basis'), v)}, {operand('target')})"
     else:
+        angle = bound.scalar(*roles["angle"]) if "angle" in roles else repr(k.angle)
         new = (f"S.rotate({v}, {_tensor(k.tensor('e1'), v)}, {_tensor(k.tensor('e2'), v)}, "
-               f"{k.angle!r}, {k.mode!r})")
+               f"{angle}, {k.mode!r})")
     if k.preserve_norm:
         new = f"S.preserve_norm({v}, {new})"
     lines.append(f"{v} = S.select(m, {new}, {v})")
     return lines
 
 
-def _site_lines(site: SiteCode, scopes: _Names, gates: _Names) -> list[str]:
+def _site_lines(site: SiteCode, scopes: _Names, gates: _Names, bound: _Bound) -> list[str]:
     # Head sites work on their columns (`part`) of the hooked tensor; others on all of it (`x`).
     lines = []
     v = "x"
@@ -94,26 +156,28 @@ def _site_lines(site: SiteCode, scopes: _Names, gates: _Names) -> list[str]:
         lines.append(f"# probe {p.name}: {p.kind}, pool {p.pool}")
         lines.append(f"ctx.record_probe({p.name!r}, {p.pool!r}, {p.kind!r}, {v}, {_tensor(p.tensor, v)}, {p.bias!r})")
     for k in site.kernels:
-        lines.extend(_kernel_lines(k, scopes, gates, v))
+        lines.extend(_kernel_lines(k, scopes, gates, bound, v))
     if site.columns is not None:
         lines.append(f"x[..., {site.columns[0]}:{site.columns[1]}] = part")
     return lines
 
 
-def _hook_function(hook: HookCode, scopes: _Names, gates: _Names) -> str:
+def _hook_function(hook: HookCode, scopes: _Names, gates: _Names, bound: _Bound) -> str:
     has_heads = any(s.columns is not None for s in hook.sites)
     sites = ", ".join(s.site.text for s in hook.sites)
     body = [f'"""{hook.kind}-hook on {hook.module} ({hook.tensor}): {sites}."""',
             f"x = h.to(S.compute_dtype(h.dtype), copy={has_heads})"]
     for site in hook.sites:
-        body.extend(_site_lines(site, scopes, gates))
+        body.extend(_site_lines(site, scopes, gates, bound))
     body.append("return x.to(h.dtype)")
     return f"def {hook.name}(h, ctx):\n" + "\n".join("    " + line for line in body) + "\n"
 
 
-def render_init(program: HookProgram, command: str) -> str:
+def render_init(program: HookProgram, command: str, bound: _Bound | None = None) -> str:
+    """``__init__.py``; ``bound`` collects the per-request operands and their coefficient tensors."""
     scopes, gates = _Names("SCOPE"), _Names("GATE")
-    functions = [_hook_function(h, scopes, gates) for h in program.hooks]
+    bound = bound if bound is not None else _Bound(program.tensors)
+    functions = [_hook_function(h, scopes, gates, bound) for h in program.hooks]
     facts = program.facts
     model_types = FAMILIES[facts["family"]].model_types
     out = [
@@ -125,6 +189,8 @@ def render_init(program: HookProgram, command: str) -> str:
         f"Made by: {command}",
         "",
         "Use: handle = install(model, tokenizer); ...; handle.remove()  (or `with install(model):`).",
+        *(["Per-request params: install(model, tokenizer, params={...}) (the others keep their compiled values)."]
+          if program.params else []),
         "Generated code: recompile the .steer file instead of editing it.",
         '"""',
         "",
@@ -132,6 +198,7 @@ def render_init(program: HookProgram, command: str) -> str:
         "",
         "from safetensors.torch import load_file",
         "",
+        *(["from . import _params as P"] if program.params else []),
         "from . import _support as S",
         "",
         f"SOURCE_SHA256 = {program.source_sha256!r}",
@@ -153,6 +220,8 @@ def render_init(program: HookProgram, command: str) -> str:
         out.append("# Gates (see _support.Context.gate_mask).")
         out.extend(f"{name} = {value!r}" for value, name in gates.items.items())
         out.append("")
+    if program.params:
+        out.extend(_params_lines(program, bound))
     out.append("")
     out.append("\n\n".join(functions))
     out.append("")
@@ -161,38 +230,76 @@ def render_init(program: HookProgram, command: str) -> str:
     out.append(")")
     out.append("")
     out.append("")
-    out.append('''def install(model, tokenizer=None, check=True):
-    """Install the steering on ``model``; returns a handle with ``remove()`` (also a context manager).
+    out.append(_INSTALL_WITH_PARAMS if program.params else _INSTALL)
+    return "\n".join(out)
 
-    ``tokenizer`` is needed when a scope uses `after "..."` or the output is
-    constrained (then ``model.generate`` is constrained too). ``check`` refuses
-    a model whose layout differs from the one these hooks were compiled for.
-    """
-    if check:
+
+def _params_lines(program: HookProgram, bound: _Bound) -> list[str]:
+    out = ["# Per-request params: name, default (the compiled value), range (see _params.check_values).",
+           "PARAMS = ("]
+    out.extend(f"    P.Declared({p.name!r}, {p.default!r}, {p.low!r}, {p.high!r})," for p in program.params)
+    out += [")", "# The largest |coefficient| each param multiplies (a value past float32 is refused).",
+            "LARGEST = " + repr(tuple(sorted(bound.largest.items()))),
+            "# Bound operands: slot, param, coefficient (a number, or its stored tensor), shape of a tensor slot.",
+            "BOUND = ("]
+    out.extend(f"    {row!r}," for row in bound.rows)
+    out += [")", "# Gates with bound thresholds: the gate at the compiled values, and per comparison (param, "
+                 "coefficient) or None.", "BOUND_GATES = ("]
+    out.extend(f"    ({name!r}, {gate!r}, {params!r})," for (gate, params), name in bound.gates.items())
+    out += [")", ""]
+    return out
+
+
+_INSTALL_BODY = '''    if check:
         S.check_facts(model, FACTS, MODEL_TYPES)
     if (AFTER_TEXTS or CONSTRAINT) and tokenizer is None:
         raise ValueError("this steering needs the tokenizer (a scope after a text, or an output constraint)")
     constraint = S.constraint_factory(tokenizer, model.config.vocab_size, CONSTRAINT) if CONSTRAINT else None
-    return S.install(model, BASE_MODEL, HOOKS, S.Context(tokenizer, AFTER_TEXTS, constraint), family=FACTS["family"])
+    ctx = S.Context(tokenizer, AFTER_TEXTS, constraint)
+'''
+_INSTALL_DOC = '''    """Install the steering on ``model``; returns a handle with ``remove()`` (also a context manager).
+
+    ``tokenizer`` is needed when a scope uses `after "..."` or the output is
+    constrained (then ``model.generate`` is constrained too). ``check`` refuses
+    a model whose layout differs from the one these hooks were compiled for.
+'''
+_INSTALL = ("def install(model, tokenizer=None, check=True):\n" + _INSTALL_DOC + '    """\n' + _INSTALL_BODY
+            + '    return S.install(model, BASE_MODEL, HOOKS, ctx, family=FACTS["family"])\n')
+_INSTALL_WITH_PARAMS = (
+    "def install(model, tokenizer=None, check=True, params=None):\n" + _INSTALL_DOC + '''
+    ``params`` gives values to the per-request params (the same kernels as a
+    program compiled with ``--set`` to those values); a name not declared, or
+    a value that is not a number in the declared range, raises
+    ``_params.ParamError`` (a ValueError) naming the param.
+    """
+    values = P.check_values(PARAMS, params, LARGEST)
+''' + _INSTALL_BODY + '''    ctx.bound, ctx.bound_tensors = S.bind(_T, BOUND, values)
+    ctx.bound.update((name, P.bound_gate(gate, bound, values)) for name, gate, bound in BOUND_GATES)
+    return S.install(model, BASE_MODEL, HOOKS, ctx, family=FACTS["family"])
 ''')
-    return "\n".join(out)
 
 
 def emit(program: HookProgram, out_dir: str, command: str) -> list[str]:
     """Write the package; returns the files written (relative to ``out_dir``)."""
     os.makedirs(out_dir, exist_ok=True)
-    init = render_init(program, command)
-    with open(SUPPORT, encoding="utf-8") as fh:
-        support = fh.read()
+    bound = _Bound(program.tensors)
+    init = render_init(program, command, bound)
+    tensors = {**program.tensors, **bound.coefficients}
     blobs = {
         "__init__.py": init.encode("utf-8"),
-        "_support.py": support.encode("utf-8"),
-        "tensors.safetensors": save_safetensors({k: program.tensors[k] for k in sorted(program.tensors)})
-        if program.tensors else save_safetensors({}),
+        "_support.py": _read(SUPPORT),
+        "tensors.safetensors": save_safetensors({k: tensors[k] for k in sorted(tensors)}),
     }
+    if program.params:
+        blobs["_params.py"] = _read(PARAMS)
     for name, data in blobs.items():
         tmp = os.path.join(out_dir, f".{name}.tmp")
         with open(tmp, "wb") as fh:
             fh.write(data)
         os.replace(tmp, os.path.join(out_dir, name))
     return sorted(blobs)
+
+
+def _read(path: str) -> bytes:
+    with open(path, "rb") as fh:
+        return fh.read()
