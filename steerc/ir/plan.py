@@ -200,8 +200,9 @@ def _gate_bound(g) -> bool:
     return any(_gate_bound(p) for p in g.parts)
 
 
-def _coefficients(plan: Plan):
-    """(param, |coefficient| max) for every binding and bound threshold of the plan."""
+def coefficient_bounds(plan: Plan):
+    """(param, |coefficient| max) for every binding and bound threshold of the plan: what
+    :func:`check_values` needs to refuse a value that would overflow float32."""
     from steerc.ir import checked as ck
 
     def gate(g):
@@ -246,7 +247,7 @@ def check_params(plan: Plan, values: Mapping | None) -> dict[str, float]:
     here), one outside the declared range, or one that would push a steered
     value past float32.
     """
-    return check_values(plan.params, values, _coefficients(plan))
+    return check_values(plan.params, values, coefficient_bounds(plan))
 
 
 def _times(coefficient, value: float):

@@ -22,7 +22,7 @@ from attrs import field, frozen
 from steerc.facts.sites import site_table
 from steerc.ir import checked as ck
 from steerc.ir import nodes as ir
-from steerc.ir.plan import Affine, Plan, Project, Rotate, Site
+from steerc.ir.plan import Affine, Plan, Project, Rotate, Site, coefficient_bounds
 from steerc.passes.lower_plan import BASIS_READOUTS
 
 
@@ -126,6 +126,7 @@ class HookProgram:
     source_sha256: str
     constraint: object = None  # steerc.ir.checked.Constraint
     params: tuple = ()  # steerc.ir.plan.Param: the per-request params, at their compiled values
+    coefficient_bounds: tuple = ()  # (param, largest |coefficient|) pairs: steerc.ir.plan.coefficient_bounds
 
     @property
     def constraint_data(self) -> tuple | None:
@@ -242,4 +243,5 @@ def lower_hooks(plan: Plan, facts, backend: str, table=None) -> HookProgram:
         source_sha256=plan.source_sha256,
         constraint=plan.constraint,
         params=tuple(plan.params),
+        coefficient_bounds=tuple(sorted(set(coefficient_bounds(plan)))),
     )

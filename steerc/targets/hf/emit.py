@@ -51,20 +51,12 @@ class _Bound:
         self.rows: list[tuple] = []
         self.coefficients: dict = {}
         self.gates: dict[tuple, str] = {}  # (gate data, gate params) -> constant name
-        self.largest: dict[str, float] = {}
         self.scalars = 0
-
-    def _note(self, param: str, coefficient) -> None:
-        import numpy as np
-
-        size = float(np.abs(np.asarray(coefficient, dtype=np.float64)).max(initial=0.0))
-        self.largest[param] = max(self.largest.get(param, 0.0), size)
 
     def scalar(self, param: str, coefficient: float) -> str:
         slot = f"B_{self.scalars}"
         self.scalars += 1
         self.rows.append((slot, param, float(coefficient), None))
-        self._note(param, coefficient)
         return f"ctx.bound[{slot!r}]"
 
     def tensor(self, slot: str, param: str, coefficient, v: str) -> str:
@@ -77,16 +69,12 @@ class _Bound:
             self.coefficients[name] = np.ascontiguousarray(coefficient, dtype=np.float32).reshape(
                 self.tensors[slot].shape)
             self.rows.append((slot, param, name, None))
-        self._note(param, coefficient)
         return f"ctx.bound_tensors.get({slot!r}, {v})"
 
     def gate(self, k: KernelCall) -> str:
         key = (k.gate, k.gate_params)
         if key not in self.gates:
             self.gates[key] = f"BOUND_GATE_{len(self.gates)}"
-            for b in k.gate_params:
-                if b is not None:
-                    self._note(*b)
         return f"ctx.bound[{self.gates[key]!r}]"
 
 
@@ -173,10 +161,9 @@ def _hook_function(hook: HookCode, scopes: _Names, gates: _Names, bound: _Bound)
     return f"def {hook.name}(h, ctx):\n" + "\n".join("    " + line for line in body) + "\n"
 
 
-def render_init(program: HookProgram, command: str, bound: _Bound | None = None) -> str:
+def render_init(program: HookProgram, command: str, bound: _Bound) -> str:
     """``__init__.py``; ``bound`` collects the per-request operands and their coefficient tensors."""
     scopes, gates = _Names("SCOPE"), _Names("GATE")
-    bound = bound if bound is not None else _Bound(program.tensors)
     functions = [_hook_function(h, scopes, gates, bound) for h in program.hooks]
     facts = program.facts
     model_types = FAMILIES[facts["family"]].model_types
@@ -238,13 +225,13 @@ def _params_lines(program: HookProgram, bound: _Bound) -> list[str]:
     out = ["# Per-request params: name, default (the compiled value), range (see _params.check_values).",
            "PARAMS = ("]
     out.extend(f"    P.Declared({p.name!r}, {p.default!r}, {p.low!r}, {p.high!r})," for p in program.params)
-    out += [")", "# The largest |coefficient| each param multiplies (a value past float32 is refused).",
-            "LARGEST = " + repr(tuple(sorted(bound.largest.items()))),
+    out += [")", "# (param, largest |coefficient| of an operand it scales): a value past float32 is refused.",
+            "LARGEST = " + repr(program.coefficient_bounds),
             "# Bound operands: slot, param, coefficient (a number, or its stored tensor), shape of a tensor slot.",
             "BOUND = ("]
     out.extend(f"    {row!r}," for row in bound.rows)
-    out += [")", "# Gates with bound thresholds: the gate at the compiled values, and per comparison (param, "
-                 "coefficient) or None.", "BOUND_GATES = ("]
+    out += [")", ("# Gates with bound thresholds: the gate at the compiled values, and per comparison (param, "
+                  "coefficient) or None."), "BOUND_GATES = ("]
     out.extend(f"    ({name!r}, {gate!r}, {params!r})," for (gate, params), name in bound.gates.items())
     out += [")", ""]
     return out
