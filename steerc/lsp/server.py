@@ -133,7 +133,7 @@ class SteerServer(LanguageServer):
         path = to_fs_path(od.uri) if od.uri.startswith("file:") else None
         source = Source(path or od.uri, normalize(od.doc.text), path)
         project = project_setting(os.path.dirname(path) if path else self.model_base)
-        facts, problem, sources = self._facts(path, project)
+        facts, problem, sources = self._facts(project)
         options = options_from(SimpleNamespace(), project)
         target = project.target if project is not None else None
         # A target's checks read the plan as compiled, so fusion stays on where one is set.
@@ -149,7 +149,7 @@ class SteerServer(LanguageServer):
             result.sources.update(project.sources)
         return result
 
-    def _facts(self, path: str | None, project):
+    def _facts(self, project):
         """(facts or None, a diagnostic when the model cannot be used, the sources it points into)."""
         if self.model:
             model, origin = self.model, "the editor's `model` setting (or --model)"
