@@ -236,7 +236,7 @@ def test_a_projects_steer_toml_applies_as_check_applies_it(tmp_path, toml):
     client = Client(cwd=str(tmp_path))
     try:
         client.initialize(root=str(tmp_path))
-        uri, got = opened(client, tmp_path, "p.steer", PROGRAM)
+        _, got = opened(client, tmp_path, "p.steer", PROGRAM)
         want = check_json(tmp_path, "p.steer")
     finally:
         client.kill()

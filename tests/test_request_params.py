@@ -373,7 +373,8 @@ def test_the_packages_param_checks_are_plain_python():
     from steerc.ir import param_values
     from steerc.limits import FLOAT32_MAX
 
-    tree = ast.parse(open(param_values.__file__, encoding="utf-8").read())
+    with open(param_values.__file__, encoding="utf-8") as fh:
+        tree = ast.parse(fh.read())
     imported = {a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
     imported |= {n.module.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
     assert imported <= {"__future__", "math", "collections"}, imported
@@ -400,7 +401,7 @@ def test_an_emitted_package_without_params_is_as_before(tmp_path):
                                                                          "tensors.safetensors"]
     pkg = load_emitted(str(tmp_path / "pkg"), "steer_no_params")
     assert list(inspect.signature(pkg.install).parameters) == ["model", "tokenizer", "check"]
-    assert "ctx.bound" not in open(tmp_path / "pkg" / "__init__.py").read()
+    assert "ctx.bound" not in (tmp_path / "pkg" / "__init__.py").read_text(encoding="utf-8")
     assert plan.params and not fixed.params
 
 
