@@ -173,6 +173,7 @@ KEYWORDS_AS_NAMES = [
     "steer 1\nintervention s { at mlp_out[1, 50%:100%]\n  preserve norm\n  suppress }\n",
     'steer 1\nconstrain regex from "r.txt"\n',
     'steer 1\nconstrain json_schema """{"a": "\\q"}"""\n',
+    'steer 1\nconstrain regex from """k.\n"""\n',  # a string over two lines (found by the random programs)
     'steer 1\nconstrain choice ["a\\n\\u00e9", "\\"", ""]\n',
     "steer 1\nvector v = [1.,\n  .5, 2e-3,  # a comment inside brackets\n  1.5E+2]\n",
     "# leading comment\n\n\nsteer 1 # trailing\n\r\nparam p = 1\r\n",
