@@ -1,8 +1,9 @@
 """Shared fixtures for the steerc test suite.
 
-* ``examples_dir``: the shared conformance programs (``$STEERC_EXAMPLES`` or
-  ``../shared/examples`` next to the repository); tests using it skip when
-  the folder is missing.
+* ``examples_dir``: the tests' own copy of the conformance programs, tiny
+  model configs, vectors and bad programs (``tests/fixtures/examples``), so
+  a bare clone passes its tests; only ``tests/conformance.py`` reads
+  ``../shared/examples``.
 * ``tiny_facts(name)``: the :class:`~steerc.facts.ModelFacts` of one of the
   tiny model configs in ``examples/models`` (``"tiny-llama"``, ...).
 * ``update_golden``: true under ``pytest --update-golden``; golden-file
@@ -59,11 +60,9 @@ def _tree_digest(path: str) -> dict[str, str]:
 
 @pytest.fixture(scope="session")
 def examples_dir():
-    """The shared conformance examples. They are not ours to change: a test that writes into them (a `fmt`
+    """The tests' example programs. Tests must not change them: a test that writes into them (a `fmt`
     on their folder, say) fails the session at its end, naming the files."""
     path = examples_path()
-    if not os.path.isdir(path):
-        pytest.skip(f"shared examples not found at {path} (set STEERC_EXAMPLES)")
     before = _tree_digest(path)
     yield path
     after = _tree_digest(path)
@@ -89,3 +88,20 @@ def tiny_facts(examples_dir):
 @pytest.fixture(scope="session")
 def update_golden(request) -> bool:
     return bool(request.config.getoption("--update-golden"))
+
+
+def pytest_terminal_summary(terminalreporter):
+    import fuzzing
+
+    if any(fuzzing.RAN.values()):
+        terminalreporter.write_line(fuzzing.summary())
+
+
+def pytest_sessionfinish(session, exitstatus):
+    """A fuzz test that ran fewer than 90% of its budgeted inputs checked less than it claims: fail the run."""
+    import fuzzing
+
+    short = fuzzing.shortfalls()
+    if short:
+        print(f"\nfuzz tests that ran fewer inputs than budgeted (ran, budget): {short}")
+        session.exitstatus = 1

@@ -14,9 +14,15 @@ TESTS = os.path.join(REPO, "tests")
 GOLDEN = os.path.join(TESTS, "golden")
 
 
+# The example programs, tiny model configs, vectors and bad programs the tests read: a copy of the
+# conformance examples that the clone ships, so that a bare clone passes its own tests. Only
+# tests/conformance.py (the conformance step of .ci/run) reads ../shared/examples.
+EXAMPLES = os.path.join(TESTS, "fixtures", "examples")
+
+
 def examples_path() -> str:
-    """Where the shared examples are (whether or not the folder exists)."""
-    return os.path.abspath(os.environ.get("STEERC_EXAMPLES", os.path.join(REPO, "..", "shared", "examples")))
+    """Where the tests' own example programs are (tests/fixtures/examples)."""
+    return EXAMPLES
 
 
 def run_cli(argv: list[str], stdin: str | None = None) -> tuple[int, str, str]:

@@ -60,8 +60,7 @@ REAL_ADDED = {
 
 def _model_dir(name: str) -> str:
     path = os.path.join(MODELS, name) if name in TINY else os.path.join(MODELS, "real", name)
-    if not os.path.isdir(path):
-        pytest.skip(f"{path} not found (set STEERC_EXAMPLES)")
+    assert os.path.isdir(path), f"{path} not found"
     return path
 
 

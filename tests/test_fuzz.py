@@ -11,15 +11,15 @@ configs and facts JSONs, and mutated safetensors headers. The checker
 hf|vllm|serve``, ``facts``) must exit 0, 1 or 2 with a diagnostic, and print
 no traceback.
 
-Every test counts the inputs it ran; the last test checks that each ran
-the number it was given (a test whose inputs were all filtered out would
-check nothing). ``STEERC_FUZZ_SCALE=20 pytest tests/test_fuzz.py`` fuzzes
-twenty times longer.
+Every test counts the inputs it ran (``tests/fuzzing.py``); at the end of
+the session ``conftest.py`` checks that each ran the number it was given (a
+test whose inputs were all filtered out would check nothing).
+``STEERC_FUZZ_SCALE=20 pytest tests/test_fuzz*.py`` fuzzes twenty times
+longer.
 """
 
 from __future__ import annotations
 
-import collections
 import glob
 import json
 import os
@@ -29,29 +29,15 @@ import struct
 import traceback
 
 import pytest
-from hypothesis import HealthCheck, assume, event, given, settings
+from hypothesis import assume, event, given
 from hypothesis import strategies as st
 
 from steerc.api import check_source
 from steerc.facts import facts_from_config, load_facts
 from steerc.frontend.fmt import format_program
 from strategies import hostile, mutated, programs, random_text
+from fuzzing import RAN, fuzz
 from support import examples_path, run_cli, uses_constraint
-
-# STEERC_FUZZ_SCALE=20 pytest tests/test_fuzz.py fuzzes twenty times longer.
-SCALE = max(1, int(os.environ.get("STEERC_FUZZ_SCALE", "1")))
-
-# How many inputs each test runs (times SCALE), and how many it did (checked by the last test).
-BUDGET: dict[str, int] = {}
-RAN: collections.Counter = collections.Counter()
-
-
-def fuzz(n: int, name: str) -> settings:
-    BUDGET[name] = n * SCALE
-    return settings(max_examples=n * SCALE, deadline=None, database=None,
-                    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture,
-                                           HealthCheck.data_too_large, HealthCheck.large_base_example])
-
 
 try:
     import steerc.constraints  # noqa: F401
@@ -426,16 +412,3 @@ def test_mutated_safetensors_headers_give_diagnostics(data, workdir, examples_di
                "intervention a {\n  at  resid_post[*]\n  add joy + bank\n}\n")
     for facts in (None, load_facts(os.path.join(examples_dir, "models", "tiny-llama"))):
         assert_well_formed(check_source(program, "st.steer", path=str(workdir / "st.steer"), facts=facts))
-
-
-# ----------------------------------------------------------------- the count
-
-
-def test_every_fuzzer_ran_its_inputs():
-    """Each fuzz test above that ran here ran (nearly) all of its inputs: report the total."""
-    ran = {name: RAN[name] for name in BUDGET if RAN[name]}
-    if not ran:
-        pytest.skip("no fuzz test ran in this session")
-    short = {name: (n, BUDGET[name]) for name, n in ran.items() if n < BUDGET[name] * 0.9}
-    assert not short, f"fuzz tests that ran fewer inputs than budgeted (ran, budget): {short}"
-    print(f"fuzz inputs run: {sum(ran.values())} ({', '.join(f'{k}: {v}' for k, v in ran.items())})")

@@ -14,8 +14,9 @@ from steerc.facts import load_facts
 from steerc.serve_client import ARTIFACTS_KEY, PLAN_KEY, extra_args, offline_request, request_fields
 from steerc.targets.serve.emit import emit
 from steerc.targets.serve.format import artifact_id, dumps, from_serve, read_artifact, to_serve
+from support import examples_path
 
-EXAMPLES = os.environ.get("STEERC_EXAMPLES", os.path.join(os.path.dirname(__file__), "..", "..", "shared", "examples"))
+EXAMPLES = examples_path()
 SCHEMA = os.path.join(os.path.dirname(__file__), "..", "steerc", "targets", "serve", "serve.schema.json")
 PROGRAMS = sorted(glob.glob(os.path.join(EXAMPLES, "*.steer")))
 

@@ -32,7 +32,7 @@ CONSTRAINT_CODES = {"invalid-constraint", "unsupported-schema-keyword"}
 
 
 def examples_dir() -> str:
-    return os.environ.get("STEERC_EXAMPLES", os.path.join(REPO, "..", "shared", "examples"))
+    return os.path.join(REPO, "tests", "fixtures", "examples")
 
 
 def read_spec(name: str) -> str:

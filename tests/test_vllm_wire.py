@@ -16,6 +16,7 @@ pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
 from hf_util import plan_for, vec  # noqa: E402
+from support import examples_path  # noqa: E402
 from tiny_models import tiny_model  # noqa: E402
 
 from steerc.runtime.hf import facts_from_model  # noqa: E402
@@ -180,8 +181,7 @@ def test_compile_signs_plans_with_a_key_file(tmp_path):
     prog.write_text(f"steer 1\nintervention x {{\n  at resid_post[1]\n  add {vec(64, 1)}\n}}\n")
     import os
 
-    model = os.path.join(os.environ.get("STEERC_EXAMPLES", os.path.join(os.path.dirname(__file__), "..", "..",
-                                                                        "shared", "examples")), "models", "tiny-llama")
+    model = os.path.join(examples_path(), "models", "tiny-llama")
     code, out, err = run_cli(["compile", str(prog), "--model", model, "--target", "vllm", "-o", str(tmp_path / "o"),
                               "--hmac-key-file", str(key)])
     assert code == 0, err

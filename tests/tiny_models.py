@@ -9,9 +9,7 @@ from steerc.facts.families import FAMILIES as FAMILIES_INFO
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-EXAMPLES = os.environ.get(
-    "STEERC_EXAMPLES", os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "shared", "examples")
-)
+EXAMPLES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fixtures", "examples")
 
 # Families whose tiny config ships with the shared examples; the others are built here.
 SHARED = {"llama": "tiny-llama", "qwen2": "tiny-qwen2", "gemma2": "tiny-gemma2", "gpt2": "tiny-gpt2"}

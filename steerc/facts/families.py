@@ -3,7 +3,7 @@
 One row per family: the ``model_type`` values that select it, and how to
 read each fact (the config keys to try in order, or a default). The values
 were read from the transformers 5.24 configuration classes and checked
-against the real configs in ``shared/examples/models/real``.
+against the real configs in ``tests/fixtures/examples/models/real``.
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ import pytest
 from steerc.constraints import check_grammar
 from steerc.constraints.ebnf import _xgrammar_problems
 
-ARITH = Path("/work/shared/examples/grammars/arith.ebnf")
+ARITH = Path(__file__).resolve().parent.parent / "fixtures" / "examples" / "grammars" / "arith.ebnf"
 
 GOOD = [
     'root ::= "a"',

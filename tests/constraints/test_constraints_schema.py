@@ -12,7 +12,7 @@ from steerc.constraints.metaschema import KEYWORDS
 from steerc.constraints.schema import XGRAMMAR_SUPPORT
 
 TYPES = "`array`, `boolean`, `integer`, `null`, `number`, `object`, `string`"
-ANSWER = Path("/work/shared/examples/schemas/answer.schema.json")
+ANSWER = Path(__file__).resolve().parent.parent / "fixtures" / "examples" / "schemas" / "answer.schema.json"
 
 
 def problems_of(schema):

@@ -33,7 +33,7 @@ def models_dir() -> str:
 
 
 def _examples() -> str:
-    return os.environ.get("STEERC_EXAMPLES") or os.path.join(REPO, "..", "shared", "examples")
+    return os.path.join(REPO, "tests", "fixtures", "examples")
 
 
 def _finish(folder: str) -> str:
