@@ -80,6 +80,44 @@ def test_an_existing_path_wins_over_a_name(examples_dir, tmp_path, monkeypatch):
     assert load_facts("smollm2").layers == load_facts(os.path.join(examples_dir, "models", "tiny-llama")).layers
 
 
+def test_a_folder_without_a_model_does_not_hide_the_name(tmp_path, monkeypatch):
+    # examples/smollm2 holds programs, not a model: `--model smollm2` from examples/ is still the bundled one
+    monkeypatch.chdir(tmp_path)
+    os.makedirs("smollm2")
+    (tmp_path / "smollm2" / "x.steer").write_text("steer 1\nintervention x {\n  at resid_post[29]\n  scale 2\n}\n")
+    assert named_config("smollm2").endswith("smollm2-135m-instruct.json")
+    for argv in (["check", "smollm2/x.steer", "--model", "smollm2"], ["explain", "smollm2/x.steer", "--model", "smollm2"]):
+        code, _, err = run_cli(argv)
+        assert code == 0 and "no config.json" not in err and "note:" not in err, err
+    code, out, err = run_cli(["facts", "smollm2"])
+    assert code == 0 and json.loads(out)["facts"]["layers"] == 30
+    from steerc.runtime.models import runnable_path
+
+    if NAMED["smollm2"].weights_path() is not None:
+        assert runnable_path("smollm2") == NAMED["smollm2"].weights_path()
+
+
+def test_the_language_server_resolves_the_name_as_the_commands_do(tmp_path, monkeypatch):
+    from steerc.lsp.project import FactsCache
+
+    monkeypatch.chdir(tmp_path)
+    os.makedirs("smollm2")
+    facts, diagnostic, _ = FactsCache().get("smollm2")
+    assert diagnostic is None and facts.layers == 30
+
+
+def test_a_folder_that_is_a_model_and_a_name_says_it_was_taken(examples_dir, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    shutil.copytree(os.path.join(examples_dir, "models", "tiny-llama"), "smollm2")
+    (tmp_path / "p.steer").write_text("steer 1\nintervention x {\n  at resid_post[1]\n  scale 2\n}\n")
+    code, _, err = run_cli(["check", "p.steer", "--model", "smollm2"])
+    assert code == 0
+    assert "note: `smollm2` is a folder here that holds a model" in err and "./smollm2 was taken" in err, err
+    assert "SmolLM2-135M-Instruct" in err
+    code, _, err = run_cli(["check", "p.steer", "--model", "./smollm2"])  # said outright: no note
+    assert code == 0 and "note:" not in err
+
+
 @pytest.mark.parametrize("command", [["check"], ["explain"], ["compile", "--target", "hf", "-o", "OUT"]])
 def test_layout_commands_take_the_name(command, program, tmp_path):
     argv = [command[0], program, "--model", "smollm2", *[str(tmp_path / "out") if a == "OUT" else a
@@ -173,6 +211,25 @@ def test_run_checks_the_program_before_the_model(tmp_path, examples_dir):
     bad.write_text("steer 1\nintervention x {\n  at resid_post[1]\n  clamp v 3.0\n}\n")
     code, _, err = _run(str(bad), os.path.join(examples_dir, "models", "tiny-llama"))
     assert code == 1 and "error[syntax-error]" in err and "model-without-weights" not in err
+
+
+def test_run_checks_the_layout_before_any_weights_load(tmp_path, monkeypatch):
+    import time
+
+    import steerc.runtime.models as models
+
+    def no_load(*a, **k):
+        raise AssertionError("the weights were loaded before the program was checked")
+
+    monkeypatch.setattr(models, "load_model", no_load)
+    monkeypatch.setattr(models, "runnable_path", no_load)
+    bad = tmp_path / "bad.steer"
+    bad.write_text("steer 1\nintervention x {\n  at resid_post[40]\n  scale 2\n}\n")
+    start = time.monotonic()
+    code, out, err = _run(str(bad), "smollm2")
+    took = time.monotonic() - start
+    assert code == 1 and out == "" and "error[layer-out-of-range]" in err and "(0 to 29)" in err, err
+    assert "loading" not in err and took < 3, (took, err)
 
 
 def test_run_on_a_missing_path_is_a_usage_error(program, tmp_path):

@@ -178,8 +178,12 @@ def load_facts_or_diagnostic(path: str, project=None):
     """
     from steerc.diagnostics import Diagnostic
     from steerc.facts import FactsError, load_facts
+    from steerc.facts.named import shadowing
     from steerc.source import Source
 
+    taken = shadowing(path)
+    if taken is not None:
+        print(f"note: {taken}", file=sys.stderr)
     try:
         return load_facts(path), None, {}
     except FactsError as exc:

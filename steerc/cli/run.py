@@ -50,8 +50,9 @@ def run(args) -> int:
     model_path = required(args, project, "model")
     options = options_from(args, project)
     path = os.path.abspath(args.file)
-    # The program is checked before the model loads: a mistake costs no load.
-    early = check_source(text, args.file, path=path, options=options)
+    # The program is checked before the model loads, against the layout its config gives where it has
+    # one: a mistake costs no load.
+    early = check_source(text, args.file, path=path, options=options, facts=_config_facts(model_path))
     if not early.ok:
         print(early.render(), file=sys.stderr)
         return EXIT_ERRORS
@@ -113,6 +114,25 @@ def run(args) -> int:
         print_json({"format": "steerc.run/1", "file": args.file, "model": model_path,
                     "max_new_tokens": args.max_new_tokens, "chat": not args.raw, "prompts": records})
     return EXIT_OK
+
+
+def _config_facts(model_path: str):
+    """The model's layout from its config alone (:func:`steerc.runtime.models.config_source`), or None where
+    it cannot be read without the weights; a config that fails to read is left to the load, which says why."""
+    from steerc.facts import FactsError, load_facts
+    from steerc.facts.named import shadowing
+    from steerc.runtime.models import config_source
+
+    taken = shadowing(model_path)
+    if taken is not None:
+        print(f"note: {taken}", file=sys.stderr)
+    source = config_source(model_path)
+    if source is None:
+        return None
+    try:
+        return load_facts(source)
+    except FactsError:
+        return None
 
 
 def gates_json(row: dict) -> dict:

@@ -2,8 +2,12 @@
 
 A named model has a shipped ``config.json`` (for the commands that only
 read a model's layout: ``check``, ``explain``, ``compile``, ``facts``) and
-weights that a package installs (for ``steerc run``). A path that exists
-always wins over a name, so a folder called ``smollm2`` is still a folder.
+weights that a package installs (for ``steerc run``). Every command, the
+language server and :func:`steerc.runtime.models.load_model` resolve a
+``--model`` value here, by one rule: a path that holds a model (a file, or
+a folder with a ``config.json`` or a ``.gguf`` file) wins over a name, and
+:func:`shadowing` says so; a folder that holds no model (``examples/smollm2``,
+which holds programs) does not hide the name.
 
 >>> named_config("smollm2").endswith("smollm2-135m-instruct.json")
 True
@@ -50,10 +54,39 @@ NAMED: dict[str, NamedModel] = {
 }
 
 
-def lookup(path: str) -> NamedModel | None:
-    """The named model ``path`` refers to: a known name that is not an existing path."""
+def holds_model(path: str) -> bool:
+    """Whether ``path`` can be a model itself: a file, or a folder with a ``config.json`` or a ``.gguf`` file."""
+    if os.path.isfile(path):
+        return True
+    if not os.path.isdir(path):
+        return False
+    try:
+        files = os.listdir(path)
+    except OSError:
+        return False
+    return "config.json" in files or any(f.endswith(".gguf") for f in files)
+
+
+def lookup(path: str, base: str | None = None) -> NamedModel | None:
+    """The named model ``path`` refers to: a known name where no model is at that path (relative to
+    ``base``, default the working folder). A folder without a model does not hide the name."""
     model = NAMED.get(path)
-    return model if model is not None and not os.path.exists(path) else None
+    if model is None:
+        return None
+    return None if holds_model(os.path.join(base, path) if base else path) else model
+
+
+def shadowing(path: str, base: str | None = None) -> str | None:
+    """A sentence for a value that both names a model and is a path that holds one (the path is taken);
+    None otherwise."""
+    model = NAMED.get(path)
+    where = os.path.join(base, path) if base else path
+    if model is None or not holds_model(where):
+        return None
+    kind = "file" if os.path.isfile(where) else "folder"
+    return (f"`{path}` is a {kind} here that holds a model, and also the name of the bundled {model.title}: "
+            f"the {kind} {os.path.join('.', where) if not os.path.isabs(where) else where} was taken "
+            f"(for the bundled model, run from another folder; write ./{path} to say the {kind} is meant)")
 
 
 def named_config(path: str) -> str:

@@ -70,6 +70,20 @@ def runnable_path(path: str) -> str:
     return path
 
 
+def config_source(path: str) -> str | None:
+    """What :func:`steerc.facts.load_facts` can read ``path``'s layout from without loading weights: a
+    model name (its shipped config), a folder with a ``config.json``, the dequantized copy of a ``.gguf``
+    in the cache; None when only the loaded model can say (a ``.gguf`` used for the first time)."""
+    if lookup(path) is not None:
+        return path
+    if os.path.isdir(path):
+        return path if os.path.isfile(os.path.join(path, "config.json")) else None
+    if os.path.isfile(path) and path.endswith(".gguf"):
+        folder = gguf_cache_folder(path)
+        return folder if _cache_complete(folder) else None
+    return None
+
+
 def _check_folder(path: str) -> None:
     files = set(os.listdir(path))
     ggufs = sorted(f for f in files if f.endswith(".gguf"))
