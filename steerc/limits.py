@@ -97,7 +97,7 @@ LIMITS: dict[str, Limit] = _table(
       "values; 64 levels keep them well inside Python's stack (a chain `a + b + c + ...` nests one level "
       "per operator)")),
     ("MAX_NUMBER_CHARS", "characters",
-     "the length of one number literal (digits, point, exponent)",
+     "the length of one number literal (digits, point, exponent), and of one bare value in a `steer.toml`",
      "a float64 has 17 significant digits; longer literals only cost time to convert"),
     ("MAX_NAME_CHARS", "characters", "the length of one name", "names are echoed in messages"),
     ("MAX_STRING_CHARS", "characters",

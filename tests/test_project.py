@@ -339,3 +339,47 @@ def test_no_steer_toml_text_makes_a_traceback(tmp_path):
             assert 0 <= d.span.start <= d.span.end <= len(p.source.text)
 
     run()
+
+
+@pytest.mark.parametrize("digits", [40, 401, 4301, 5001, 100_000])
+@pytest.mark.parametrize("command", [["check"], ["check", "--format", "json"], ["compile", "--target", "vllm"]])
+def test_a_huge_integer_in_steer_toml_is_a_diagnostic(project, tmp_path, digits, command):
+    """A 401-digit param made `float()` overflow, a 5,001-digit one hit Python's int-string limit inside tomllib;
+    past float32 (40 digits) a param cannot reach the model."""
+    toml(project, f"[params]\nstrength = {'9' * digits}\n")
+    path = program(project)
+    if command[0] == "compile":
+        command = [*command, "-o", str(tmp_path / "out")]
+    code, out, err = run_cli([*command, path, "--model", str(project / "models" / "tiny")])
+    assert "Traceback" not in err and code == 1, err
+    shown = out + err
+    if digits > 100:
+        assert "limit-exceeded" in shown and "longer than 100 characters" in shown
+    else:
+        assert "invalid-config" in shown and "does not fit float32" in shown
+    (d,) = project_at(str(project)).diagnostics
+    assert d.span.as_tuple()[:2] == (2, 12) and d.span.end - d.span.start == (digits if digits > 100 else digits)
+
+
+@pytest.mark.parametrize("value", ["1e39", "-3.5e38", "340282350000000000000000000000000000001"])
+def test_a_param_past_float32_points_at_its_value(project, value):
+    toml(project, f"[params]\nstrength = {value}\n")
+    (d,) = project_at(str(project)).diagnostics
+    assert d.code == "invalid-config" and "float32" in d.message and d.span.as_tuple() == (2, 12, 2, 12 + len(value))
+    toml(project, "[params]\nstrength = 3.4e38\n")
+    assert project_at(str(project)).diagnostics == ()
+
+
+def test_a_reader_failure_that_is_not_a_syntax_error_is_still_a_diagnostic(project, monkeypatch):
+    """Any other ValueError from the TOML reader (Python's int-string limit is one) is invalid-config, not a
+    traceback."""
+    import steerc.project as project_module
+
+    def refuse(text):
+        raise ValueError("Exceeds the limit (4300 digits) for integer string conversion")
+
+    monkeypatch.setattr(project_module.tomllib, "loads", refuse)
+    toml(project, "[params]\nstrength = 2\n")
+    (d,) = project_at(str(project)).diagnostics
+    assert d.code == "invalid-config" and "cannot be read: Exceeds the limit" in d.message
+    assert d.span.as_tuple() == (1, 1, 1, 2)

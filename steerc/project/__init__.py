@@ -41,7 +41,7 @@ from attrs import field, frozen
 
 from steerc.diagnostics import Diagnostic
 from steerc.paths import MARKER, find_root
-from steerc.project.locate import locate, scan, too_deep
+from steerc.project.locate import locate, long_number, scan, too_deep
 from steerc.project.toml import tomllib
 from steerc.source import Source, Span
 
@@ -89,7 +89,7 @@ def project_of(path: str | None, root: str | None = None) -> Project:
 
 def project_at(root: str) -> Project:
     """The project whose root is ``root``, its ``steer.toml`` read and checked."""
-    from steerc.limits import MAX_NESTING, MAX_SOURCE_BYTES
+    from steerc.limits import MAX_NESTING, MAX_NUMBER_CHARS, MAX_SOURCE_BYTES
     from steerc.source import read_program
 
     root = os.path.realpath(root)
@@ -113,10 +113,18 @@ def project_at(root: str) -> Project:
         d = Diagnostic.error("limit-exceeded", f"steer.toml nests arrays or tables more than {MAX_NESTING} deep",
                              source.span(deep, deep + 1))
         return Project(root, file, source, diagnostics=(d,))
+    long = long_number(text, MAX_NUMBER_CHARS)
+    if long is not None:
+        d = Diagnostic.error("limit-exceeded", f"a value in steer.toml is longer than {MAX_NUMBER_CHARS} characters",
+                             source.span(*long), help="params are float32: 17 significant digits are more than enough")
+        return Project(root, file, source, diagnostics=(d,))
     try:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         return Project(root, file, source, diagnostics=(_syntax_error(source, str(exc)),))
+    except (ValueError, OverflowError, RecursionError, MemoryError) as exc:  # the reader's own limits
+        message = f"steer.toml cannot be read: {str(exc)[:200] or type(exc).__name__}"
+        return Project(root, file, source, diagnostics=(_error(message, source.span(0, min(1, len(text)))),))
     return _Reader(root, source).read(data)
 
 
@@ -197,14 +205,19 @@ class _Reader:
     def _params(self, table: dict) -> None:
         import math
 
+        from steerc.limits import FLOAT32_MAX
+
         for key, value in table.items():
             path = ("params", key)
             if not _PARAM_NAME.match(key):
                 self.fail(path, f"`{key}` is not a param name (letters, digits and `_`, not starting with a digit)")
             elif isinstance(value, bool) or not isinstance(value, (int, float)):
                 self.fail(path, f"param `{key}` must be a number, got {_kind(value)}", value=True)
-            elif not math.isfinite(value):
+            elif isinstance(value, float) and not math.isfinite(value):
                 self.fail(path, f"param `{key}` must be a finite number, got {value}", value=True)
+            elif abs(value) > FLOAT32_MAX:  # compared exactly: a huge int is never made a float
+                self.fail(path, f"param `{key}` does not fit float32 (largest {FLOAT32_MAX:.6g})", value=True,
+                          help="steering values are float32 on every target, as the model's activations are")
             else:
                 self.values["params"][key] = float(value)
                 self.spans[f"params.{key}"] = self.span(path, value=True)

@@ -123,3 +123,43 @@ def too_deep(text: str, limit: int) -> int | None:
             depth = max(depth - 1, 0)
         i += 1
     return None
+
+
+_WORD = re.compile(r"[0-9A-Za-z_.+:-]+")
+
+
+def long_number(text: str, limit: int) -> tuple[int, int] | None:
+    """The offsets of the first bare number (strings and comments skipped) longer than ``limit`` characters,
+    or None.
+
+    Python reads a TOML integer with ``int``, which refuses more than 4,300 digits and takes time quadratic
+    in the digits below that.
+
+    >>> long_number('a = "1111111"  # 2222222\\nb = 3_333_333', 5)
+    (29, 38)
+    >>> long_number("a1111111 = [1, 22]", 5) is None
+    True
+    """
+    i, quote = 0, None
+    while i < len(text):
+        ch = text[i]
+        if quote is not None:
+            if ch == "\\" and quote[0] == '"':
+                i += 1
+            elif text.startswith(quote, i) or (ch == "\n" and len(quote) == 1):
+                i += len(quote) - 1
+                quote = None
+        elif ch == "#":
+            end = text.find("\n", i)
+            i = len(text) if end < 0 else end
+        elif ch in "\"'":
+            quote = ch * 3 if text.startswith(ch * 3, i) else ch
+            i += len(quote) - 1
+        else:
+            m = _WORD.match(text, i)  # a number, or a key or word skipped whole (`a1111 = 1` is a key)
+            if m is not None:
+                if (ch.isdigit() or ch in "+-.") and m.end() - i > limit:
+                    return i, m.end()
+                i = m.end() - 1
+        i += 1
+    return None
