@@ -18,11 +18,10 @@ from __future__ import annotations
 import math
 import re
 
-from attrs import define, field
-
-from steerc.constraints import INVALID, UNSUPPORTED, Problem
 from steerc.constraints._common import did_you_mean, show
-from steerc.constraints.jsonpos import Located, pointer
+from steerc.constraints.context import Context, kind
+from steerc.constraints.jsonpos import pointer
+from steerc.constraints.refs import check_pattern, check_ref
 
 TYPES = ("array", "boolean", "integer", "null", "number", "object", "string")
 _TYPE_ALIASES = {"int": "integer", "float": "number", "double": "number", "str": "string", "bool": "boolean",
@@ -35,51 +34,6 @@ _LEGACY = {
     "additionalItems": "draft 2020-12 replaced `additionalItems` with `items` (next to `prefixItems`)",
     "$recursiveRef": "draft 2020-12 replaced `$recursiveRef` with `$dynamicRef`",
 }
-
-
-@define
-class Context:
-    """The document being checked, the text it came from, and the problems found.
-
-    >>> from steerc.constraints.jsonpos import parse_json
-    >>> ctx = Context(parse_json('{"a": 1}')[0], '{"a": 1}')
-    >>> ctx.span("/a"), ctx.span("/a", key=True)
-    ((6, 7), (1, 4))
-    """
-
-    doc: Located
-    text: str
-    problems: list[Problem] = field(factory=list)
-
-    def span(self, ptr: str, key: bool = False) -> tuple[int | None, int | None]:
-        """Offsets of the value (or, with ``key``, the member's key) at ``ptr``."""
-        found = (self.doc.keys if key else self.doc.values).get(ptr)
-        if found is None and key:
-            found = self.doc.values.get(ptr)
-        return found if found is not None else (None, None)
-
-    def report(self, code: str, ptr: str, message: str, help: str | None = None, key: bool = False) -> None:
-        start, end = self.span(ptr, key)
-        self.problems.append(Problem(code, message, start, end, help))
-
-    def error(self, ptr: str, message: str, help: str | None = None, key: bool = False) -> None:
-        self.report(INVALID, ptr, message, help, key)
-
-    def warn(self, ptr: str, message: str, help: str | None = None) -> None:
-        self.report(UNSUPPORTED, ptr, message, help, key=True)
-
-
-def kind(value: object) -> str:
-    """What a JSON value is, for messages.
-
-    >>> kind(True), kind(1.5), kind(None)
-    ('a boolean', 'a number', 'null')
-    """
-    if isinstance(value, bool):
-        return "a boolean"
-    if isinstance(value, (int, float)):
-        return "a number"
-    return {str: "a string", list: "an array", dict: "an object"}.get(type(value), "null")
 
 
 def name_of(ptr: str) -> str:
@@ -273,14 +227,12 @@ def _anchor(ctx, value, ptr):
 
 
 def _pattern(ctx, value, ptr):
-    from steerc.constraints.schema import check_pattern  # noqa: PLC0415  (avoids an import cycle)
 
     if _expect(ctx, value, ptr, isinstance(value, str), "a string holding a regular expression"):
         check_pattern(ctx, value, ptr, key=False)
 
 
 def _pattern_properties(ctx, value, ptr):
-    from steerc.constraints.schema import check_pattern  # noqa: PLC0415
 
     if _expect(ctx, value, ptr, isinstance(value, dict), "an object mapping regexes to schemas"):
         for key, sub in value.items():
@@ -289,7 +241,6 @@ def _pattern_properties(ctx, value, ptr):
 
 
 def _ref(ctx, value, ptr):
-    from steerc.constraints.schema import check_ref  # noqa: PLC0415
 
     if _expect(ctx, value, ptr, isinstance(value, str), "a string"):
         check_ref(ctx, value, ptr)

@@ -30,7 +30,8 @@ import re
 from steerc.constraints import UNSUPPORTED
 from steerc.constraints._common import show
 from steerc.constraints.jsonpos import pointer
-from steerc.constraints.metaschema import Context
+from steerc.constraints.context import Context
+from steerc.constraints.keywords import KEYWORDS_BY_TYPE
 
 _STRICT = "structured decoding (xgrammar's default strict mode)"
 _OBJECT_OPENERS = ("additionalProperties", "unevaluatedProperties", "propertyNames")
@@ -102,8 +103,6 @@ def strict_array(ctx: Context, node: dict, ptr: str) -> None:
 
 def _only_empty(ctx: Context, node: dict, ptr: str, kind: str, openers: tuple[str, ...], help: str) -> None:
     """Warn at the first keyword that closes an object/array that declares nothing it may hold."""
-    from steerc.constraints.schema import KEYWORDS_BY_TYPE  # noqa: PLC0415  (schema imports the walk)
-
     closing = [k for k in node if k in KEYWORDS_BY_TYPE[kind] and k not in openers]
     if closing:
         empty = "{}" if kind == "object" else "[]"

@@ -1,4 +1,4 @@
-"""Walk the subschemas structured decoding compiles, applying :data:`.schema.XGRAMMAR_SUPPORT`.
+"""Walk the subschemas structured decoding compiles, applying :data:`.keywords.XGRAMMAR_SUPPORT`.
 
 xgrammar 0.2.9 compiles a schema object by the first of ``$ref``, ``const``,
 ``enum``, ``anyOf``, ``oneOf``, ``allOf`` it has (the keywords beside it are
@@ -20,10 +20,11 @@ import math
 
 from steerc.constraints._common import did_you_mean, show
 from steerc.constraints.jsonpos import pointer
-from steerc.constraints.metaschema import TYPES, Context
+from steerc.constraints.context import Context
+from steerc.constraints.keywords import DISPATCH_ORDER, KEYWORDS_BY_TYPE, SUPPORTED_FORMATS, XGRAMMAR_SUPPORT
+from steerc.constraints.metaschema import TYPES
+from steerc.constraints.refs import local_ref_targets
 from steerc.constraints.regex import check_regex
-from steerc.constraints.schema import (
-    DISPATCH_ORDER, KEYWORDS_BY_TYPE, SUPPORTED_FORMATS, XGRAMMAR_SUPPORT, local_ref_targets)
 from steerc.constraints.strict import strict_array, strict_object
 
 _BESIDE_HELP = {
