@@ -22,6 +22,7 @@ from safetensors.numpy import save as save_safetensors
 
 from steerc import __version__
 from steerc.facts.families import FAMILIES
+from steerc.targets.hf.pysource import comment, docstring, identifier, literal
 from steerc.targets.hooks import HookProgram, HookCode, KernelCall, SiteCode
 
 SUPPORT = os.path.join(os.path.dirname(__file__), "..", "..", "runtime", "_support.py")
@@ -57,7 +58,7 @@ class _Bound:
         slot = f"B_{self.scalars}"
         self.scalars += 1
         self.rows.append((slot, param, float(coefficient), None))
-        return f"ctx.bound[{slot!r}]"
+        return f"ctx.bound[{literal(slot)}]"
 
     def tensor(self, slot: str, param: str, coefficient, v: str) -> str:
         import numpy as np
@@ -69,13 +70,13 @@ class _Bound:
             self.coefficients[name] = np.ascontiguousarray(coefficient, dtype=np.float32).reshape(
                 self.tensors[slot].shape)
             self.rows.append((slot, param, name, None))
-        return f"ctx.bound_tensors.get({slot!r}, {v})"
+        return f"ctx.bound_tensors.get({literal(slot)}, {v})"
 
     def gate(self, k: KernelCall) -> str:
         key = (k.gate, k.gate_params)
         if key not in self.gates:
             self.gates[key] = f"BOUND_GATE_{len(self.gates)}"
-        return f"ctx.bound[{self.gates[key]!r}]"
+        return f"ctx.bound[{literal(self.gates[key])}]"
 
 
 def _scope_comment(scope: tuple) -> str:
@@ -95,7 +96,7 @@ def _scope_comment(scope: tuple) -> str:
 
 
 def _tensor(name: str | None, like: str) -> str:
-    return "None" if name is None else f"_T.get({name!r}, {like})"
+    return "None" if name is None else f"_T.get({literal(name)}, {like})"
 
 
 def _kernel_lines(k: KernelCall, scopes: _Names, gates: _Names, bound: _Bound, v: str) -> list[str]:
@@ -106,7 +107,7 @@ def _kernel_lines(k: KernelCall, scopes: _Names, gates: _Names, bound: _Bound, v
             return bound.tensor(k.tensor(role), *roles[role], v)
         return _tensor(k.tensor(role), v)
 
-    lines = [f"# {k.label}"]
+    lines = [comment(k.label)]
     lines.append(f"m = ctx.scope_mask({scopes(k.scope)})")
     if k.gate is not None:
         gate = bound.gate(k) if any(b is not None for b in k.gate_params) else gates(k.gate)
@@ -115,16 +116,17 @@ def _kernel_lines(k: KernelCall, scopes: _Names, gates: _Names, bound: _Bound, v
         if k.scale is None:
             scale = operand("scale")
         else:
-            scale = bound.scalar(*roles["scale"]) if "scale" in roles else repr(k.scale)
+            scale = bound.scalar(*roles["scale"]) if "scale" in roles else literal(k.scale)
         if k.schedule:
-            lines.append(f"f = S.schedule_factor({k.schedule!r}, {_tensor(k.tensor('schedule'), v)}, ctx.pos, ctx.plen)")
+            lines.append(f"f = S.schedule_factor({literal(k.schedule)}, {_tensor(k.tensor('schedule'), v)}, "
+                         "ctx.pos, ctx.plen)")
         new = f"S.affine({v}, {scale}, {operand('bias')}{', f' if k.schedule else ''})"
     elif k.kind == "project":
         new = f"S.project({v}, {_tensor(k.tensor('basis'), v)}, {operand('target')})"
     else:
-        angle = bound.scalar(*roles["angle"]) if "angle" in roles else repr(k.angle)
+        angle = bound.scalar(*roles["angle"]) if "angle" in roles else literal(k.angle)
         new = (f"S.rotate({v}, {_tensor(k.tensor('e1'), v)}, {_tensor(k.tensor('e2'), v)}, "
-               f"{angle}, {k.mode!r})")
+               f"{angle}, {literal(k.mode)})")
     if k.preserve_norm:
         new = f"S.preserve_norm({v}, {new})"
     lines.append(f"{v} = S.select(m, {new}, {v})")
@@ -138,27 +140,28 @@ def _site_lines(site: SiteCode, scopes: _Names, gates: _Names, bound: _Bound) ->
     if site.columns is not None:
         lo, hi = site.columns
         v = "part"
-        lines.append(f"# {site.site.text}: columns {lo}:{hi}")
-        lines.append(f"part = x[..., {lo}:{hi}]")
+        lines.append(comment(f"{site.site.text}: columns {lo}:{hi}"))
+        lines.append(f"part = x[..., {literal(lo)}:{literal(hi)}]")
     for p in site.probes:
-        lines.append(f"# probe {p.name}: {p.kind}, pool {p.pool}")
-        lines.append(f"ctx.record_probe({p.name!r}, {p.pool!r}, {p.kind!r}, {v}, {_tensor(p.tensor, v)}, {p.bias!r})")
+        lines.append(comment(f"probe {p.name}: {p.kind}, pool {p.pool}"))
+        lines.append(f"ctx.record_probe({literal(p.name)}, {literal(p.pool)}, {literal(p.kind)}, {v}, "
+                     f"{_tensor(p.tensor, v)}, {literal(p.bias)})")
     for k in site.kernels:
         lines.extend(_kernel_lines(k, scopes, gates, bound, v))
     if site.columns is not None:
-        lines.append(f"x[..., {site.columns[0]}:{site.columns[1]}] = part")
+        lines.append(f"x[..., {literal(site.columns[0])}:{literal(site.columns[1])}] = part")
     return lines
 
 
 def _hook_function(hook: HookCode, scopes: _Names, gates: _Names, bound: _Bound) -> str:
     has_heads = any(s.columns is not None for s in hook.sites)
     sites = ", ".join(s.site.text for s in hook.sites)
-    body = [f'"""{hook.kind}-hook on {hook.module} ({hook.tensor}): {sites}."""',
-            f"x = h.to(S.compute_dtype(h.dtype), copy={has_heads})"]
+    body = [docstring([f"{hook.kind}-hook on {hook.module} ({hook.tensor}): {sites}."]),
+            f"x = h.to(S.compute_dtype(h.dtype), copy={literal(has_heads)})"]
     for site in hook.sites:
         body.extend(_site_lines(site, scopes, gates, bound))
     body.append("return x.to(h.dtype)")
-    return f"def {hook.name}(h, ctx):\n" + "\n".join("    " + line for line in body) + "\n"
+    return f"def {identifier(hook.name)}(h, ctx):\n" + "\n".join("    " + line for line in body) + "\n"
 
 
 def render_init(program: HookProgram, command: str, bound: _Bound) -> str:
@@ -167,8 +170,8 @@ def render_init(program: HookProgram, command: str, bound: _Bound) -> str:
     functions = [_hook_function(h, scopes, gates, bound) for h in program.hooks]
     facts = program.facts
     model_types = FAMILIES[facts["family"]].model_types
-    out = [
-        f'"""Steering hooks for a {facts["family"]} model, generated by steerc {__version__}.',
+    doc = [
+        f"Steering hooks for a {facts['family']} model, generated by steerc {__version__}.",
         "",
         f"Source: {program.source_name} (sha256 {program.source_sha256})",
         f"Model: {facts['family']}, {facts['layers']} layers, hidden {facts['hidden']} "
@@ -179,7 +182,9 @@ def render_init(program: HookProgram, command: str, bound: _Bound) -> str:
         *(["Per-request params: install(model, tokenizer, params={...}) (the others keep their compiled values)."]
           if program.params else []),
         "Generated code: recompile the .steer file instead of editing it.",
-        '"""',
+    ]
+    out = [
+        docstring(doc),
         "",
         "import os",
         "",
@@ -188,24 +193,25 @@ def render_init(program: HookProgram, command: str, bound: _Bound) -> str:
         *(["from . import _params as P"] if program.params else []),
         "from . import _support as S",
         "",
-        f"SOURCE_SHA256 = {program.source_sha256!r}",
-        f"FINGERPRINT = {program.fingerprint!r}",
-        "FACTS = {" + ", ".join(f"{k!r}: {facts[k]!r}" for k in sorted(facts) if k != "fingerprint") + "}",
-        f"MODEL_TYPES = {tuple(model_types)!r}",
-        f"BASE_MODEL = {program.base_path!r}",
-        f"AFTER_TEXTS = {program.after_texts!r}",
-        f"CONSTRAINT = {program.constraint_data!r}  # (kind, value) for xgrammar, imported only when set",
+        f"SOURCE_SHA256 = {literal(program.source_sha256)}",
+        f"FINGERPRINT = {literal(program.fingerprint)}",
+        "FACTS = " + literal({k: facts[k] for k in sorted(facts) if k != "fingerprint"}),
+        f"MODEL_TYPES = {literal(tuple(model_types))}",
+        f"BASE_MODEL = {literal(program.base_path)}",
+        f"AFTER_TEXTS = {literal(tuple(program.after_texts))}",
+        f"CONSTRAINT = {literal(program.constraint_data)}  # (kind, value) for xgrammar, imported only when set",
         "",
         '_T = S.Tensors(load_file(os.path.join(os.path.dirname(__file__), "tensors.safetensors")))',
         "",
     ]
     if scopes.items:
         out.append("# Token scopes (see _support.Context.scope_mask).")
-        out.extend(f"{name} = {value!r}  # tokens {_scope_comment(value)}" for value, name in scopes.items.items())
+        out.extend(f"{name} = {literal(value)}  {comment('tokens ' + _scope_comment(value))}"
+                   for value, name in scopes.items.items())
         out.append("")
     if gates.items:
         out.append("# Gates (see _support.Context.gate_mask).")
-        out.extend(f"{name} = {value!r}" for value, name in gates.items.items())
+        out.extend(f"{name} = {literal(value)}" for value, name in gates.items.items())
         out.append("")
     if program.params:
         out.extend(_params_lines(program, bound))
@@ -213,7 +219,8 @@ def render_init(program: HookProgram, command: str, bound: _Bound) -> str:
     out.append("\n\n".join(functions))
     out.append("")
     out.append("HOOKS = (")
-    out.extend(f"    ({h.module!r}, {h.kind!r}, {h.tensor!r}, {h.name})," for h in program.hooks)
+    out.extend(f"    ({literal(h.module)}, {literal(h.kind)}, {literal(h.tensor)}, {identifier(h.name)}),"
+               for h in program.hooks)
     out.append(")")
     out.append("")
     out.append("")
@@ -224,15 +231,17 @@ def render_init(program: HookProgram, command: str, bound: _Bound) -> str:
 def _params_lines(program: HookProgram, bound: _Bound) -> list[str]:
     out = ["# Per-request params: name, default (the compiled value), range (see _params.check_values).",
            "PARAMS = ("]
-    out.extend(f"    P.Declared({p.name!r}, {p.default!r}, {p.low!r}, {p.high!r})," for p in program.params)
+    out.extend(f"    P.Declared({literal(p.name)}, {literal(p.default)}, {literal(p.low)}, {literal(p.high)}),"
+               for p in program.params)
     out += [")", "# (param, largest |coefficient| of an operand it scales): a value past float32 is refused.",
-            "LARGEST = " + repr(program.coefficient_bounds),
+            "LARGEST = " + literal(tuple(program.coefficient_bounds)),
             "# Bound operands: slot, param, coefficient (a number, or its stored tensor), shape of a tensor slot.",
             "BOUND = ("]
-    out.extend(f"    {row!r}," for row in bound.rows)
+    out.extend(f"    {literal(tuple(row))}," for row in bound.rows)
     out += [")", ("# Gates with bound thresholds: the gate at the compiled values, and per comparison (param, "
                   "coefficient) or None."), "BOUND_GATES = ("]
-    out.extend(f"    ({name!r}, {gate!r}, {params!r})," for (gate, params), name in bound.gates.items())
+    out.extend(f"    ({literal(name)}, {literal(gate)}, {literal(params)}),"
+               for (gate, params), name in bound.gates.items())
     out += [")", ""]
     return out
 
@@ -273,7 +282,7 @@ def emit(program: HookProgram, out_dir: str, command: str) -> list[str]:
     init = render_init(program, command, bound)
     tensors = {**program.tensors, **bound.coefficients}
     blobs = {
-        "__init__.py": init.encode("utf-8"),
+        "__init__.py": init.encode("ascii"),
         "_support.py": _read(SUPPORT),
         "tensors.safetensors": save_safetensors({k: tensors[k] for k in sorted(tensors)}),
     }
