@@ -505,3 +505,47 @@ def test_emit_ast_from_stdin():
 
 def test_parser_is_cached():
     assert get_parser() is get_parser()
+
+
+# ------------------------------------------------------- the stored LALR tables
+
+
+def test_the_stored_tables_are_of_this_grammar():
+    """steer.tables.json was built from steer.lark as it is now; regenerate: python -m steerc.frontend.tables."""
+    from steerc.frontend import tables
+
+    stored = tables.read_tables()
+    assert stored is not None, f"{tables.TABLES_PATH} is missing or unreadable"
+    assert stored["grammar_sha256"] == tables.grammar_sha256(), "regenerate: python -m steerc.frontend.tables"
+
+
+def test_the_stored_tables_parse_as_the_grammar_does(examples_dir):
+    """The parser loaded from the stored tables gives every example the tree a parser built from the
+    grammar gives it, token for token, positions included."""
+    from steerc.frontend import tables
+    from steerc.frontend.parser import _Layout
+
+    stored, built = tables.load(_Layout()), tables.build(_Layout())
+    assert stored.parser is not built.parser
+    paths = sorted(glob.glob(os.path.join(examples_dir, "**", "*.steer"), recursive=True))
+    assert len(paths) > 20
+    for path in paths:
+        with open(path, encoding="utf-8") as fh:
+            text = fh.read()
+        try:
+            want = built.parse(text)
+        except Exception as exc:  # noqa: BLE001 - a bad example must fail the same way
+            with pytest.raises(type(exc)):
+                stored.parse(text)
+            continue
+        assert stored.parse(text) == want, path
+
+
+def test_unreadable_tables_fall_back_to_the_grammar(tmp_path, monkeypatch):
+    from steerc.frontend import tables
+
+    bad = tmp_path / "steer.tables.json"
+    bad.write_text('{"grammar_sha256": "x", "data": [1]}', encoding="utf-8")
+    monkeypatch.setattr(tables, "TABLES_PATH", str(bad))
+    assert tables.read_tables() is None
+    assert tables.load(None).parse("steer 1\n") is not None
