@@ -90,8 +90,16 @@ def request_fields(folder: str, *, inline: bool = True, params: dict | None = No
 
 
 def offline_request(folder: str, prompt, *, inline: bool = True, params: dict | None = None) -> tuple[dict, dict]:
-    """(prompt dict with ``cache_salt``, ``extra_args``) for ``LLM.generate`` with ``SamplingParams``."""
+    """(prompt dict with ``cache_salt``, ``extra_args``) for ``LLM.generate`` with ``SamplingParams``.
+
+    A plan whose steering depends on every prompt token (a prompt-pooled probe, a scope relative to the
+    prompt's length) gets a salt of its own per call, so vLLM never serves it cached KV; the HTTP
+    front end does the same for :func:`request_fields`."""
+    from steerc.targets.serve.admission import cacheable, unique_salt
+
     plan, artifacts = read_compiled(folder)
     prompt_dict = {"prompt": prompt} if isinstance(prompt, str) else {"prompt_token_ids": list(prompt)}
     prompt_dict["cache_salt"] = request_salt(plan, params)
+    if not cacheable(plan, artifacts):  # steering that depends on every prompt token: KV of its own
+        prompt_dict["cache_salt"] = unique_salt(prompt_dict["cache_salt"])
     return prompt_dict, extra_args(plan, artifacts, inline=inline, params=params)

@@ -97,7 +97,13 @@ def test_client_fields_carry_plan_artifacts_and_salt(facts, tmp_path):
     assert sorted(inline) == plan["artifacts"]
     assert all(isinstance(v, str) for v in body["vllm_xargs"].values())  # vllm_xargs takes no maps
     prompt, extra = offline_request(str(out), "hello")
-    assert prompt == {"prompt": "hello", "cache_salt": plan["cache_salt"]}
+    # a prompt-pooled gate: every call gets a salt of its own (never a prefix-cache hit)
+    again, _ = offline_request(str(out), "hello")
+    assert prompt["prompt"] == "hello" and prompt["cache_salt"].startswith(plan["cache_salt"] + "-once-")
+    assert again["cache_salt"] != prompt["cache_salt"]
+    _, plain = _compiled(os.path.join(EXAMPLES, "02_abliterate.steer"), facts, tmp_path)
+    assert offline_request(str(plain), "hi")[0]["cache_salt"] == json.loads((plain / "plan.json").read_text())[
+        "cache_salt"], "a plan that steers every position alike keeps the plan's salt"
 
 
 def test_cache_salt_changes_with_the_plan(facts):

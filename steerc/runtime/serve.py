@@ -32,7 +32,11 @@ chunked-prefill steps.
 
 Prefix caching: a steered request carries ``cache_salt`` = the plan's salt
 (checked at admission), so KV computed under one plan is never reused by a
-request with another plan or none.
+request with another plan or none. A plan whose steering depends on tokens a
+cache hit skips (:func:`steerc.runtime.vllm.prefix_cache_safe`: prompt-pooled
+probes, scopes relative to the prompt) gets a salt of its own per request
+from the HTTP front end; a request of such a plan whose first step still
+starts past token 0 (a cache hit) is failed closed here.
 """
 
 from __future__ import annotations
@@ -151,7 +155,10 @@ class _RequestSteer:
         from steerc.runtime.vllm_steer import SteerState, site_function
         from steerc.targets.vllm.program import build
 
+        from steerc.runtime.vllm import prefix_cache_safe
+
         boot, tensors = build(plan, facts)
+        self.cacheable = prefix_cache_safe(boot)  # may it reuse KV that other requests computed?
         self.state = SteerState(boot, tensors, max_tokens=max_tokens, max_slots=1,
                                 width=max(facts.hidden, facts.head_dim), dtype=dtype, device=device)
         self.fns = {}
@@ -264,7 +271,14 @@ class ServeRouter:
         for i, rid in enumerate(layout.req_ids):
             if rid not in self.requests:
                 self.requests[rid] = self._admit(rid)
-                if isinstance(self.requests[rid], _RequestSteer):
+                steer = self.requests[rid]
+                if isinstance(steer, _RequestSteer) and not steer.cacheable and int(layout.first[i]) > 0:
+                    # Its first step starts past token 0: vLLM served the rest from the prefix cache, computed
+                    # without this request's pooled probes or prompt-relative scopes. Never steer half a prompt.
+                    self._fail(rid, f"its first {int(layout.first[i])} tokens came from the prefix cache, and its "
+                                    "plan depends on every prompt token (a prompt-pooled probe or a scope relative "
+                                    "to the prompt): send it with a cache_salt of its own (steerc serve does)")
+                elif isinstance(steer, _RequestSteer):
                     self.fresh.append(rid)
             steer = self.requests[rid]
             if not isinstance(steer, _RequestSteer):

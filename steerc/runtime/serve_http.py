@@ -27,9 +27,10 @@ from __future__ import annotations
 
 import base64
 import json
+import zlib
 
-from steerc.serve_client import ARTIFACTS_KEY, PARAMS_KEY
-from steerc.targets.serve.admission import MAX_INLINE_CHARS, MAX_PLAN_CHARS, RequestError, admit
+from steerc.serve_client import ARTIFACTS_KEY, PARAMS_KEY, PLAN_KEY
+from steerc.targets.serve.admission import MAX_INLINE_CHARS, MAX_PLAN_CHARS, RequestError, admit, unique_salt
 
 MAX_BODY = MAX_PLAN_CHARS + MAX_INLINE_CHARS + (1 << 20)
 
@@ -44,7 +45,10 @@ class SteercAdmission:
         self._key = None
 
     async def __call__(self, scope, receive, send):
-        if scope.get("type") != "http" or scope.get("method") != "POST" or not _is_json(scope):
+        # Every POST is read, whatever its headers say (a missing or other content type, a charset, chunks,
+        # UTF-16 or a BOM, a content encoding): FastAPI parses a body without a content type as JSON, so
+        # a header is no reason to let steerc fields through unadmitted.
+        if scope.get("type") != "http" or scope.get("method") != "POST":
             return await self.app(scope, receive, send)
         body = b""
         while True:
@@ -57,13 +61,21 @@ class SteercAdmission:
             if not message.get("more_body"):
                 break
         try:
-            doc = json.loads(body)
-        except (ValueError, RecursionError):
-            doc = None  # vLLM answers malformed JSON itself
+            doc = read_body(body, _header(scope, b"content-encoding"))
+        except RequestError as exc:
+            return await _error(send, 400, exc)
+        if doc is None:  # not JSON and nothing of steerc's in it: vLLM answers it as it would
+            return await self.app(scope, _replay(body, receive), send)
         xargs = doc.get("vllm_xargs") if isinstance(doc, dict) else None
-        if not isinstance(xargs, dict) or not any(isinstance(k, str) and k.startswith("steerc_") for k in xargs):
+        stray = _stray_fields(doc)
+        if stray is not None:
+            return await _error(send, 400, RequestError(stray, "steerc fields go in vllm_xargs (where vLLM passes "
+                                                               "them on); here they would be ignored"))
+        if not _mentions_steerc(xargs):
             return await self.app(scope, _replay(body, receive), send)
         try:
+            if not isinstance(xargs, dict):
+                raise RequestError("vllm_xargs", f"expected a map of field to value, got {type(xargs).__name__}")
             facts, tp_size, prefix_caching = self._engine_facts(scope)
             salt = doc.get("cache_salt")
             if salt is None and prefix_caching:
@@ -71,6 +83,8 @@ class SteercAdmission:
                                                  "(steerc.serve_client.request_fields sets it)")
             admitted = admit(xargs, facts, store=self._artifact_store(), tp_size=tp_size, salt=salt,
                              key=self._key)
+            if admitted is None:  # admit() refuses every steerc_ field without a plan; never run it unsteered
+                raise RequestError("vllm_xargs", "steerc fields without a plan")
             for key, data in admitted.artifacts.items():
                 self._artifact_store().put(data, expected=key)
         except RequestError as exc:
@@ -81,9 +95,16 @@ class SteercAdmission:
                                           separators=(",", ":"))
         if not isinstance(xargs.get(PARAMS_KEY, ""), str):  # a JSON object is fine here; vLLM takes strings
             xargs[PARAMS_KEY] = json.dumps(xargs[PARAMS_KEY], sort_keys=True, separators=(",", ":"))
+        if not isinstance(xargs[PLAN_KEY], str):
+            xargs[PLAN_KEY] = json.dumps(xargs[PLAN_KEY], sort_keys=True, separators=(",", ":"))
         doc["vllm_xargs"] = xargs
+        if prefix_caching and not admitted.cacheable:
+            # Its steering depends on tokens a cache hit would skip (a prompt-pooled probe, a scope relative
+            # to the prompt's length): it must compute every token itself, so no block is shared with it.
+            doc["cache_salt"] = unique_salt(admitted.salt)
         new_body = json.dumps(doc, separators=(",", ":")).encode("utf-8")
-        return await self.app(_with_length(scope, len(new_body)), _replay(new_body, receive), send)
+        scope = _with_headers(scope, len(new_body))
+        return await self.app(scope, _replay(new_body, receive), send)
 
     def _engine_facts(self, scope):
         if self._engine is None:
@@ -116,16 +137,87 @@ class SteercAdmission:
         return self._store
 
 
-def _is_json(scope) -> bool:
-    for name, value in scope.get("headers") or ():
-        if name.lower() == b"content-type":
-            return b"json" in value.lower()
-    return False
+def _header(scope, name: bytes) -> bytes:
+    values = [v for k, v in scope.get("headers") or () if k.lower() == name]
+    return b",".join(values)
 
 
-def _with_length(scope, n: int) -> dict:
-    headers = [(k, v) for k, v in scope.get("headers") or () if k.lower() != b"content-length"]
-    return dict(scope, headers=headers + [(b"content-length", str(n).encode())])
+def _mentions_steerc(xargs) -> bool:
+    """Whether ``vllm_xargs`` could carry a steerc field: a map with a ``steerc_`` key, or anything else
+    that names one (vLLM refuses a non-map itself; steerc refuses it first rather than let it by)."""
+    if xargs is None:
+        return False
+    if isinstance(xargs, dict):
+        return any(not isinstance(k, str) or k.lower().startswith("steerc") for k in xargs)
+    return "steerc" in json.dumps(xargs, ensure_ascii=False).lower()
+
+
+def _stray_fields(doc):
+    """A top-level ``steerc_`` key (or every such key of a batch of documents): vLLM would drop it."""
+    for item in doc if isinstance(doc, list) else (doc,):
+        if isinstance(item, dict):
+            for key in item:
+                if key.lower().startswith("steerc"):
+                    return key[:64]
+    return None
+
+
+def read_body(body: bytes, encoding: bytes = b""):
+    """The JSON document of a request body, or None when it is not JSON and carries nothing of steerc's.
+
+    The body is decoded as vLLM's JSON reader decodes it (UTF-8, UTF-16 or
+    UTF-32, with or without a byte-order mark), after undoing a
+    ``Content-Encoding`` of gzip or deflate. A body that cannot be read but
+    mentions steerc is refused (:class:`RequestError`), never forwarded.
+    """
+    raw = body
+    codings = [c.strip().lower() for c in encoding.decode("latin-1").split(",") if c.strip()]
+    if any(c not in ("identity", "gzip", "x-gzip", "deflate") for c in codings):
+        if _could_carry(raw):
+            raise RequestError("content-encoding", f"{encoding.decode('latin-1')[:40]!r} is not one steerc reads "
+                                                   "for a steered request (send it uncompressed or gzip)")
+        return None
+    try:
+        for c in reversed(codings):
+            if c in ("gzip", "x-gzip", "deflate"):
+                raw = _inflate(raw, c)
+    except (OSError, EOFError, ValueError, zlib.error) as exc:
+        if _could_carry(body):
+            raise RequestError("content-encoding", f"the body is not valid {codings[-1]} ({exc})") from None
+        return None
+    try:
+        doc = json.loads(raw)
+    except (ValueError, RecursionError):
+        doc = None
+    if doc is None and _could_carry(raw):
+        raise RequestError("body", "not JSON steerc reads, and it mentions steerc fields: refused rather than "
+                                   "run unsteered")
+    return doc
+
+
+def _inflate(data: bytes, coding: str) -> bytes:
+    d = zlib.decompressobj(wbits=(16 + zlib.MAX_WBITS) if coding != "deflate" else zlib.MAX_WBITS)
+    out = d.decompress(data, MAX_BODY + 1)
+    if len(out) > MAX_BODY or d.unconsumed_tail:
+        raise ValueError(f"over the {MAX_BODY}-byte cap once decompressed")
+    if not d.eof:
+        raise ValueError("truncated")
+    return out
+
+
+def _could_carry(raw: bytes) -> bool:
+    """Whether bytes steerc cannot parse might still name a steerc field, in any text encoding."""
+    low = raw.lower()  # lowers the ASCII bytes of UTF-16 and UTF-32 text too
+    return any("steerc".encode(codec) in low for codec in ("utf-8", "utf-16-le", "utf-16-be", "utf-32-le",
+                                                            "utf-32-be"))
+
+
+def _with_headers(scope, n: int) -> dict:
+    """The scope of the rewritten body: plain UTF-8 JSON of ``n`` bytes, sent whole."""
+    drop = (b"content-length", b"content-encoding", b"transfer-encoding", b"content-type")
+    headers = [(k, v) for k, v in scope.get("headers") or () if k.lower() not in drop]
+    return dict(scope, headers=headers + [(b"content-type", b"application/json"),
+                                          (b"content-length", str(n).encode())])
 
 
 def _replay(body: bytes, receive, pending=None):

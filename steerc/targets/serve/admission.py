@@ -35,17 +35,19 @@ import binascii
 import functools
 import json
 import os
+from collections.abc import Mapping
 
 from steerc.schema import SchemaError, check
 from steerc.serve_client import ARTIFACTS_KEY, PARAMS_KEY, PLAN_KEY, request_salt
+
+PREFIX = "steerc_"
+KEYS = (PLAN_KEY, ARTIFACTS_KEY, PARAMS_KEY)  # every steerc_ field a request may carry
 from steerc.targets.serve.format import FORMAT, artifact_id, cache_salt, from_serve, read_artifact
 
 MAX_PLAN_CHARS = 4 * 1024 * 1024
 MAX_ARTIFACT_BYTES = 64 * 1024 * 1024
 MAX_INLINE_CHARS = 4 * MAX_ARTIFACT_BYTES
 SCHEMA_PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "serve.schema.json")
-READOUT_ROWS = {"dot": (1, 1), "cosine": (1, 1), "projected_cosine": (1, None), "subspace_cosine": (1, None),
-                "norm": (0, 0)}
 
 
 class RequestError(ValueError):
@@ -71,7 +73,14 @@ def decode_json(field: str, value, limit: int):
     if isinstance(value, (bytes, bytearray)):
         value = bytes(value).decode("utf-8", errors="replace")
     if not isinstance(value, str):
-        return value
+        # Already decoded (a dict from the offline API, or a JSON object in the body): written out and read
+        # again by the same reader, so it holds exactly what JSON text could (no NaN or infinities, no lone
+        # surrogates, strings as keys, no huge integers) and hashes like it.
+        try:
+            value = json.dumps(value, ensure_ascii=False, allow_nan=False, separators=(",", ":"))
+            value.encode("utf-8")
+        except (TypeError, ValueError, RecursionError) as exc:
+            raise RequestError(field, f"not JSON steerc reads ({type(exc).__name__}: {str(exc)[:120]})") from None
     if len(value) > limit:
         raise RequestError(field, f"{len(value)} characters is over the {limit}-character cap")
     try:
@@ -105,12 +114,38 @@ def inline_artifacts(extra: dict) -> dict[str, bytes]:
 
 
 class Admitted:
-    """An admitted request: its plan (steerc IR), its JSON document, artifacts and cache salt."""
+    """An admitted request: its plan (steerc IR), its JSON document, artifacts and cache salt.
 
-    __slots__ = ("plan", "doc", "artifacts", "salt")
+    ``cacheable``: whether a token's steering depends only on its own position
+    and prefix (:func:`steerc.runtime.vllm.prefix_cache_safe`, the vllm
+    target's predicate, on the plan's boot section): only then may the request
+    share prefix-cached KV with others of the same plan; otherwise the front end
+    gives it a salt of its own (:func:`unique_salt`).
+    """
 
-    def __init__(self, plan, doc, artifacts, salt):
+    __slots__ = ("plan", "doc", "artifacts", "salt", "cacheable")
+
+    def __init__(self, plan, doc, artifacts, salt, cacheable: bool):
         self.plan, self.doc, self.artifacts, self.salt = plan, doc, artifacts, salt
+        self.cacheable = cacheable
+
+
+def cacheable(doc: dict, artifacts: dict[str, bytes]) -> bool:
+    """Whether requests of a compiled plan may share prefix-cached KV (:attr:`Admitted.cacheable`), on the
+    facts the plan was compiled for."""
+    from steerc.facts import ModelFacts
+    from steerc.runtime.vllm import prefix_cache_safe
+    from steerc.targets.vllm.program import build
+
+    boot, _ = build(from_serve(doc, artifacts.__getitem__), ModelFacts(**doc["model"]["facts"]))
+    return prefix_cache_safe(boot)
+
+
+def unique_salt(salt: str) -> str:
+    """A ``cache_salt`` no other request has: its KV is never served from, nor to, another request."""
+    import secrets
+
+    return f"{salt}-once-{secrets.token_hex(16)}"
 
 
 def _fail(field: str, message: str):
@@ -165,66 +200,11 @@ class _Refs:
         return value
 
 
-def _step_scope(scope: dict) -> bool:
-    """The serve JSON twin of steerc.passes.fold.step_scope: positions from P-1 on only."""
-    if scope["kind"] == "generated":
-        start = scope.get("index", scope.get("start"))
-        return start is None or start >= 0
-    if scope["kind"] == "prompt":
-        return scope.get("index") == -1 or (scope.get("start") == -1 and scope.get("stop") is None
-                                            and "index" not in scope)
-    return False
-
-
-def _check_gate(field: str, gate: dict, probes: set[str], params: set[str]) -> None:
-    if "probe" in gate:
-        if gate["probe"] not in probes:
-            _fail(f"{field}.probe", f"no probe named {gate['probe'][:40]!r} in the plan")
-        if ("param" in gate) != ("coefficient" in gate):
-            _fail(f"{field}.param", "a per-request threshold has both a param and a coefficient")
-        if "param" in gate and gate["param"] not in params:
-            _fail(f"{field}.param", f"no per-request param named {gate['param'][:40]!r} in the plan")
-    elif "not" in gate:
-        _check_gate(f"{field}.not", gate["not"], probes, params)
-    else:
-        key = "all" if "all" in gate else "any"
-        for i, part in enumerate(gate[key]):
-            _check_gate(f"{field}.{key}[{i}]", part, probes, params)
-
-
-# Which op a binding's role belongs to, and whether its coefficient is a vector there.
-ROLE_OPS = {"bias": "affine", "scale": "affine", "target": "project", "angle": "rotate"}
-
-
-def _check_params(doc: dict) -> set[str]:
-    from steerc.ir.plan import declared_problem
-
-    problem = declared_problem(doc.get("params"))
-    if problem is not None:
-        _fail(f"params[{problem[0]}].{problem[1]}", problem[2])
-    return {p["name"] for p in doc.get("params") or ()}
-
-
-def _check_bindings(field: str, k: dict, params: set[str], refs: _Refs, width: int) -> None:
-    op = k["op"]
-    roles = set()
+def _check_bindings(field: str, k: dict, refs: _Refs, width: int) -> None:
+    """Vector coefficients are artifacts of the site's width (the rest is the plan verifier's)."""
     for b, binding in enumerate(k.get("bindings") or ()):
-        where = f"{field}.bindings[{b}]"
-        role, coefficient = binding["role"], binding["coefficient"]
-        if binding["param"] not in params:
-            _fail(f"{where}.param", f"no per-request param named {binding['param'][:40]!r} in the plan")
-        if ROLE_OPS[role] != op["kind"] or role in roles:
-            _fail(f"{where}.role", f"a {role} binding on a {op['kind']} kernel" + (" (twice)" if role in roles else ""))
-        roles.add(role)
-        vector = (role == "bias") or (role == "scale" and "artifact" in op["scale"])
-        if role == "bias" and op["bias"] is None:
-            _fail(f"{where}.role", "a bias binding on a kernel without a bias")
-        if role == "target" and (op["target"] is None or len(op["target"]) != 1):
-            _fail(f"{where}.role", "a target binding needs a clamp (one direction, one target)")
-        if vector != ("artifact" in coefficient):
-            _fail(f"{where}.coefficient", "a vector (artifact) is needed here" if vector else "a number is needed here")
-        if vector:
-            refs.tensor(f"{where}.coefficient", coefficient, None, width)
+        if "artifact" in binding["coefficient"]:
+            refs.tensor(f"{field}.bindings[{b}].coefficient", binding["coefficient"], None, width)
 
 
 def check_document(doc, facts, artifacts: dict[str, bytes], *, tp_size: int = 1,
@@ -247,17 +227,14 @@ def check_document(doc, facts, artifacts: dict[str, bytes], *, tp_size: int = 1,
     if doc["model"]["fingerprint"] != facts.fingerprint:
         _fail("model.fingerprint", "compiled for another model than this server's (its layout facts differ)")
     refs = _Refs(artifacts)
-    params = _check_params(doc)
-    probe_names = set()
     for i, p in enumerate(doc["probes"]):
         field = f"probes[{i}]"
-        if p["name"] in probe_names:
-            _fail(f"{field}.name", f"probe {p['name'][:40]!r} is declared twice")
-        probe_names.add(p["name"])
         width = _check_site(f"{field}.site", p["site"], facts, tp_size)
         if p["site"]["kind"] == "head" and tp_size > 1:
             _fail(f"{field}.site", "a head probe cannot be shared across tensor-parallel ranks")
-        lo, hi = READOUT_ROWS[p["readout"]]
+        from steerc.passes.plan_pipeline import PROBE_ROWS
+
+        lo, hi = PROBE_ROWS[p["readout"]]
         if hi == 0:
             if p["vectors"] is not None:
                 _fail(f"{field}.vectors", f"a {p['readout']} readout takes no vectors")
@@ -285,19 +262,7 @@ def check_document(doc, facts, artifacts: dict[str, bytes], *, tp_size: int = 1,
             for s, scope in enumerate(k["scope"]):
                 if scope["kind"] == "after":
                     _fail(f"{field}.scope[{s}]", "`after` scopes are not supported by the serve target")
-            if op["kind"] == "affine" and op.get("schedule"):
-                if op["bias"] is None:
-                    _fail(f"{field}.op.schedule", "a schedule scales the bias, and this kernel has none")
-                for f, factor in enumerate(op["schedule"]):
-                    if factor["kind"] == "window" and factor["start"] >= factor["stop"]:
-                        _fail(f"{field}.op.schedule[{f}]", "an empty window: start < stop is needed")
-                for s, scope in enumerate(k["scope"]):
-                    if not _step_scope(scope):
-                        _fail(f"{field}.scope[{s}]", "a scheduled kernel steers only from the prompt's last "
-                                                     "position on (generated, generated[a:b], prompt[-1:])")
-            if k["gate"] is not None:
-                _check_gate(f"{field}.gate", k["gate"], probe_names, params)
-            _check_bindings(field, k, params, refs, width)
+            _check_bindings(field, k, refs, width)
     if sorted(refs.used) != doc["artifacts"]:
         extra = sorted(set(doc["artifacts"]) - set(refs.used))
         _fail("artifacts", f"lists {extra[0][:16]}..., which the plan does not use" if extra
@@ -308,20 +273,28 @@ def check_document(doc, facts, artifacts: dict[str, bytes], *, tp_size: int = 1,
         constraint_from_json(doc["constraint"])
     except Exception as exc:  # noqa: BLE001 - any malformed constraint
         _fail("constraint", f"not a constraint steerc reads ({exc})")
-    salt = cache_salt(doc)
-    if doc["cache_salt"] != salt:
-        _fail("cache_salt", "is not this plan's salt (recomputed from the plan and its artifacts)")
     try:
         plan = from_serve(doc, artifacts.__getitem__)
     except Exception as exc:  # noqa: BLE001 - a document that passed every check above still did not build
         _fail("", f"does not build ({type(exc).__name__}: {exc})")
-    if plan.params:
-        from steerc.ir.plan import rebind
+    from steerc.passes.plan_pipeline import PlanError, verify
 
-        if rebind(plan) != plan:
-            _fail("params", "the plan's values are not its coefficients times the params' defaults")
+    try:
+        verify(plan, facts)  # the compiler's own verifier: every invariant a plan it produces holds
+    except PlanError as exc:
+        _fail(exc.field, exc.message)
+    from steerc.runtime.vllm import prefix_cache_safe
+    from steerc.targets.vllm.program import build
+
+    try:
+        boot, _ = build(plan, facts)  # what the worker builds (steerc.runtime.serve._RequestSteer)
+    except Exception as exc:  # noqa: BLE001 - a verified plan that still does not lower is refused, not run
+        _fail("", f"does not build ({type(exc).__name__}: {exc})")
+    salt = cache_salt(doc)
+    if doc["cache_salt"] != salt:
+        _fail("cache_salt", "is not this plan's salt (recomputed from the plan and its artifacts)")
     used = {k: artifacts[k] for k in refs.used}
-    return Admitted(plan, doc, used, salt)
+    return Admitted(plan, doc, used, salt, prefix_cache_safe(boot))
 
 
 def bind_request(admitted: Admitted, raw) -> Admitted:
@@ -336,7 +309,7 @@ def bind_request(admitted: Admitted, raw) -> Admitted:
     except ParamError as exc:
         raise RequestError(f"{PARAMS_KEY}.{exc.field}", exc.message) from None
     return Admitted(rebind(admitted.plan, full), admitted.doc, admitted.artifacts,
-                    request_salt(admitted.doc, values))
+                    request_salt(admitted.doc, values), admitted.cacheable)
 
 
 def admit(extra_args, facts, *, store=None, tp_size: int = 1, salt=None,
@@ -348,17 +321,24 @@ def admit(extra_args, facts, *, store=None, tp_size: int = 1, salt=None,
     request's ``cache_salt`` where the caller sees it (the HTTP front end):
     it must be the plan's; ``key``: the HMAC key every plan must be signed with.
     """
-    if not extra_args or PLAN_KEY not in extra_args:
+    if extra_args is None:
+        return None
+    if not isinstance(extra_args, Mapping):
+        raise RequestError("extra_args", f"expected a map of field to value, got {type(extra_args).__name__}")
+    for name in extra_args:
+        if isinstance(name, str) and name.startswith(PREFIX) and name not in KEYS:
+            raise RequestError(name[:64], f"not a steerc request field (steerc reads {', '.join(KEYS)})")
+    if PLAN_KEY not in extra_args:
         for orphan in (ARTIFACTS_KEY, PARAMS_KEY):
-            if extra_args and orphan in extra_args:
+            if orphan in extra_args:
                 raise RequestError(orphan, f"{orphan} without a plan ({PLAN_KEY} is missing)")
         return None
     doc = decode_json(PLAN_KEY, extra_args[PLAN_KEY], MAX_PLAN_CHARS)
     if not isinstance(doc, dict) or doc.get("format") != FORMAT:
         raise RequestError(f"{PLAN_KEY}.format", f"expected a {FORMAT} plan")
     artifacts = inline_artifacts(extra_args)
-    if store is not None:
-        for name in doc.get("artifacts") or ():
+    if store is not None and isinstance(doc.get("artifacts"), list):  # a malformed list: the schema names it
+        for name in doc["artifacts"]:
             if isinstance(name, str) and name not in artifacts and len(name) == 64:
                 data = store.lookup(name)
                 if data is not None:
