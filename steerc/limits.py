@@ -31,6 +31,7 @@ MAX_NAME_CHARS = 256
 MAX_STRING_CHARS = 64 * 1024
 MAX_LIST_ITEMS = 65_536
 MAX_PATH_CHARS = 4096
+MAX_GLOB_PATHS = 100_000
 MAX_POSITION = 2**31 - 1
 MAX_SCHEDULE_STEP = 2**24
 MAX_EXPANDED_SITES = 65_536
@@ -109,6 +110,11 @@ LIMITS: dict[str, Limit] = _table(
      "no model is wider than MAX_HIDDEN; each item costs parsing time"),
     ("MAX_PATH_CHARS", "characters", "the length of a path in `load` or `constrain ... from`",
      "PATH_MAX on Linux; resolving a path takes time in its length"),
+    ("MAX_GLOB_PATHS", "entries",
+     ("the folder entries one glob argument of `steerc check` or `steerc fmt` looks at (`'p/**/*.steer'`); "
+      "`**` does not enter links to folders"),
+     ("every entry costs a system call; a folder of links to itself made `*/*/*/...` name 2^40 paths. "
+      "A folder argument is walked without a limit (it never follows links)")),
     ("MAX_POSITION", "", "the largest absolute token position or position offset in a scope",
      "positions travel as 32-bit integers to the runtimes"),
     ("MAX_SCHEDULE_STEP", "", "the largest step count in a schedule (`ramp(n)`, `window(a, b)`)",

@@ -116,3 +116,74 @@ def test_each_file_has_the_root_of_its_own_steer_toml(tmp_path, monkeypatch):
 def test_a_folder_walk_does_not_follow_links_to_folders(tree):
     os.symlink(tree / "a", tree / "link")
     assert checked(["."])[1] == ["a/b-c/y.steer", "a/z.steer", "b.steer"]
+
+
+def _cpu() -> float:
+    import resource
+
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+@pytest.fixture
+def loops(tmp_path, monkeypatch):
+    """A folder holding two links to itself (and one through its parent): `**` and `*/*/...` would name 2^40
+    paths through them."""
+    write(tmp_path, {"p/x.steer": CLEAN})
+    os.symlink(".", tmp_path / "p" / "l1")
+    os.symlink(".", tmp_path / "p" / "l2")
+    os.symlink("../p", tmp_path / "p" / "up")
+    monkeypatch.chdir(tmp_path)
+    return tmp_path
+
+
+@pytest.mark.parametrize("pattern", ["p/**/*.steer", "**/*.steer", "p/**/**/**/x.steer", "p/" + "*/" * 39 + "*.steer",
+                                     "p/" + "**/*/" * 19 + "x.steer", "p/" + "*/" * 400 + "*.steer",
+                                     "p/*/" * 400 + "*.steer"])
+@pytest.mark.parametrize("command", ["check", "fmt"])
+def test_a_glob_through_link_loops_finishes_fast(loops, pattern, command):
+    """glob.glob took 72 s and then died of a MemoryError on `p/**/*.steer` here."""
+    before = _cpu()
+    code, out, err = run_cli([command, *(["--format", "json"] if command == "check" else ["--check"]), pattern])
+    spent = _cpu() - before
+    assert "Traceback" not in err and spent < 0.5, f"{err[-300:]} {spent:.2f} s of CPU"
+    if pattern.count("/") > 40:  # Linux follows at most 40 links in one path: nothing that deep exists
+        assert code == 2 and "no file matches the glob" in err
+        return
+    assert code == 0, err
+    if command == "check":
+        (name,) = json.loads(out)["files"]  # the one file, once, whichever way it was reached
+        assert os.path.basename(name) == "x.steer" and os.path.samefile(name, loops / "p" / "x.steer")
+
+
+def test_a_glob_past_the_limit_is_limit_exceeded_at_the_argument(tree, monkeypatch):
+    import steerc.cli.inputs as inputs
+
+    monkeypatch.setattr(inputs, "MAX_GLOB_PATHS", 5)
+    code, out, err = run_cli(["check", "--format", "json", "b.steer", "**/*.steer"])
+    assert code == 1 and "Traceback" not in err, err
+    (d,) = json.loads(out)["diagnostics"]
+    assert d["code"] == "limit-exceeded" and "more than 5 folder entries" in d["message"]
+    assert d["file"] == "<command line>" and (d["line"], d["column"], d["end_column"]) == (1, 36, 48)
+    code, out, err = run_cli(["check", "**/*.steer"])
+    assert code == 1 and "error[limit-exceeded]" in out + err and "  ^^^^^^^^^^^^\n" in out + err
+    code, out, err = run_cli(["fmt", "--check", "**/*.steer"])
+    assert code == 1 and "error[limit-exceeded]" in err and "Traceback" not in err
+    assert checked(["a/*.steer"]) == (0, ["a/z.steer"])  # 5 entries are enough for a narrow glob
+
+
+def test_globs_match_as_python_glob_does_where_no_link_loops(tree):
+    """The steerc glob is glob.glob(recursive=True) without entering links to folders in `**`."""
+    import glob
+
+    from steerc.cli.inputs import glob_programs
+
+    for pattern in ["**/*.steer", "a/**", "*/*.steer", "a/**/*.steer", "**/x.steer", ".*/**/*.steer", "a/[b]*/*",
+                    "*", "**", str(tree / "**" / "*.steer"), "a/./*.steer", "a//*.steer", "./**/y.steer"]:
+        expected = sorted((p for p in glob.glob(pattern, recursive=True) if os.path.isfile(p)),
+                          key=lambda p: os.path.normpath(p).split(os.sep))
+        from steerc.cli.inputs import _crosses_skipped, _components
+
+        fixed = next((n for n, part in enumerate(_components(pattern)) if set("*?[") & set(part)), 0)
+        expected = [p for p in expected if not _crosses_skipped(p, fixed)]
+        assert glob_programs(pattern) == expected, pattern

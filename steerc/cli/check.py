@@ -41,7 +41,7 @@ def add_arguments(cmd) -> None:
 def run(args) -> int:
     from steerc.cli.inputs import expand
 
-    files = expand(args.files)
+    files = expand(args.files, args)
     session = _Session(args)
     if args.model:  # one model for every program: if it cannot be used, nothing is checked against it
         session.facts, report = model_facts(args)

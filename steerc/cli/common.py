@@ -259,6 +259,32 @@ def argument_spans(args, flag: str):
     return src, [src.span(a, max(b, a + 1)) for a, b in places]
 
 
+def argument_word(args, word: str):
+    """(a ``<command line>`` Source, the span of the first argument that is ``word``), for a diagnostic about a
+    positional argument (a file or a glob); the whole line when it is not found.
+
+    >>> import argparse
+    >>> src, span = argument_word(argparse.Namespace(argv=["check", "a.steer", "p/**/*.steer"]), "p/**/*.steer")
+    >>> src.text[span.start:span.end]
+    "'p/**/*.steer'"
+    """
+    import shlex
+
+    from steerc.source import Source
+
+    words = ["steerc", *(getattr(args, "argv", None) or [])]
+    text = " ".join(shlex.quote(w) for w in words)
+    src = Source("<command line>", text)
+    at = len(shlex.quote(words[0]))
+    for w in words[1:]:
+        quoted = shlex.quote(w)
+        at += 1
+        if w == word:
+            return src, src.span(at, at + len(quoted))
+        at += len(quoted)
+    return src, src.span(0, len(text))
+
+
 def print_json(obj, out=None) -> None:
     (out or sys.stdout).write(json.dumps(obj, indent=2, sort_keys=False, ensure_ascii=False) + "\n")
 

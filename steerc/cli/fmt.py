@@ -25,7 +25,7 @@ def run(args) -> int:
     from steerc.cli.inputs import expand
 
     status = EXIT_OK
-    for path in expand(args.files):
+    for path in expand(args.files, args):
         text = read_text(path)
         source = Source("<stdin>" if path == "-" else path, text)
         try:

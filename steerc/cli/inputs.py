@@ -7,10 +7,13 @@
   and any folder holding a ``pyvenv.cfg`` (a virtual environment under any
   name); symbolic links to folders are not followed;
 * an argument with ``*``, ``?`` or ``[`` that is not an existing path is a
-  glob, expanded by steerc with ``glob.glob(recursive=True)`` (``**``
+  glob, expanded by steerc as ``glob.glob(recursive=True)`` does (``**``
   crosses folders; hidden names match only a pattern part that starts with
   ``.``), its matching files in sorted order; a wildcard does not enter the
-  folders a folder walk skips, though the pattern may name one outright;
+  folders a folder walk skips, though the pattern may name one outright, and
+  ``**`` does not enter symbolic links to folders (so a link loop ends it);
+  a glob that looks at more than MAX_GLOB_PATHS folder entries is a
+  ``limit-exceeded`` diagnostic at the argument;
 * a path named twice (also through a folder or a glob) is checked once,
   where it first appears.
 
@@ -30,21 +33,34 @@ errors. Anything else is left for reading to report (``no such file``).
 
 from __future__ import annotations
 
-import glob
+import fnmatch
 import os
 
-from steerc.cli import UsageError
+from steerc.cli import EXIT_ERRORS, UsageError
+from steerc.limits import MAX_GLOB_PATHS
 
 SKIPPED_FOLDERS = ("node_modules", "__pycache__")
 GLOB_CHARS = frozenset("*?[")
 
 
-def expand(items: list[str]) -> list[str]:
-    """The programs ``items`` name, in order, each once (raises UsageError for an empty folder or glob)."""
+class GlobTooLarge(Exception):
+    """A glob looked at more than MAX_GLOB_PATHS folder entries."""
+
+
+def expand(items: list[str], args=None) -> list[str]:
+    """The programs ``items`` name, in order, each once (raises UsageError for an empty folder or glob).
+
+    A glob past MAX_GLOB_PATHS is a ``limit-exceeded`` diagnostic pointing at it in the command line of
+    ``args``, printed in its ``--format`` (exits 1).
+    """
     out: list[str] = []
     seen: set[str] = set()
     for item in items:
-        for path in _one(item):
+        try:
+            paths = _one(item)
+        except GlobTooLarge:
+            _too_large(item, args)
+        for path in paths:
             key = path if path == "-" else os.path.abspath(path)
             if key not in seen:
                 seen.add(key)
@@ -69,19 +85,131 @@ def _one(item: str) -> list[str]:
     return [item]  # reading it reports what is wrong
 
 
-def glob_programs(pattern: str) -> list[str]:
+def _too_large(item: str, args) -> None:
+    from steerc.diagnostics import Diagnostic
+
+    message = f"the glob {item!r} looks at more than {MAX_GLOB_PATHS:,} folder entries"
+    help = "name fewer folders (a narrower pattern, or the folder itself: a folder walk has no limit)"
+    if args is None:
+        raise UsageError(f"{message}; {help}")
+    from steerc.cli.common import argument_word
+    from steerc.cli.report import Report, write
+
+    src, span = argument_word(args, item)
+    report = Report([Diagnostic.error("limit-exceeded", message, span, help=help)], {src.name: src})
+    if hasattr(args, "format"):
+        write(args.format, [report], [])
+    else:
+        from steerc.cli.common import print_diagnostics
+
+        print_diagnostics(report)
+    raise SystemExit(EXIT_ERRORS)
+
+
+def glob_programs(pattern: str, limit: int | None = None) -> list[str]:
     """The files ``pattern`` matches, sorted by path components; folders a wildcard crosses are skipped as
-    in a folder walk (``node_modules``, virtual environments), those the pattern names outright are not."""
-    fixed = 0  # how many leading components hold no wildcard
+    in a folder walk (``node_modules``, virtual environments), those the pattern names outright are not.
+
+    Raises GlobTooLarge when it would look at more than ``limit`` (MAX_GLOB_PATHS) folder entries.
+    """
+    parts = [p for i, p in enumerate(pattern.split(os.sep)) if p or i == 0]
+    literal = next((n for n, part in enumerate(parts) if GLOB_CHARS & set(part)), len(parts))
+    base = os.sep.join(parts[:literal]) or (os.sep if literal else "")  # "" for the working directory
+    found: list[str] = []
+    _Glob(parts[literal:], MAX_GLOB_PATHS if limit is None else limit, found).match(base, 0)
+    fixed = 0  # how many leading components (as normalised) hold no wildcard
     for part in _components(pattern):
         if GLOB_CHARS & set(part):
             break
         fixed += 1
-    out = []
-    for path in glob.glob(pattern, recursive=True):
+    out, real = [], set()
+    for path in sorted(found, key=_components):
         if os.path.isfile(path) and not _crosses_skipped(path, fixed):
-            out.append(path)
-    return sorted(out, key=_components)
+            key = os.path.realpath(path)  # two links to one file: checked once
+            if key not in real:
+                real.add(key)
+                out.append(path)
+    return out
+
+
+class _Glob:
+    """``glob.glob(recursive=True)`` over the parts of a pattern below its fixed folder, counting each folder
+    entry looked at; ``**`` walks folders without entering links to folders or folders a walk skips."""
+
+    def __init__(self, parts: list[str], limit: int, out: list[str]):
+        self.parts, self.left, self.out = parts, limit, out
+        self.done: set[tuple[int, int, int]] = set()  # (device, inode, part): each folder matched from once
+
+    def match(self, folder: str, i: int) -> None:
+        """Every path below ``folder`` that matches the parts from ``i`` on, into ``out`` (a worklist, not
+        recursion: a pattern may have thousands of parts)."""
+        todo = [(folder, i)]
+        while todo:
+            folder, i = todo.pop()
+            if i == len(self.parts):
+                self.out.append(folder)
+                continue
+            try:  # a folder reached again (`**/**`, or through a link to it) adds no file of its own
+                st = os.stat(folder or os.curdir)
+            except OSError:
+                continue
+            if (st.st_dev, st.st_ino, i) in self.done:
+                continue
+            self.done.add((st.st_dev, st.st_ino, i))
+            part, last = self.parts[i], i == len(self.parts) - 1
+            if part == "**":
+                todo.append((folder, i + 1))  # no folder at all
+                for path, is_folder in self.walk(folder):
+                    if is_folder:
+                        todo.append((path, i + 1))
+                    elif last:
+                        self.out.append(path)
+            elif GLOB_CHARS & set(part):
+                for name, _, is_dir in self.entries(folder):
+                    if (part.startswith(".") or not name.startswith(".")) and fnmatch.fnmatchcase(name, part):
+                        if last or is_dir:
+                            todo.append((os.path.join(folder, name), i + 1))
+            else:
+                path = os.path.join(folder, part)
+                self.pay(1)
+                if os.path.lexists(path) if last else os.path.isdir(path):
+                    todo.append((path, i + 1))
+
+    def walk(self, folder: str):
+        """(path, is a folder) below ``folder``, hidden and skipped folders left out, links not entered."""
+        stack = [folder]
+        while stack:
+            here = stack.pop()
+            for name, is_folder, _ in self.entries(here):
+                if name.startswith("."):
+                    continue
+                path = os.path.join(here, name)
+                if is_folder:
+                    if _skipped(path, name):
+                        continue
+                    stack.append(path)
+                yield path, is_folder
+
+    def entries(self, folder: str) -> list[tuple[str, bool, bool]]:
+        """(name, is a folder and not a link, is a folder or a link to one) for each entry of ``folder``, by
+        name; none when it cannot be read."""
+        out = []
+        try:
+            with os.scandir(folder or os.curdir) as it:
+                for entry in it:
+                    self.pay(1)
+                    try:
+                        out.append((entry.name, entry.is_dir(follow_symlinks=False), entry.is_dir()))
+                    except OSError:
+                        out.append((entry.name, False, False))
+        except OSError:
+            pass
+        return sorted(out, reverse=True)  # popped from a worklist: the first name is matched first
+
+    def pay(self, n: int) -> None:
+        self.left -= n
+        if self.left < 0:
+            raise GlobTooLarge()
 
 
 def folder_programs(folder: str) -> list[str]:
