@@ -329,3 +329,312 @@ def test_a_server_with_a_key_admits_only_plans_signed_with_it(facts, tmp_path):
     tampered["cache_salt"] = cache_salt(tampered)
     with pytest.raises(RequestError, match="hmac"):
         admit(extra_args(tampered, arts), facts, key=key)
+
+
+# ------------------------------------------------ tampered plans: the compiler's verifier runs at admission
+
+
+def _tamper_artifact(doc, arts, ref: dict, fn):
+    """Replace the artifact ``ref`` names by ``fn(its tensor)`` (rehashed, re-listed, re-salted)."""
+    import numpy as np
+
+    from steerc.targets.serve.format import artifact_bytes
+
+    old = ref["artifact"]
+    data = artifact_bytes(np.asarray(fn(read_artifact(arts[old], old)), dtype=np.float32))
+    new = artifact_id(data)
+    ref["artifact"] = new
+    arts[new] = data
+    used = set()
+
+    def walk(o):
+        if isinstance(o, dict):
+            if set(o) == {"artifact"}:
+                used.add(o["artifact"])
+            for v in o.values():
+                walk(v)
+        elif isinstance(o, list):
+            for v in o:
+                walk(v)
+    walk({k: v for k, v in doc.items() if k != "artifacts"})
+    doc["artifacts"] = sorted(used)
+    for k in list(arts):
+        if k not in used:
+            arts.pop(k)
+
+
+def _probe_after(d, a):
+    d["probes"][0]["site"]["layer"] = 3  # sarcastic (pool token) now reads after resid_post[2], the kernel it gates
+
+
+TAMPERED = {
+    # (example, where the refusal points, edit)
+    "a site listed twice": ("01_add.steer", "sites[1].site", lambda d, a: d["sites"].insert(
+        1, json.loads(json.dumps(d["sites"][0]).replace('"value":1.0', '"value":0.5')))),
+    "a per-token probe after the kernel it gates": ("12_per_token_gate.steer", "sites[0].kernels[0].gate",
+                                                    _probe_after),
+    "a prompt.mean gate widened to all tokens": ("03_cast_gate.steer", "kernels[0].scope[0]", lambda d, a: [
+        k.__setitem__("scope", [{"kind": "all"}]) for s in d["sites"] for k in s["kernels"]]),
+    "an ablation basis scaled by 10": ("02_abliterate.steer", "sites[0].kernels[0].op.basis", lambda d, a: (
+        _tamper_artifact(d, a, _first_kernel(d)["op"]["basis"], lambda q: 10 * q))),
+    "a rotation plane scaled by 10": ("11_rotate.steer", "kernels[0].op.e1", lambda d, a: (
+        _tamper_artifact(d, a, _first_kernel(d)["op"]["e1"], lambda q: 10 * q))),
+    "a projected_cosine basis scaled by 10": ("03_cast_gate.steer", "probes[0].vectors", lambda d, a: (
+        _tamper_artifact(d, a, d["probes"][0]["vectors"], lambda q: 10 * q))),
+    "an angle past float32": ("11_rotate.steer", "op.angle", lambda d, a: _first_kernel(d)["op"].__setitem__(
+        "angle", 3.5e38)),
+    "a scale past float32": ("02_abliterate.steer", "op.target", lambda d, a: _first_kernel(d)["op"].__setitem__(
+        "target", [3.5e38])),
+    "a probe bias past float32": ("03_cast_gate.steer", "probes[0].bias", lambda d, a: d["probes"][0].__setitem__(
+        "bias", 3.5e38)),
+    "a gate threshold past float32": ("03_cast_gate.steer", "gate.threshold", lambda d, a: _first_kernel(d)[
+        "gate"].__setitem__("threshold", -3.5e38)),
+    "an affine scale past float32": ("01_add.steer", "op.scale", lambda d, a: _first_kernel(d)["op"].__setitem__(
+        "scale", {"value": 3.5e38})),
+    "resid_pre above layer 0": ("01_add.steer", "sites[0].site.kind", lambda d, a: d["sites"][0]["site"].update(
+        kind="resid_pre")),
+    "a probe at resid_pre above layer 0": ("12_per_token_gate.steer", "probes[1].site.kind", lambda d, a: d[
+        "probes"][1]["site"].update(kind="resid_pre", layer=2)),
+}
+
+
+@pytest.mark.parametrize("case", sorted(TAMPERED))
+def test_admission_refuses_a_plan_the_compiler_would_never_produce(facts, tmp_path, case):
+    """Well-formed, rehashed and re-salted, yet breaking an invariant of plans: the compiler's verifier
+    (steerc.passes.plan_pipeline.verify) refuses it at admission, naming where."""
+    from steerc.targets.serve.admission import RequestError, admit
+
+    example, field, edit = TAMPERED[case]
+    doc, arts = _admission_inputs(facts, tmp_path, example)
+    assert admit(extra_args(doc, arts), facts) is not None
+    edit(doc, arts)
+    _resalted(doc)
+    with pytest.raises(RequestError) as err:
+        admit(extra_args(doc, arts), facts, salt=doc["cache_salt"])
+    assert err.value.field.startswith("steerc_plan.") and field in err.value.field, str(err.value)
+
+
+# ---------------------------------------------------- malformed requests: a RequestError, never a crash
+
+
+PER_REQUEST = ("steer 1\nparam s = 1 in [0, 4] per request\nintervention x {\n  at resid_post[1]\n  scale s\n}\n")
+
+
+def _per_request_doc(facts):
+    from steerc.api import check_source
+
+    return to_serve(check_source(PER_REQUEST, facts=facts).plan, facts.to_json())
+
+
+def _malformed(facts, tmp_path, case):
+    doc, arts = _admission_inputs(facts, tmp_path)
+    if case == "binding coefficient past float32":
+        doc, arts = _per_request_doc(facts)
+        _first_kernel(doc)["bindings"][0]["coefficient"] = {"value": 3.5e38}
+        _resalted(doc)
+        return extra_args(doc, arts), "bindings[0].coefficient"
+    if case == "binding coefficient past float32 with its value":
+        doc, arts = _per_request_doc(facts)
+        _first_kernel(doc)["bindings"][0]["coefficient"] = {"value": 3.5e38}
+        _first_kernel(doc)["op"]["scale"] = {"value": 3.5e38}
+        _resalted(doc)
+        return extra_args(doc, arts), "op.scale"
+    if case == "a lone surrogate in a dict plan":
+        doc["source"]["name"] = "x\ud800"
+        return dict(extra_args(doc, arts), steerc_plan=doc), "steerc_plan"
+    if case == "NaN in a dict plan's constraint":
+        doc["constraint"] = {"kind": "json_schema", "schema": {"minimum": float("nan")}}
+        return dict(extra_args(doc, arts), steerc_plan=doc), "steerc_plan"
+    if case == "artifacts: 5":
+        doc["artifacts"] = 5
+        return extra_args(doc, arts, inline=False), "steerc_plan.artifacts"
+    if case == "steerc_plans (a typo)":
+        args = extra_args(doc, arts)
+        return {"steerc_plans": args.pop(PLAN_KEY), **args}, "steerc_plans"
+    if case.startswith("extra_args "):
+        return {"list": [PLAN_KEY], "string": PLAN_KEY, "number": 5, "tuple": (PLAN_KEY,)}[case.split()[1]], \
+            "extra_args"
+    raise AssertionError(case)
+
+
+MALFORMED = ["binding coefficient past float32", "binding coefficient past float32 with its value",
+             "a lone surrogate in a dict plan", "NaN in a dict plan's constraint", "artifacts: 5",
+             "steerc_plans (a typo)", "extra_args list", "extra_args string", "extra_args number", "extra_args tuple"]
+
+
+@pytest.mark.parametrize("case", MALFORMED)
+def test_malformed_requests_are_refused_naming_the_field(facts, tmp_path, case):
+    from steerc.runtime.serve import ArtifactStore
+    from steerc.targets.serve.admission import RequestError, admit
+
+    args, field = _malformed(facts, tmp_path, case)
+    with pytest.raises(RequestError) as err:
+        admit(args, facts, store=ArtifactStore(str(tmp_path / "store")))
+    assert field in err.value.field, str(err.value)
+
+
+# ------------------------------------------------------------ the HTTP middleware: every POST is admitted
+
+
+class _App:
+    """The ASGI app behind the middleware: records what reached it."""
+
+    def __init__(self):
+        self.calls = []
+
+    async def __call__(self, scope, receive, send):
+        body = b""
+        while True:
+            m = await receive()
+            body += m.get("body", b"")
+            if not m.get("more_body"):
+                break
+        self.calls.append((scope, body))
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b"{}"})
+
+
+def _vllm_config(prefix_caching=True):
+    from types import SimpleNamespace
+
+    from steerc.runtime.vllm_engine import CONFIG_KEY, LOAD_FORMAT
+
+    with open(os.path.join(EXAMPLES, "models", "tiny-llama", "config.json")) as fh:
+        hf = json.load(fh)
+    return SimpleNamespace(
+        load_config=SimpleNamespace(load_format=LOAD_FORMAT), additional_config={CONFIG_KEY: {"mode": "serve"}},
+        parallel_config=SimpleNamespace(tensor_parallel_size=1),
+        cache_config=SimpleNamespace(enable_prefix_caching=prefix_caching),
+        model_config=SimpleNamespace(hf_config=SimpleNamespace(to_dict=lambda: dict(hf))))
+
+
+def _post(middleware, chunks, headers):
+    import asyncio
+    from types import SimpleNamespace
+
+    scope = {"type": "http", "method": "POST", "path": "/v1/completions", "headers": headers,
+             "app": SimpleNamespace(state=SimpleNamespace(vllm_config=_vllm_config()))}
+    pending = [{"type": "http.request", "body": c, "more_body": i < len(chunks) - 1} for i, c in enumerate(chunks)]
+    sent = []
+
+    async def receive():
+        return pending.pop(0) if pending else {"type": "http.disconnect"}
+
+    async def send(message):
+        sent.append(message)
+
+    asyncio.run(middleware(scope, receive, send))
+    status = next(m["status"] for m in sent if m["type"] == "http.response.start")
+    body = b"".join(m.get("body", b"") for m in sent if m["type"] == "http.response.body")
+    return status, json.loads(body)
+
+
+def _steered_body(facts, tmp_path, example="12_per_token_gate.steer", **edit):
+    doc, arts = _admission_inputs(facts, tmp_path, example)
+    body = {"model": "m", "prompt": [1, 2, 3], "max_tokens": 2, "vllm_xargs": extra_args(doc, arts),
+            "cache_salt": doc["cache_salt"]}
+    body["vllm_xargs"].update(edit)
+    return body, doc
+
+
+def _encodings():
+    import gzip
+    import zlib
+
+    utf8 = lambda b: json.dumps(b).encode()  # noqa: E731
+    return {
+        "no content type": ([], lambda b: [utf8(b)]),
+        "text/plain": ([(b"content-type", b"text/plain")], lambda b: [utf8(b)]),
+        "json with a charset": ([(b"content-type", b"application/json; charset=utf-8")], lambda b: [utf8(b)]),
+        "chunked": ([(b"content-type", b"application/json"), (b"transfer-encoding", b"chunked")],
+                    lambda b: [utf8(b)[i:i + 7] for i in range(0, len(utf8(b)), 7)]),
+        "utf-16": ([(b"content-type", b"application/json")], lambda b: [json.dumps(b).encode("utf-16")]),
+        "utf-32-le": ([], lambda b: [json.dumps(b).encode("utf-32-le")]),
+        "a utf-8 BOM": ([(b"content-type", b"application/json")], lambda b: [b"\xef\xbb\xbf" + utf8(b)]),
+        "gzip": ([(b"content-type", b"application/json"), (b"content-encoding", b"gzip")],
+                 lambda b: [gzip.compress(utf8(b))]),
+        "deflate": ([(b"content-encoding", b"deflate")], lambda b: [zlib.compress(utf8(b))]),
+    }
+
+
+@pytest.mark.parametrize("how", sorted(_encodings()))
+def test_the_middleware_admits_a_steered_post_whatever_its_headers(facts, tmp_path, monkeypatch, how):
+    from steerc.runtime.serve_http import SteercAdmission
+
+    monkeypatch.setenv("STEERC_ARTIFACTS", str(tmp_path / "store"))
+    headers, encode = _encodings()[how]
+    good, doc = _steered_body(facts, tmp_path)
+    bad, _ = _steered_body(facts, tmp_path, steerc_plan="{not json")
+    app = _App()
+    middleware = SteercAdmission(app)
+    status, reply = _post(middleware, encode(bad), headers)
+    assert status == 400 and reply["error"]["param"] == "steerc_plan" and not app.calls, reply
+    status, reply = _post(middleware, encode(good), headers)
+    assert status == 200 and len(app.calls) == 1, reply
+    scope, forwarded = app.calls[0]
+    sent = json.loads(forwarded)  # what vLLM reads: plain UTF-8 JSON, uncompressed, its length declared
+    assert sent["vllm_xargs"][PLAN_KEY] == good["vllm_xargs"][PLAN_KEY]
+    names = dict(scope["headers"])
+    assert names[b"content-length"] == str(len(forwarded)).encode() and b"content-encoding" not in names
+
+
+UNREADABLE = {
+    "not JSON but steerc fields": (b'{"vllm_xargs": {"steerc_plan": ', [], "body"),
+    "latin-1 bytes": ('{"vllm_xargs": {"steerc_plan": "\xe9"}'.encode("latin-1"), [], "body"),
+    "utf-16 without a BOM, broken": ('{"vllm_xargs": {"steerc_plan"'.encode("utf-16-le"), [], "body"),
+    "a broken gzip stream": (b"\x1f\x8b\x08\x00steerc_plan", [(b"content-encoding", b"gzip")], "content-encoding"),
+    "brotli": (b'{"vllm_xargs": {"steerc_plan": "x"}}', [(b"content-encoding", b"br")], "content-encoding"),
+    "steerc fields outside vllm_xargs": (b'{"prompt": "hi", "steerc_plan": "{}"}', [], "steerc_plan"),
+    "a steerc key spelt with escapes": (b'{"vllm_xargs": {"steerc\\u005fplans": "{}"}}', [], "steerc_plans"),
+    "vllm_xargs a list naming steerc": (b'{"vllm_xargs": ["steerc_plan"]}', [], "vllm_xargs"),
+    "steerc_plans (a typo)": (b'{"vllm_xargs": {"steerc_plans": "{}"}}', [], "steerc_plans"),
+    "only artifacts": (b'{"vllm_xargs": {"steerc_artifacts": "{}"}}', [], "steerc_artifacts"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(UNREADABLE))
+def test_the_middleware_refuses_what_it_cannot_admit_rather_than_forward_it(tmp_path, monkeypatch, case):
+    from steerc.runtime.serve_http import SteercAdmission
+
+    monkeypatch.setenv("STEERC_ARTIFACTS", str(tmp_path / "store"))
+    body, headers, field = UNREADABLE[case]
+    app = _App()
+    status, reply = _post(SteercAdmission(app), [body], headers)
+    assert status == 400 and not app.calls, reply
+    assert reply["error"]["param"] == field, reply
+
+
+@pytest.mark.parametrize("body, headers", [
+    (b'{"model": "m", "prompt": "hi", "vllm_xargs": {"other": "1"}}', []),
+    (b"not json at all", [(b"content-type", b"text/plain")]),
+    (b"\x1f\x8b\x08\x00 not gzip", [(b"content-encoding", b"gzip")]),
+])
+def test_the_middleware_forwards_plain_posts_byte_for_byte(tmp_path, monkeypatch, body, headers):
+    from steerc.runtime.serve_http import SteercAdmission
+
+    monkeypatch.setenv("STEERC_ARTIFACTS", str(tmp_path / "store"))
+    app = _App()
+    status, _ = _post(SteercAdmission(app), [body[:5], body[5:]], headers)
+    assert status == 200 and app.calls[0][1] == body and app.calls[0][0]["headers"] == headers
+
+
+def test_a_plan_that_reads_every_prompt_token_gets_a_salt_per_request(facts, tmp_path, monkeypatch):
+    """Prompt-pooled probes and prompt-relative scopes (prefix_cache_safe false): each request is forwarded
+    with a cache_salt of its own, so vLLM never serves it KV another request computed; a plan that steers
+    every position alike keeps the plan's salt (and the prefix cache)."""
+    from steerc.runtime.serve_http import SteercAdmission
+
+    monkeypatch.setenv("STEERC_ARTIFACTS", str(tmp_path / "store"))
+    app = _App()
+    middleware = SteercAdmission(app)
+    for example, shared in (("03_cast_gate.steer", False), ("01_add.steer", False), ("02_abliterate.steer", True)):
+        body, doc = _steered_body(facts, tmp_path, example)
+        salts = []
+        for _ in range(2):
+            status, reply = _post(middleware, [json.dumps(body).encode()], [])
+            assert status == 200, reply
+            salts.append(json.loads(app.calls[-1][1])["cache_salt"])
+        if shared:
+            assert salts == [doc["cache_salt"]] * 2, example
+        else:
+            assert salts[0] != salts[1] and all(s.startswith(doc["cache_salt"]) for s in salts), example

@@ -78,13 +78,13 @@ class SteercAdmission:
                 raise RequestError("vllm_xargs", f"expected a map of field to value, got {type(xargs).__name__}")
             facts, tp_size, prefix_caching = self._engine_facts(scope)
             salt = doc.get("cache_salt")
-            if salt is None and prefix_caching:
-                raise RequestError("cache_salt", "required for a steered request while prefix caching is on "
-                                                 "(steerc.serve_client.request_fields sets it)")
             admitted = admit(xargs, facts, store=self._artifact_store(), tp_size=tp_size, salt=salt,
                              key=self._key)
             if admitted is None:  # admit() refuses every steerc_ field without a plan; never run it unsteered
                 raise RequestError("vllm_xargs", "steerc fields without a plan")
+            if salt is None and prefix_caching:
+                raise RequestError("cache_salt", "required for a steered request while prefix caching is on "
+                                                 "(steerc.serve_client.request_fields sets it)")
             for key, data in admitted.artifacts.items():
                 self._artifact_store().put(data, expected=key)
         except RequestError as exc:
