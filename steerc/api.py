@@ -76,8 +76,11 @@ def check_source(
     options: Options | None = None,
     facts=None,
 ) -> CheckResult:
-    """Check program text; ``facts`` (a ModelFacts) adds the layout checks."""
-    source = Source(name, text, path)
+    """Check program text; ``facts`` (a ModelFacts) adds the layout checks. Its line ends are read as a
+    file's are (``\\r\\n`` and a lone ``\\r`` end a line: ``steerc.source.normalize_newlines``)."""
+    from steerc.source import normalize_newlines
+
+    source = Source(name, normalize_newlines(text), path)
     return check(source, options or Options(), facts)
 
 

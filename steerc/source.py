@@ -96,15 +96,50 @@ class Source:
         return self.span(start, start + len(text))
 
 
-def read_program(path: str) -> str:
-    """A program file's text as text mode reads it (newlines translated), reading at most MAX_SOURCE_BYTES.
+def normalize_newlines(text: str) -> str:
+    """``text`` with each line end made ``\\n``: ``\\r\\n`` and a lone ``\\r`` are one line end each.
 
-    A longer file gives a text longer than the limit (never a shorter one), which
-    the parser refuses with a ``limit-exceeded`` diagnostic. Raises OSError, and
-    UnicodeDecodeError for a file (within the limit) that is not UTF-8.
+    Every way a program arrives goes through this one function (files, standard input, the API's
+    ``check_source``, the text an editor sends the language server), so the same bytes are the same program
+    by every path. No other character ends a line (U+2028, U+0085, form feed, vertical tab): LSP cuts
+    lines at these three only, and so does steerc.
+
+    >>> normalize_newlines("a\\r\\nb\\rc\\n\\u2028d")
+    'a\\nb\\nc\\n\\u2028d'
+    """
+    return text.replace("\r\n", "\n").replace("\r", "\n") if "\r" in text else text
+
+
+def decode_program(data: bytes) -> str:
+    """The text of a program's bytes: UTF-8, a leading byte-order mark dropped (it marks the encoding, as
+    editors read it), line ends normalized (:func:`normalize_newlines`).
+
+    More than MAX_SOURCE_BYTES gives a text longer than the limit (never a shorter one), which the parser
+    refuses with a ``limit-exceeded`` diagnostic. Raises UnicodeDecodeError for bytes (within the limit)
+    that are not UTF-8.
+
+    >>> decode_program(b"\\xef\\xbb\\xbfsteer 1\\r\\n# a\\rparam a = 1")
+    'steer 1\\n# a\\nparam a = 1'
+    """
+    if len(data) > MAX_SOURCE_BYTES:
+        return data.decode("utf-8", "replace")  # at least as many characters as the limit has bytes
+    return normalize_newlines(data.decode("utf-8-sig"))
+
+
+def read_program(path: str) -> str:
+    """A program file's text (:func:`decode_program`), reading at most MAX_SOURCE_BYTES + 1 bytes.
+
+    Raises OSError, and UnicodeDecodeError for a file (within the limit) that is not UTF-8.
     """
     with open(path, "rb") as fh:
-        data = fh.read(MAX_SOURCE_BYTES + 1)
-    if len(data) > MAX_SOURCE_BYTES:
-        return data.decode("utf-8", "replace")  # at least as many bytes as were read
-    return data.decode("utf-8").replace("\r\n", "\n").replace("\r", "\n")
+        return decode_program(fh.read(MAX_SOURCE_BYTES + 1))
+
+
+def read_stream(stream) -> str:
+    """A program from a stream (standard input): its bytes decoded as a file's are, when it has them; the
+    text of a text-only stream (an ``io.StringIO``) with its line ends normalized. Raises UnicodeDecodeError."""
+    raw = getattr(stream, "buffer", None)
+    if raw is not None:
+        return decode_program(raw.read(MAX_SOURCE_BYTES + 1))
+    text = stream.read(MAX_SOURCE_BYTES + 1)
+    return text if len(text) > MAX_SOURCE_BYTES else normalize_newlines(text.removeprefix("\ufeff"))

@@ -11,16 +11,19 @@ from steerc.cli import UsageError
 
 
 def read_text(path: str) -> str:
-    """A program's text, as text mode reads it (newlines translated); at most MAX_SOURCE_BYTES are read.
+    """A program's text (``-``: standard input's bytes), decoded and its line ends normalized by
+    ``steerc.source.decode_program``, as every path does; at most MAX_SOURCE_BYTES + 1 bytes are read.
 
     A longer file gives a text longer than the limit (never a shorter one), which the
     parser then refuses with a ``limit-exceeded`` diagnostic.
     """
-    from steerc.limits import MAX_SOURCE_BYTES
-    from steerc.source import read_program
+    from steerc.source import read_program, read_stream
 
     if path == "-":
-        return sys.stdin.read(MAX_SOURCE_BYTES + 1)
+        try:
+            return read_stream(sys.stdin)
+        except (OSError, UnicodeDecodeError) as exc:
+            raise UsageError(f"cannot read standard input: {exc}") from None
     try:
         return read_program(path)
     except FileNotFoundError:

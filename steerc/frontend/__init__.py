@@ -47,6 +47,8 @@ def _with_comments(program: ir.Program, source: Source, comments) -> ir.Program:
 
 
 def parse_source(text: str, name: str = "<string>") -> tuple[ir.Program | None, Diagnostics]:
-    """Parse text held in memory (no file needed)."""
+    """Parse text held in memory (no file needed), its line ends read as a file's are."""
+    from steerc.source import normalize_newlines
+
     diagnostics = Diagnostics()
-    return parse(Source(name, text), diagnostics), diagnostics
+    return parse(Source(name, normalize_newlines(text)), diagnostics), diagnostics

@@ -63,8 +63,10 @@ def index(line: str, character: int, encoding: str) -> int:
 
 
 def normalize(text: str) -> str:
-    """``text`` with ``\\r\\n`` and ``\\r`` made ``\\n``, as ``steerc check`` reads a file."""
-    return text.replace("\r\n", "\n").replace("\r", "\n") if "\r" in text else text
+    """``text`` with ``\\r\\n`` and ``\\r`` made ``\\n``, as ``steerc check`` reads a file (the same function)."""
+    from steerc.source import normalize_newlines
+
+    return normalize_newlines(text)
 
 
 class Document:
