@@ -2,7 +2,9 @@
 
 vLLM's OpenAI-compatible server takes ASGI middleware by import path
 (``--middleware steerc.runtime.serve_http.SteercAdmission``; ``steerc
-serve`` passes it). For every JSON POST whose ``vllm_xargs`` carries steerc
+serve`` passes it). It reads every POST body, whatever its headers (no or
+another content type, a charset, chunks, UTF-16/32 or a BOM, gzip or deflate:
+:func:`read_body`); for every one whose ``vllm_xargs`` carries steerc
 fields, :class:`SteercAdmission` runs
 :func:`steerc.targets.serve.admission.admit` against the served model before
 vLLM parses the request:
@@ -17,7 +19,12 @@ vLLM parses the request:
   store and are inlined, and inline ones are staged there, so the workers
   read nothing but the request;
 * a server not started with steerc's loader in serve mode answers 400
-  rather than run the request unsteered.
+  rather than run the request unsteered;
+* a body it cannot read that mentions steerc, ``steerc_`` keys outside
+  ``vllm_xargs``, and a non-map ``vllm_xargs`` naming steerc are 400 too;
+* a plan whose steering depends on tokens a prefix-cache hit would skip
+  (``Admitted.cacheable`` false) is forwarded with a ``cache_salt`` of its
+  own, so it computes every token itself.
 
 Requests without steerc fields pass through untouched (their bytes are
 replayed as received).
