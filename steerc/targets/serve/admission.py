@@ -22,7 +22,15 @@ It checks, with the field at fault in every refusal:
   at fault otherwise);
 * the output constraint parses; ``cache_salt`` is the plan's own (recomputed,
   so a stale or forged salt cannot share another plan's prefix cache), and
-  with per-request values, the salt of those values (:func:`request_salt`).
+  with per-request values, the salt of those values (:func:`request_salt`);
+* the decoded plan passes the compiler's own verifier
+  (:func:`steerc.passes.plan_pipeline.verify`: canonical sites each once,
+  causality, orthonormal bases and planes, numbers float32 holds, probes,
+  gates and params as the compiler writes them) and builds as the worker
+  builds it; whether it may share prefix-cached KV is the vllm target's
+  :func:`~steerc.runtime.vllm.prefix_cache_safe` on that build;
+* the request: ``extra_args`` a map, no ``steerc_`` key steerc does not read,
+  a decoded (dict) plan only what JSON text could carry.
 
 Pure Python (numpy and safetensors for the artifacts): the front end needs
 neither torch nor vLLM to run it.
