@@ -388,3 +388,59 @@ def test_a_file_of_bad_lines_stops_at_the_repeat_cap(project):
         parse_pairs(Source("many.jsonl", text))
     assert len(err.value.diagnostics) == MAX_REPEATS
     assert {d.code for d in err.value.diagnostics} == {"invalid-data"}
+
+
+# ------------------------------------------------------------ the Python entry point
+
+
+def test_the_python_entry_point_gives_the_clis_bank(folder, project):
+    from safetensors import safe_open
+
+    from steerc.derive import derive
+    from steerc.runtime.models import load_model
+
+    code, _, err = _derive(folder, "--data", "pairs.jsonl", "--at", "resid_post[*]", "--method", "all",
+                           "--read", "mean", "--no-cache", "-o", "cli.safetensors")
+    assert code == 0, err
+    model, tokenizer = load_model(folder)
+    result = derive(model, tokenizer, "pairs.jsonl", at="resid_post[*]", method="all", read="mean")
+    with safe_open("cli.safetensors", "np") as f:
+        cli = {k: f.get_tensor(k) for k in f.keys()}
+        cli_meta = json.loads(f.metadata()["steerc.derive"])
+    assert sorted(result.keys()) == sorted(cli)
+    for key, row in cli.items():
+        assert result[key].dtype == np.float32 and np.array_equal(result[key], row), key
+    assert result.scores == cli_meta["scores"] and result.heldout_pairs == cli_meta["heldout"]["pairs"]
+    # pairs in memory are the same data as the file's lines
+    same = derive(model, tokenizer, list(zip(POS, NEG)), at="resid_post[1]", method="mean_diff", read="mean")
+    assert np.array_equal(same["mean_diff.1"], cli["mean_diff.1"])
+    # the bank it saves loads in a program and checks against the model, as the CLI's does
+    result.save(project / "py.safetensors")
+    with safe_open(str(project / "py.safetensors"), "np") as f:
+        meta = json.loads(f.metadata()["steerc.derive"])
+        assert np.array_equal(f.get_tensor("pca_diff.2"), cli["pca_diff.2"])
+    assert meta["model"]["fingerprint"] == cli_meta["model"]["fingerprint"] and meta["layers"] == cli_meta["layers"]
+    (project / "use.steer").write_text(
+        'steer 1\n\nvector v = load("py.safetensors", key="mean_diff", per_layer=true)\n\n'
+        "intervention x {\n  at  resid_post[1:3]\n  add v\n}\n")
+    code, out, _ = run_cli(["check", "use.steer", "--model", folder])
+    assert code == 0 and "0 errors, 0 warnings" in out, out
+
+
+def test_the_python_entry_point_raises_diagnostics(folder, project):
+    from steerc.derive import DeriveError, derive
+    from steerc.runtime.models import load_model
+
+    model, tokenizer = load_model(folder)
+    with pytest.raises(DeriveError) as bad:
+        derive(model, tokenizer, list(zip(POS, NEG)), at="resid_post[99]")
+    assert bad.value.diagnostics[0].code == "layer-out-of-range" and "^" in bad.value.render()
+    with pytest.raises(DeriveError) as bad:
+        derive(model, tokenizer, list(zip(POS, NEG)), at="resid_post[1]", method="mean_dif")
+    assert "did you mean `mean_diff`?" in (bad.value.diagnostics[0].help or "")
+    with pytest.raises(DeriveError) as bad:
+        derive(model, tokenizer, [("only positive",)], at="resid_post[1]")
+    assert bad.value.diagnostics[0].code == "invalid-data"
+    with pytest.raises(DeriveError) as bad:
+        derive(model, tokenizer, [{"positive": "a", "negativ": "b"}], at="resid_post[1]")
+    assert bad.value.diagnostics[0].span is not None and "<pairs>" in bad.value.render()

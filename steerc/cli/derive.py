@@ -13,9 +13,6 @@ import sys
 from steerc.cli import EXIT_ERRORS, EXIT_OK, UsageError
 from steerc.cli.common import argument_source
 
-SITE_PROGRAM = "steer 1\nintervention derive {{\n  at {at}\n  scale 2\n}}\n"
-
-
 def add_arguments(cmd) -> None:
     cmd.add_argument("--model", required=True, metavar="MODEL",
                      help="a model name (smollm2), a .gguf file, or a Hugging Face model folder with weights and "
@@ -78,19 +75,12 @@ def _argument_error(args, flag: str, code: str, message: str, help: str | None =
 
 
 def _methods(args) -> list[str]:
-    from steerc.derive.methods import METHODS
+    from steerc.derive.api import DeriveError, methods_of
 
-    names = []
-    for item in args.method or ["mean_diff"]:
-        for name in item.split(","):
-            name = name.strip()
-            if name == "all":
-                names.extend(METHODS)
-            elif name in METHODS:
-                names.append(name)
-            else:
-                raise UsageError(f"--method {name}: not a method ({', '.join(METHODS)}, or all)")
-    return list(dict.fromkeys(names))
+    try:
+        return methods_of(args.method or ["mean_diff"])
+    except DeriveError as exc:
+        raise UsageError(f"--{exc.diagnostics[0].message}") from None
 
 
 def _read_data(args, paired: bool):
@@ -147,24 +137,16 @@ def _facts(args):
 
 def _sites(args, facts):
     """The concrete sites of --at (diagnostics point into the selector, shown as a one-line program)."""
-    from steerc.api import check_source
-    from steerc.derive.activations import Site
-    from steerc.passes.lower_plan import _concrete
+    from steerc.derive.api import DeriveError, sites_of
 
     if not args.at:
         raise UsageError('--at is required: the sites to read, e.g. --at "resid_post[25%:75%]"')
-    if any(c in args.at for c in "\n\r{}#"):
-        raise UsageError("--at takes one site selector, e.g. resid_post[4:8]")
-    result = check_source(SITE_PROGRAM.format(at=args.at), "--at", facts=facts)
-    errors = [d for d in result.diagnostics if d.is_error]
-    if errors:
-        raise SystemExit(_fail(args, errors, result.sources))
-    site = result.checked.interventions[0].site
-    pairs = list(_concrete(site, facts))
-    layers = [layer for layer, _ in pairs]
-    if len(set(layers)) != len(layers):
-        raise UsageError("--at: one head per layer (a bank holds one row per layer), e.g. head[4:8, 3]")
-    return [Site(site.kind, layer, head) for layer, head in pairs]
+    try:
+        return sites_of(args.at, facts, label="--at")
+    except DeriveError as exc:
+        if exc.diagnostics[0].span is None:
+            raise UsageError(exc.diagnostics[0].message) from None
+        raise SystemExit(_fail(args, exc.diagnostics, exc.sources)) from None
 
 
 def _model_path(args) -> str:
@@ -232,9 +214,9 @@ def run(args) -> int:
 
 
 def _derive(args) -> int:
-    from steerc import __version__
     from steerc.derive import bank, fit, heldout_scores
     from steerc.derive import activations as A
+    from steerc.derive.api import DeriveError, check_request, provenance, read_pairs
     from steerc.derive.report import best_layer, plot, table
 
     if args.probe:
@@ -243,17 +225,16 @@ def _derive(args) -> int:
         raise UsageError("-o OUT.safetensors is required (the bank to write)")
     methods = _methods(args)
     dataset = _read_data(args, paired=True)
-    if args.read == "completion" and not all(p.prompt is not None for p in dataset.pairs):
-        return _argument_error(args, "--read", "invalid-data",
-                               "--read completion averages over the completion of a prompt, and this data has "
-                               "pairs without a \"prompt\"",
-                               help='give every pair a "prompt" (JSONL), or read last or mean')
-    if len(dataset.pairs) < 2 and ("pca_diff" in methods or "pca_center" in methods or "logistic" in methods):
+    try:
+        check_request(dataset, methods, args.read)
+    except DeriveError as exc:
+        if exc.diagnostics[0].code == "empty-data":
+            return _fail(args, exc.diagnostics, exc.sources)
         from steerc.diagnostics import Diagnostic
 
-        return _fail(args, [Diagnostic.error("empty-data", f"{len(dataset.pairs)} pair: a principal component or "
-                                             "a regression needs at least 2", None,
-                                             help="add pairs, or use --method mean_diff")], {})
+        d = exc.diagnostics[0]
+        source, span = argument_source(args, "--read")
+        return _fail(args, [Diagnostic.error(d.code, "--" + d.message, span, help=d.help)], {source.name: source})
     facts = _facts(args)
     sites = _sites(args, facts)
     path = _model_path(args)
@@ -264,39 +245,18 @@ def _derive(args) -> int:
     missing = [s for s in sites if s not in acts]
     if missing:
         model, tokenizer = _load(path, facts, args)
-        items = []
-        for side in ("positive", "negative"):
-            for pair in dataset.pairs:
-                ids, start = A.encode(tokenizer, getattr(pair, side), pair.prompt, args.chat)
-                a, b = A.positions(len(ids), start, args.read)
-                if b <= a:
-                    raise UsageError(f"a {side} completion has no tokens to read (--read completion)")
-                items.append((ids, a, b))
-        read = A.read(model, tokenizer, facts, items, missing, batch_size=args.batch_size,
-                      label=f"reading {len(items)} texts at {len(missing)} site{'s' if len(missing) > 1 else ''}")
-        n = len(dataset.pairs)
-        fresh = {s: (v[:n], v[n:]) for s, v in read.items()}
+        try:
+            fresh = read_pairs(model, tokenizer, facts, dataset, missing, reading, batch_size=args.batch_size)
+        except DeriveError as exc:
+            raise UsageError(exc.diagnostics[0].message.replace("(read completion)", "(--read completion)")) \
+                from None
         A.store(key, fresh)
         acts.update(fresh)
     acts = {s: acts[s] for s in sites}
     rows, biases = fit(acts, methods, normalize=args.normalize)
     scores, held = heldout_scores(acts, methods, args.heldout, args.seed) if args.heldout else ({}, 0)
-    info = {
-        "steerc_version": __version__,
-        "model": {"fingerprint": facts.fingerprint, "family": facts.family, "layers": facts.layers,
-                  "hidden": facts.hidden, "weights_sha256": model_hash, "name": os.path.basename(path.rstrip("/"))},
-        "site": sites[0].kind,
-        "layers": [s.layer for s in sites],
-        "head": sites[0].head,
-        "methods": methods,
-        "reading": reading.to_json(),
-        "normalized": bool(args.normalize),
-        "dataset": {"sha256": dataset.sha256, "pairs": len(dataset.pairs),
-                    "files": [os.path.basename(f) for f in dataset.files]},
-        "heldout": {"fraction": args.heldout, "seed": args.seed, "pairs": held},
-        "scores": scores,
-        "logistic_bias": biases.get("logistic", {}),
-    }
+    info = provenance(facts, sites, methods, reading, args.normalize, dataset, args.heldout, args.seed, held,
+                      scores, biases, os.path.basename(path.rstrip("/")), model_hash)
     bank.write(args.output, rows, info)
     layers = [s.layer for s in sites]
     if args.plot and scores:

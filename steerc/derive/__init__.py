@@ -15,7 +15,9 @@ The pipeline, one module per step:
 5. :mod:`~steerc.derive.report` — the table and the plot.
 
 :func:`fit` and :func:`heldout_scores` are steps 3's use on read
-activations; the command line lives in :mod:`steerc.cli.derive`.
+activations; :func:`derive` (:mod:`~steerc.derive.api`) is the whole
+pipeline from Python, on a model already loaded, and the command line,
+:mod:`steerc.cli.derive`, runs the same code.
 """
 
 from __future__ import annotations
@@ -58,3 +60,8 @@ def heldout_scores(acts: dict, method_names, heldout: float, seed: int) -> tuple
             score = M.auroc(M.scores(method, vector, bias, pos[held]), M.scores(method, vector, bias, neg[held]))
             out.setdefault(method, {})[str(site.layer)] = round(score, 6)
     return out, len(held)
+
+
+from steerc.derive.api import Derived, DeriveError, derive  # noqa: E402 - the entry point, built on fit above
+
+__all__ = ["Derived", "DeriveError", "derive", "fit", "heldout_scores"]

