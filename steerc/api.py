@@ -77,7 +77,11 @@ def check_source(
     facts=None,
 ) -> CheckResult:
     """Check program text; ``facts`` (a ModelFacts) adds the layout checks. Its line ends are read as a
-    file's are (``\\r\\n`` and a lone ``\\r`` end a line: ``steerc.source.normalize_newlines``)."""
+    file's are (``\\r\\n`` and a lone ``\\r`` end a line: ``steerc.source.normalize_newlines``).
+
+    Relative paths in ``load(...)`` and ``from "..."`` resolve from ``options.base_dir`` when set, else
+    from the folder of ``path`` (the file the text came from), else from the working folder.
+    :func:`check_file` reads a file and passes its path."""
     from steerc.source import normalize_newlines
 
     source = Source(name, normalize_newlines(text), path)

@@ -54,3 +54,22 @@ def test_the_readme_python_example_runs_as_written(tmp_path):
     shown = _blocks("text")[0].splitlines()
     printed = done.stdout.splitlines()
     assert printed == shown, (printed, shown)  # greedy decoding: the README shows what it prints
+
+
+def test_load_paths_in_text_without_a_file_resolve_from_the_working_folder(tmp_path, monkeypatch):
+    import numpy as np
+    from safetensors.numpy import save_file
+
+    from steerc.api import Options, check_file, check_source
+
+    program = 'steer 1\nvector v = load("v.safetensors")\nintervention x {\n  at resid_pre[0]\n  add v\n}\n'
+    (tmp_path / "sub").mkdir()
+    save_file({"v": np.ones(4, dtype=np.float32)}, str(tmp_path / "sub" / "v.safetensors"))
+    (tmp_path / "sub" / "p.steer").write_text(program)
+    monkeypatch.chdir(tmp_path)
+    missed = check_source(program, "p.steer")
+    assert [d.code for d in missed.errors] == ["file-not-found"]
+    assert f"the working folder ({tmp_path})" in missed.errors[0].help and "path=" in missed.errors[0].help
+    assert check_source(program, "p.steer", path=str(tmp_path / "sub" / "p.steer")).ok
+    assert check_source(program, "p.steer", options=Options(base_dir=str(tmp_path / "sub"))).ok
+    assert check_file("sub/p.steer").ok  # from the file's folder, not the working folder

@@ -34,8 +34,17 @@ def resolve_path(ctx: CheckContext, path: ir.Str, what: str = "file") -> str:
             "file-not-found",
             f"{what} `{path.value}` does not exist",
             path.span,
-            help=f"paths are relative to the .steer file's folder ({ctx.base_dir})" if ctx.source.path
-            else f"paths are relative to {ctx.base_dir} (Options.base_dir)",
+            help=_relative_to(ctx),
         )
         raise Fault
     return resolved.path
+
+
+def _relative_to(ctx) -> str:
+    """Where relative paths started from, as the help line of ``file-not-found`` says it."""
+    if ctx.options.base_dir:
+        return f"paths are relative to {ctx.base_dir} (Options.base_dir)"
+    if ctx.source.path:
+        return f"paths are relative to the .steer file's folder ({ctx.base_dir})"
+    return (f"paths are relative to the working folder ({ctx.base_dir}): the text has no file (check_source "
+            "without path=, or standard input); give path= or Options(base_dir=...) to resolve them elsewhere")
