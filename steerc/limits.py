@@ -51,6 +51,7 @@ MAX_VOCAB = 16 * 1024 * 1024
 
 MAX_JSON_BYTES = 16 * 1024 * 1024
 MAX_IR_JSON_BYTES = 32 * MAX_SOURCE_BYTES
+MAX_LSP_FRAME_BYTES = 16 * MAX_SOURCE_BYTES
 MAX_JSON_DEPTH = 200
 MAX_JSON_INT_DIGITS = 100
 MAX_SAFETENSORS_HEADER = 100 * 1024 * 1024
@@ -146,6 +147,9 @@ LIMITS: dict[str, Limit] = _table(
      "configs and plans are a few kilobytes"),
     ("MAX_IR_JSON_BYTES", "bytes", "the IR JSON read back by `steerc.ir.serialize.loads`",
      "the IR JSON of a program is up to about 20 times its text"),
+    ("MAX_LSP_FRAME_BYTES", "bytes", "one message `steerc lsp` reads (its `Content-Length`)",
+     ("the largest document, 2 MiB, is at most 12 MiB as a JSON string; a longer frame ends the server with a "
+      "message rather than be read into memory")),
     ("MAX_JSON_DEPTH", "levels", "how deeply arrays and objects nest in any JSON steerc reads",
      "readers of JSON walk it recursively; the IR JSON of the deepest program stays below this"),
     ("MAX_JSON_INT_DIGITS", "digits", "the digits of one integer in JSON",
