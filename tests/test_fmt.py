@@ -170,10 +170,10 @@ def test_fmt_check_exit_codes(examples_dir, tmp_path):
     tidy = tmp_path / "tidy.steer"
     tidy.write_text(fmt_text(original))
     code, out, err = run_cli(["fmt", "--check", str(tidy)])
-    assert (code, out, err) == (0, "", "")
+    assert (code, out, err) == (0, "", "1 file already formatted\n")  # clean files still say what was checked
 
-    code, _, _ = run_cli(["fmt", "--check", str(tidy), str(messy)])
-    assert code == 1
+    code, _, err = run_cli(["fmt", "--check", str(tidy), str(messy)])
+    assert code == 1 and err == "1 file would be reformatted, 1 file already formatted\n"
 
 
 def test_fmt_takes_folders_and_globs_as_check_does(examples_dir, tmp_path, monkeypatch):
@@ -202,8 +202,8 @@ def test_fmt_rewrites_files(examples_dir, tmp_path):
     code, out, _ = run_cli(["fmt", str(messy)])
     assert code == 0 and "reformatted" in out
     assert messy.read_text() == expected
-    code, out, _ = run_cli(["fmt", str(messy)])
-    assert (code, out) == (0, "")
+    code, out, err = run_cli(["fmt", str(messy)])
+    assert (code, out, err) == (0, "", "1 file already formatted\n")
 
 
 def test_fmt_diff(examples_dir, tmp_path):

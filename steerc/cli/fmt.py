@@ -25,6 +25,7 @@ def run(args) -> int:
     from steerc.cli.inputs import expand
 
     status = EXIT_OK
+    counts = {"clean": 0, "changed": 0, "bad": 0}
     for path in expand(args.files, args):
         text = read_text(path)
         source = Source("<stdin>" if path == "-" else path, text)
@@ -37,10 +38,13 @@ def run(args) -> int:
             for d in capped(diagnostics):
                 print(render_text(d, {source.name: source}), file=sys.stderr)
             status = EXIT_ERRORS
+            counts["bad"] += path != "-"
             continue
         if path == "-":
             sys.stdout.write(formatted)
-        elif formatted == text:
+            continue
+        counts["clean" if formatted == text else "changed"] += 1
+        if formatted == text:
             continue
         elif args.check or args.diff:
             status = EXIT_ERRORS if args.check else status
@@ -56,4 +60,27 @@ def run(args) -> int:
             except OSError as exc:
                 raise UsageError(f"cannot write {path}: {exc}") from None
             print(f"reformatted {path}")
+    if any(counts.values()):
+        print(tally(counts, dry=args.check or args.diff), file=sys.stderr)
     return status
+
+
+def tally(counts: dict, dry: bool) -> str:
+    """The last line, on standard error: how many files were looked at, and what became of them.
+
+    >>> tally({"clean": 3, "changed": 0, "bad": 0}, dry=True)
+    '3 files already formatted'
+    >>> tally({"clean": 1, "changed": 1, "bad": 1}, dry=False)
+    '1 file reformatted, 1 file already formatted, 1 file not formatted (errors above)'
+    """
+    def files(n: int) -> str:
+        return f"{n} file{'' if n == 1 else 's'}"
+
+    parts = []
+    if counts["changed"]:
+        parts.append(f"{files(counts['changed'])} {'would be reformatted' if dry else 'reformatted'}")
+    if counts["clean"]:
+        parts.append(f"{files(counts['clean'])} already formatted")
+    if counts["bad"]:
+        parts.append(f"{files(counts['bad'])} not formatted (errors above)")
+    return ", ".join(parts)
