@@ -1,7 +1,9 @@
 """steerc's user cache: dequantized GGUF models and xgrammar verdicts.
 
 The cache lives in ``$STEERC_CACHE_DIR`` when that is set, else in
-``$XDG_CACHE_HOME/steerc``, else in ``~/.cache/steerc``. Everything in it
+``$XDG_CACHE_HOME/steerc-cache``, else in ``~/.cache/steerc-cache`` (a name
+that is not an identifier, so the folder is never imported as the package
+``steerc``: see :mod:`steerc.paths`). Everything in it
 can be deleted at any time; it is rebuilt when needed. Nothing in it is
 pickled: JSON, safetensors and the tokenizer files transformers writes.
 
@@ -28,6 +30,8 @@ import json
 import os
 import tempfile
 
+from steerc.paths import CACHE_NAME
+
 ENV = "STEERC_CACHE_DIR"
 
 
@@ -37,7 +41,7 @@ def cache_root() -> str:
     if explicit:
         return os.path.abspath(os.path.expanduser(explicit))
     base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return os.path.join(os.path.abspath(base), "steerc")
+    return os.path.join(os.path.abspath(base), CACHE_NAME)
 
 
 def display(path: str) -> str:

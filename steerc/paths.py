@@ -13,15 +13,39 @@ followed) outside the root is refused before anything is read.
 True
 >>> resolve("../../x.npy", os.path.join(top, "sub"), os.path.realpath(top)).escapes
 True
+
+The folders steerc creates for itself (in the system temp folder, in the user
+cache) are named ``steerc-<what>``: not a Python identifier, so a process
+started with their parent as its working folder can never import one of them
+as a namespace package ``steerc`` ahead of the installed steerc.
+
+>>> os.path.basename(temp_folder("plans"))
+'steerc-plans'
+>>> importable(os.path.basename(temp_folder("plans"))), importable(CACHE_NAME)
+(False, False)
 """
 
 from __future__ import annotations
 
 import os
+import tempfile
 
 from attrs import frozen
 
 MARKER = "steer.toml"
+CACHE_NAME = "steerc-cache"  # the user cache's folder under $XDG_CACHE_HOME or ~/.cache (steerc.cache)
+
+
+def temp_folder(what: str) -> str:
+    """``<system temp folder>/steerc-<what>``: where steerc keeps ``what`` when no folder is configured."""
+    name = f"steerc-{what}"
+    assert not importable(name), name
+    return os.path.join(tempfile.gettempdir(), name)
+
+
+def importable(folder_name: str) -> bool:
+    """Whether ``import <folder_name>`` could find a folder of that name (it is an identifier)."""
+    return folder_name.isidentifier()
 
 
 def find_root(start_dir: str) -> str:

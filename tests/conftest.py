@@ -14,7 +14,7 @@ in-process) live in ``tests/support.py``.
 
 steerc's user cache (dequantized GGUF models, xgrammar verdicts) goes to a
 temporary folder removed after the session, so tests neither read nor fill
-``~/.cache/steerc``; set ``STEERC_CACHE_DIR`` to keep one between runs
+``~/.cache/steerc-cache``; set ``STEERC_CACHE_DIR`` to keep one between runs
 (the real-model tests then skip the 15 s dequantization).
 """
 

@@ -32,10 +32,10 @@ def program(tmp_path):
 def test_the_cache_folder_follows_the_environment(monkeypatch, tmp_path):
     monkeypatch.delenv("STEERC_CACHE_DIR")
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
-    assert cache_root() == str(tmp_path / "xdg" / "steerc")
+    assert cache_root() == str(tmp_path / "xdg" / "steerc-cache")
     monkeypatch.delenv("XDG_CACHE_HOME")
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
-    assert cache_root() == str(tmp_path / "home" / ".cache" / "steerc")
+    assert cache_root() == str(tmp_path / "home" / ".cache" / "steerc-cache")
     monkeypatch.setenv("STEERC_CACHE_DIR", str(tmp_path / "mine"))
     assert cache_root() == str(tmp_path / "mine")
 

@@ -53,7 +53,9 @@ FAILED_KEY = "steerc_failed"
 
 
 def default_store() -> str:
-    return os.environ.get("STEERC_ARTIFACTS") or os.path.join(tempfile.gettempdir(), "steerc-artifacts")
+    from steerc.paths import temp_folder
+
+    return os.environ.get("STEERC_ARTIFACTS") or temp_folder("artifacts")
 
 
 def default_cap() -> int:

@@ -455,7 +455,10 @@ def plan_file(data: bytes) -> str:
     import hashlib
     import tempfile
 
-    folder = os.path.join(os.environ.get("STEERC_CACHE") or os.path.join(tempfile.gettempdir(), "steerc"), "plans")
+    from steerc.paths import temp_folder
+
+    explicit = os.environ.get("STEERC_CACHE")
+    folder = os.path.join(explicit, "plans") if explicit else temp_folder("plans")
     os.makedirs(folder, exist_ok=True)
     path = os.path.join(folder, hashlib.sha256(data).hexdigest() + ".msgpack")
     if not os.path.exists(path):
