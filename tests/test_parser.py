@@ -549,3 +549,42 @@ def test_unreadable_tables_fall_back_to_the_grammar(tmp_path, monkeypatch):
     monkeypatch.setattr(tables, "TABLES_PATH", str(bad))
     assert tables.read_tables() is None
     assert tables.load(None).parse("steer 1\n") is not None
+
+
+# ------------------------------------------------------ keyword typos and names outside ASCII
+
+
+@pytest.mark.parametrize("text, word, meant", [
+    ("steer 1\nvector v = [1.0]\nintervention x {\n  at resid_pre[0]\n  ad v\n}\n", "ad", "add"),
+    ("steer 1\nintervention x {\n  at resid_pre[0]\n  scale 2\n  tokenz generated\n}\n", "tokenz", "tokens"),
+    ("steer 1\nintervension x {\n  at resid_pre[0]\n  scale 2\n}\n", "intervension", "intervention"),
+    ("steer 1\nvectr v = [1.0]\n", "vectr", "vector"),
+    ("steer 1\nprobe p {\n  at resid_post[1]\n  raed norm\n  pool prompt.mean\n}\n", "raed", "read"),
+])
+def test_a_keyword_typo_gets_a_suggestion(text, word, meant):
+    d = parse_error(text)
+    assert d.code == "syntax-error" and f"unexpected `{word}`" in d.message
+    assert d.help == f"did you mean `{meant}`?", d
+    assert text[d.span.start:d.span.end] == word
+
+
+def test_a_word_far_from_every_keyword_gets_no_suggestion():
+    d = parse_error("steer 1\nintervention x {\n  at resid_pre[0]\n  zzzz v\n}\n")
+    assert "did you mean" not in (d.help or "")
+
+
+@pytest.mark.parametrize("name, help", [
+    ("joië", "write `joie`"),
+    ("été", "write `ete`"),
+    ("жук", "rename it with ASCII letters, digits and `_` (text in strings may use any character)"),
+])
+def test_a_name_outside_ascii_says_what_a_name_may_hold(name, help):
+    text = f"steer 1\nvector {name} = [1.0]\n"
+    d = parse_error(text)
+    assert d.code == "syntax-error" and f"in `{name}`" in d.message
+    assert "a name holds ASCII letters (a-z, A-Z), digits and `_`" in d.message and d.help == help
+    assert not text[d.span.start].isascii() and d.span.end - d.span.start == 1
+
+
+def test_any_character_in_a_string_stays_fine():
+    parse_ok('steer 1\nvector v = load("jöy.safetensors")\n')

@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextvars
 import functools
 import os
+import re
 
 from lark import Lark, Token, Tree
 from lark.exceptions import UnexpectedCharacters, UnexpectedEOF, UnexpectedInput, UnexpectedToken
@@ -323,6 +324,8 @@ def syntax_diagnostic(exc: UnexpectedInput, source: Source, state: _ParseState) 
             expected = _expected_phrase(set(exc.allowed or ()))
             if expected:
                 message += f"; expected {expected}"
+            if _letter_like(char):
+                message, help_line = _non_ascii_name(source.text, pos, char)
         return Diagnostic.error("syntax-error", message, span, help=help_line)
 
     if isinstance(exc, UnexpectedEOF):
@@ -368,4 +371,56 @@ def syntax_diagnostic(exc: UnexpectedInput, source: Source, state: _ParseState) 
         help_line = "each line of a block goes on its own line"
     elif expected == {"INT"} or (tok.line == 1 and "STEER" in expected):
         help_line = "a program starts with the header `steer 1`"
+    suggestion = _keyword_suggestion(tok, expected)
+    if suggestion is not None and (help_line is None or not starts_statement):
+        help_line = suggestion
     return Diagnostic.error("syntax-error", message, span, notes=tuple(notes), help=help_line)
+
+
+_WORD = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
+
+
+def _keyword_suggestion(tok: Token, expected: set[str]) -> str | None:
+    """``did you mean `add`?`` for a word where keywords were expected (``ad`` in a block), as for names."""
+    from steerc.passes.context import did_you_mean
+
+    value = str(tok.value)
+    if tok.type in ("$END", "_NL") or not _WORD.match(value):
+        return None
+    keywords = {w for w in (_keyword_of(n) for n in expected) if w and w != value}
+    return did_you_mean(value, sorted(keywords)) if keywords else None
+
+
+def _keyword_of(terminal: str) -> str | None:
+    """The word a terminal matches when it is a keyword (``ADD`` -> ``add``), else None."""
+    term = next((t for t in get_parser().terminals if t.name == terminal), None)
+    if term is None or term.pattern.type != "str":
+        return None
+    value = term.pattern.value
+    return value if _WORD.match(value) else None
+
+
+def _letter_like(char: str) -> bool:
+    """A character that is part of a word in some script (``ë``, ``ж``, a combining accent), not ASCII."""
+    import unicodedata
+
+    return not char.isascii() and unicodedata.category(char)[0] in "LMN"
+
+
+def _non_ascii_name(text: str, pos: int, char: str) -> tuple[str, str]:
+    """(message, help) for a name with a character outside ASCII: what a name may hold, and an ASCII
+    spelling when dropping accents gives one (``joië`` -> ``joie``)."""
+    import unicodedata
+
+    start, end = pos, pos + 1
+    while start > 0 and (text[start - 1].isalnum() or text[start - 1] == "_" or _letter_like(text[start - 1])):
+        start -= 1
+    while end < len(text) and (text[end].isalnum() or text[end] == "_" or _letter_like(text[end])):
+        end += 1
+    word = text[start:end]
+    plain = "".join(c for c in unicodedata.normalize("NFKD", word) if not unicodedata.combining(c))
+    message = (f"unexpected character `{char}` in `{word}`: a name holds ASCII letters (a-z, A-Z), digits and "
+               "`_`, and does not start with a digit")
+    if _WORD.match(plain) and plain.isascii():
+        return message, f"write `{plain}`"
+    return message, "rename it with ASCII letters, digits and `_` (text in strings may use any character)"
