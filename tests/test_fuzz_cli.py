@@ -129,3 +129,111 @@ def test_a_lone_cr_ends_a_line_on_real_standard_input(tmp_path):
     parsed = subprocess.run([sys.executable, "-m", "steerc", "fmt", "-"], input=b"\xef\xbb\xbf" + data,
                             cwd=str(tmp_path), env=env, capture_output=True, timeout=120)
     assert parsed.returncode == 0 and parsed.stdout == b"steer 1\n\nparam a = 1  # note\nparam a = 2\n"
+
+
+# ------------------------------------------------------------------ rename
+
+
+def _renamed(node, old: str, new: str):
+    """``node`` (IR) with the name ``old`` made ``new`` where it is declared and used."""
+    import attrs
+
+    from steerc.ir import nodes as ir
+
+    if isinstance(node, tuple):
+        return tuple(_renamed(n, old, new) for n in node)
+    if not attrs.has(type(node)):
+        return node
+    changes = {f.name: _renamed(getattr(node, f.name), old, new) for f in attrs.fields(type(node))
+               if f.eq and (attrs.has(type(getattr(node, f.name))) or isinstance(getattr(node, f.name), tuple))}
+    if isinstance(node, ir.Name) and node.id == old:
+        changes["id"] = new
+    if type(node).__name__.endswith("Decl") and getattr(node, "name", None) == old:
+        changes["name"] = new
+    return attrs.evolve(node, **changes) if changes else node
+
+
+def _applied(text: str, edits: list[dict]) -> str:
+    """``text`` (``\\n`` line ends) with LSP edits (utf-32 positions) applied."""
+    lines = text.split("\n")
+    starts = [0]
+    for line in lines:
+        starts.append(starts[-1] + len(line) + 1)
+
+    def offset(p):
+        return starts[p["line"]] + p["character"]
+
+    for e in sorted(edits, key=lambda e: offset(e["range"]["start"]), reverse=True):
+        a, b = offset(e["range"]["start"]), offset(e["range"]["end"])
+        text = text[:a] + e["newText"] + text[b:]
+    return text
+
+
+def _meaning(result, old: str | None = None, new: str | None = None) -> list[tuple]:
+    """The diagnostics as (code, line, message), ``old`` written ``new`` in messages."""
+    out = []
+    for d in result.diagnostics:
+        message = d.message if old is None else d.message.replace(f"`{old}`", f"`{new}`")
+        out.append((d.code, d.span.line if d.span else None, message))
+    return sorted(out)
+
+
+_NEW_NAMES = st.one_of(
+    st.sampled_from(["ghost", "fresh", "x_2", "add", "norm", "true", "steer", "model", "param", "head", "load",
+                     "normalize", "cosine", "resid_pre", "prompt", "token", "deg", "1a", "a-b", "", " ", "é",
+                     "a" * 300]),
+    st.from_regex(r"[a-z_][a-z0-9_]{0,6}", fullmatch=True),
+)
+
+
+def test_an_accepted_rename_keeps_the_program_modulo_the_name(lsp_utf32):
+    """Renaming `a` to a name used but undeclared captured that use. Whatever rename the server accepts, the IR
+    after it is the IR before with the name mapped, and the diagnostics are the same modulo the name."""
+    from steerc.api import check_source
+
+    client, root = lsp_utf32
+    count = [0]
+
+    @fuzz(40, "lsp-rename")
+    @given(programs(max_statements=6, with_constraint=False), st.data())
+    def run(program, data):
+        text = format_program(program)
+        haunted = data.draw(st.booleans())
+        if haunted:  # a use of a name nobody declares: `ghost` must not be captured
+            text += "param haunted = ghost + 1\n"
+        before = check_source(text, "p.steer")
+        if before.program is None:
+            return
+        decls = [s for s in before.program.statements if type(s).__name__ in
+                 ("ParamDecl", "VectorDecl", "ProbeDecl", "InterventionDecl") and s.name_span is not None]
+        if not decls:
+            decls = None
+        names = [s.name for s in decls or ()]
+        choices = [_NEW_NAMES, *([st.sampled_from(names)] if names else []), *([st.just("ghost")] if haunted else [])]
+        new = data.draw(st.one_of(choices))
+        count[0] += 1
+        uri = (root / f"r{count[0]}.steer").as_uri()
+        client.open(uri, text)
+        RAN["lsp-rename"] += 1
+        if decls is None:
+            client.notify("textDocument/didClose", {"textDocument": {"uri": uri}})
+            return
+        target = data.draw(st.sampled_from(decls))
+        position = {"line": target.name_span.line - 1, "character": target.name_span.column - 1}
+        try:
+            answer = client.request("textDocument/rename", {"textDocument": {"uri": uri}, "position": position,
+                                                            "newName": new})
+        except Exception as exc:  # refused: with a reason
+            assert getattr(exc, "code", None) == -32803 and exc.message, exc
+            return
+        finally:
+            client.notify("textDocument/didClose", {"textDocument": {"uri": uri}})
+        if answer is None:
+            assert new == target.name
+            return
+        after = check_source(_applied(text, answer["changes"][uri]), "p.steer")
+        assert after.program is not None, new
+        assert after.program == _renamed(before.program, target.name, new), (target.name, new)
+        assert _meaning(after) == _meaning(before, target.name, new), (target.name, new)
+
+    run()

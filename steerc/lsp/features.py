@@ -151,9 +151,20 @@ def rename(ls: SteerServer, params: lsp.RenameParams) -> lsp.WorkspaceEdit | Non
         raise Refused(f"`{new}` is a keyword of the language")
     if new in analysis.symbols:
         raise Refused(f"`{new}` is already declared (a {analysis.symbols[new].kind})")
+    if new in _used_names(analysis.program):
+        raise Refused(f"`{new}` is used in this program but not declared: renamed, `{sym.name}` would capture "
+                      f"those uses and change what the program means (declare or rename them first)")
     spans = [sym.decl.name_span, *sym.uses]
     edits = [lsp.TextEdit(ls.range_of(look, s), new) for s in spans]
     return lsp.WorkspaceEdit(changes={params.text_document.uri: edits})
+
+
+def _used_names(program) -> set[str]:
+    """Every name the program uses (``ir.Name``), declared or not."""
+    from steerc.ir import nodes as ir
+    from steerc.ir.walk import walk
+
+    return {node.id for stmt in program.statements for node in walk(stmt) if isinstance(node, ir.Name)}
 
 
 def _symbol(ls: SteerServer, look):
