@@ -818,3 +818,19 @@ def test_a_clean_program_against_a_model_has_a_plan(tiny_facts):
     r = check(text, facts=tiny_facts("tiny-gpt2"))
     clean(r)
     assert r.plan is not None and [s.site.text for s in r.plan.sites] == ["resid_post[1]", "resid_post[2]"]
+
+
+def test_a_row_a_bank_lacks_says_which_rows_it_has(project):
+    from safetensors.numpy import save_file
+
+    save_file({f"mean_diff.{i}": np.ones(4, dtype=np.float32) for i in range(30)}, str(project / "joy.safetensors"))
+    save_file({f"d.{i}": np.ones(4, dtype=np.float32) for i in (1, 2, 3, 7)}, str(project / "gaps.safetensors"))
+    r = check('steer 1\nvector v = load("joy.safetensors", key="mean_diff.40")\n', project)
+    d = one(r, "missing-key")
+    assert d.message == "no row 40 in the bank `mean_diff` of `joy.safetensors`: its rows are 0 to 29 (30 rows)"
+    assert "mean_diff.4`" not in (d.help or "") and 'key="mean_diff", per_layer=true' in d.help
+    d = one(check('steer 1\nvector v = load("gaps.safetensors", key="d.5")\n', project), "missing-key")
+    assert d.message.endswith("its rows are 1 to 3, 7 (4 rows)")
+    # a misspelt bank name is still a spelling suggestion
+    d = one(check('steer 1\nvector v = load("joy.safetensors", key="mean_dif.4")\n', project), "missing-key")
+    assert d.help == "did you mean `mean_diff.4`?"

@@ -158,6 +158,10 @@ def _pick(ctx: CheckContext, f: VectorFile, key: str | None, where, path: ir.Str
         )
         raise Fault
     if key not in f.tensors:
+        row = _missing_row(f, key, path.value)
+        if row is not None:
+            ctx.error("missing-key", row[0], where, help=row[1])
+            raise Fault
         ctx.error(
             "missing-key",
             f"no tensor `{key}` in `{path.value}`",
@@ -166,6 +170,27 @@ def _pick(ctx: CheckContext, f: VectorFile, key: str | None, where, path: ir.Str
         )
         raise Fault
     return key
+
+
+def _missing_row(f: VectorFile, key: str, file: str) -> tuple[str, str] | None:
+    """(message, help) for ``<bank>.<i>`` where the file has rows ``<bank>.<j>`` but not ``i``: the rows
+    there are (``mean_diff.40`` of a 30-row bank: rows 0 to 29), rather than the nearest spelling."""
+    head, dot, tail = key.rpartition(".")
+    if not dot or not tail.isdigit() or not tail.isascii():
+        return None
+    rows = sorted(f.rows(head))
+    if not rows:
+        return None
+    spans, start = [], rows[0]
+    for prev, cur in zip(rows, rows[1:] + [None]):
+        if cur != prev + 1:
+            spans.append(f"{start} to {prev}" if prev > start else str(start))
+            start = cur
+    listed = ", ".join(spans[:6]) + (", ..." if len(spans) > 6 else "")
+    count = f"{len(rows)} row{'s' if len(rows) != 1 else ''}"
+    return (f"no row {int(tail)} in the bank `{head}` of `{file}`: its rows are {listed} ({count})",
+            f'pick a row it has (key="{head}.{rows[len(rows) // 2]}"), or give every layer its own row with '
+            f'key="{head}", per_layer=true')
 
 
 def _bank(ctx: CheckContext, f: VectorFile, key: str | None, where, path: ir.Str) -> PerLayer:
