@@ -237,3 +237,147 @@ def test_an_accepted_rename_keeps_the_program_modulo_the_name(lsp_utf32):
         assert _meaning(after) == _meaning(before, target.name, new), (target.name, new)
 
     run()
+
+
+# ------------------------------------------------------------------ steer.toml on the command line
+
+_TOML_PIECES = st.sampled_from([
+    "[defaults]", "[params]", "[x]", "model", "target", '"vllm"', '"hf"', "=", " = ", " ", "\n", "\r\n", '"', "'",
+    "#", "[", "]", "{", "}", ",", ".", "1", "-", "+", "e", "1e39", "3.4e38", "nan", "inf", "true", "0x1f",
+    "1_000", "strength", "a", "9" * 40, "9" * 401, "9" * 5001, "1" * 99, "é", "1979-05-27", '"""', "\\",
+])
+
+
+def test_no_steer_toml_makes_the_command_line_fail(tmp_path, monkeypatch):
+    """Whatever steer.toml holds, `check` (text and JSON) and `compile` answer with diagnostics inside it."""
+    (tmp_path / "p.steer").write_text("steer 1\nparam strength = 1\nparam a = 2\n")
+    monkeypatch.chdir(tmp_path)
+
+    values = st.one_of(st.lists(_TOML_PIECES, min_size=1, max_size=4).map("".join),
+                       st.integers(0, 6000).map(lambda n: "-" * (n % 2) + "9" * n), st.floats().map(repr))
+    structured = st.builds(lambda table, key, value: f"{table}\n{key} = {value}\n",
+                           st.sampled_from(["[params]", "[defaults]", "[x]"]),
+                           st.sampled_from(["strength", "a", "model", "target", "1"]), values)
+
+    @fuzz(60, "cli-steer-toml")
+    @given(st.one_of(st.lists(_TOML_PIECES, max_size=30).map("".join), structured),
+           st.sampled_from(["text", "json", "compile"]))
+    def run(toml, how):
+        (tmp_path / "steer.toml").write_text(toml, encoding="utf-8", newline="")
+        argv = (["compile", "p.steer", "--target", "vllm", "-o", str(tmp_path / "out")] if how == "compile"
+                else ["check", "--format", how, "p.steer"])
+        code, out, err = run_cli(argv)
+        assert "Traceback" not in err + out and code in (0, 1, 2), err[-2000:]
+        if how == "json":
+            for d in json.loads(out)["diagnostics"]:
+                if d["file"] == "steer.toml":
+                    assert d["code"] in ("invalid-config", "limit-exceeded") and d["line"] >= 1
+        RAN["cli-steer-toml"] += 1
+
+    run()
+
+
+# ------------------------------------------------------------------ globs over link loops
+
+
+def test_globs_over_link_loops_end_fast(tmp_path, monkeypatch):
+    import resource
+
+    (tmp_path / "p" / "q").mkdir(parents=True)
+    (tmp_path / "p" / "x.steer").write_text("steer 1\n")
+    (tmp_path / "p" / "q" / "y.steer").write_text("steer 1\n")
+    for name, to in (("l1", "."), ("l2", "."), ("up", ".."), ("q/back", "..")):
+        os.symlink(to, tmp_path / "p" / name)
+    monkeypatch.chdir(tmp_path)
+    parts = st.sampled_from(["*", "**", "?", "l1", "l2", "up", "q", "back", "[lq]*", "*.steer", "x.steer", ".*",
+                             "..", "."])
+
+    @fuzz(60, "cli-glob-loops")
+    @given(st.lists(parts, min_size=1, max_size=45).map(lambda ps: "p/" + "/".join(ps)),
+           st.sampled_from(["check", "fmt"]))
+    def run(pattern, command):
+        usage = resource.getrusage(resource.RUSAGE_SELF)
+        before = usage.ru_utime + usage.ru_stime
+        code, out, err = run_cli([command, "--check", pattern] if command == "fmt" else [command, pattern])
+        usage = resource.getrusage(resource.RUSAGE_SELF)
+        assert "Traceback" not in err and code in (0, 1, 2), err[-2000:]
+        assert usage.ru_utime + usage.ru_stime - before < 1.0, pattern
+        RAN["cli-glob-loops"] += 1
+
+    run()
+
+
+# ------------------------------------------------------------------ LSP frames
+
+_LENGTHS = st.one_of(st.integers(0, 300).map(str), st.sampled_from(["-1", "abc", "", "1e3", " 12", "0x10"]))
+_BODIES = st.sampled_from([b'{"jsonrpc": "2.0", "id": "g", "method": "steerc/x"}', b"not json", b"\xff\xfe\x00",
+                           b"{", b"[" * 50_000, b"", b'{"jsonrpc": "2.0", "method": "textDocument/didOpen"}',
+                           b"Content-Length: 5\r\n", b"\r\n\r\n", "é😀".encode()])
+
+
+@st.composite
+def _garbage(draw) -> bytes:
+    """Frames with random headers, lengths, line ends and bodies, and raw bytes between them."""
+    out = b""
+    for _ in range(draw(st.integers(1, 4))):
+        kind = draw(st.sampled_from(["frame", "frame", "raw"]))
+        if kind == "raw":
+            out += draw(st.binary(max_size=40))
+            continue
+        name = draw(st.sampled_from([b"Content-Length", b"content-length", b"Content-Type", b"X", b""]))
+        sep = draw(st.sampled_from([b": ", b":", b" : ", b""]))
+        end = draw(st.sampled_from([b"\r\n", b"\n", b"\r", b""]))
+        body = draw(_BODIES)
+        length = draw(st.one_of(st.just(str(len(body))), _LENGTHS)).encode()
+        extra = draw(st.sampled_from([b"", b"Content-Type: application/json\r\n", b"bad header\r\n"]))
+        out += extra + name + sep + length + end + draw(st.sampled_from([b"\r\n", b"\n", b""])) + body
+    return out
+
+
+def test_any_frames_then_a_good_request_are_answered(tmp_path):
+    """After any bytes, the server answers a well-formed request (or has exited with a message); never hangs.
+    A wrong length may swallow the frames after it (up to 300 bytes here): a burst of requests outlasts it."""
+    import time
+
+    state = {"client": None, "id": 0}
+
+    def client():
+        if state["client"] is None or state["client"].proc.poll() is not None:
+            state["client"] = Client(cwd=str(tmp_path))
+            state["client"].initialize()
+        return state["client"]
+
+    @fuzz(30, "lsp-frames")
+    @given(_garbage(), st.booleans())
+    def run(garbage, huge):
+        c = client()
+        if huge:  # a frame too long to read
+            garbage += b"Content-Length: %d\r\n\r\n{}" % (10**12)
+        c.proc.stdin.write(garbage)
+        ids = []
+        for _ in range(8):
+            state["id"] += 1
+            ids.append(state["id"])
+            body = json.dumps({"jsonrpc": "2.0", "id": state["id"], "method": "steerc/ping"}).encode()
+            c.proc.stdin.write(b"Content-Length: %d\r\n\r\n" % len(body) + body)
+        c.proc.stdin.flush()
+        deadline = time.monotonic() + 15
+        while not any(i in c.responses for i in ids):
+            if c.proc.poll() is not None:
+                assert huge and "longer than the limit" in c.log(), c.log()
+                break
+            assert time.monotonic() < deadline, f"no answer after {garbage!r}\n{c.log()}"
+            try:
+                c._pump(0.05)
+            except EOFError:
+                pass
+        else:
+            assert not huge or c.proc.poll() is None
+        c.responses.clear()
+        RAN["lsp-frames"] += 1
+
+    try:
+        run()
+    finally:
+        if state["client"] is not None:
+            state["client"].kill()
