@@ -23,6 +23,17 @@ exception) what Python's ``json`` would accept or choke on:
 Traceback (most recent call last):
   ...
 steerc.jsonio.JSONError: arrays and objects nest more than 200 levels deep (at offset 200)
+
+And the one JSON writer: :func:`dumps` writes strict JSON (what ``json.dumps``
+writes with ``allow_nan=False``), which :func:`loads` reads back. A float that
+is not finite, which JSON has no number for, is written as the object
+``{"float": "inf"}``, ``{"float": "-inf"}`` or ``{"float": "nan"}``
+(spec/json.md); :func:`decode_float` turns such an object back into the float.
+
+>>> dumps([1.5, float("inf"), -float("inf")])
+'[1.5, {"float": "inf"}, {"float": "-inf"}]'
+>>> [decode_float(v) for v in loads(dumps([float("-inf")]))]
+[-inf]
 """
 
 from __future__ import annotations
@@ -33,7 +44,10 @@ import re
 
 from steerc.limits import MAX_JSON_BYTES, MAX_JSON_DEPTH, MAX_JSON_INT_DIGITS, human
 
-__all__ = ["JSONError", "loads", "read_file"]
+__all__ = ["JSONError", "decode_float", "dumps", "finite", "loads", "read_file"]
+
+FLOAT_KEY = "float"  # {"float": "inf" | "-inf" | "nan"}: a float JSON has no number for
+_NON_FINITE = {"inf": math.inf, "-inf": -math.inf, "nan": math.nan}
 
 
 class JSONError(ValueError):
@@ -151,3 +165,34 @@ def read_file(path: str, *, max_bytes: int = MAX_JSON_BYTES, **kw):
         raise JSONError(f"the file is larger than the {human(max_bytes, 'bytes')} steerc reads as JSON")
     value = loads(data, max_bytes=max_bytes, **kw)
     return data.decode("utf-8"), value
+
+
+def _non_finite(value: float) -> dict:
+    return {FLOAT_KEY: "nan" if math.isnan(value) else ("inf" if value > 0 else "-inf")}
+
+
+def finite(value):
+    """``value`` (dicts, lists, tuples as lists, scalars) with every float that is not finite written as
+    ``{"float": ...}``; anything else is left as it is (so ``json.dumps`` still refuses what is not JSON)."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else _non_finite(value)
+    if isinstance(value, dict):
+        return {k: finite(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [finite(v) for v in value]
+    if not isinstance(value, (str, int, type(None))) and hasattr(value, "dtype") and hasattr(value, "item"):
+        return finite(value.item())  # a numpy scalar
+    return value
+
+
+def dumps(value, **kw) -> str:
+    """Strict JSON text of ``value`` (``json.dumps`` keywords apply; ``allow_nan`` is always False)."""
+    kw["allow_nan"] = False
+    return json.dumps(finite(value), **kw)
+
+
+def decode_float(value):
+    """The float a ``{"float": "inf" | "-inf" | "nan"}`` object stands for; any other value as it is."""
+    if isinstance(value, dict) and len(value) == 1 and value.get(FLOAT_KEY) in _NON_FINITE:
+        return _NON_FINITE[value[FLOAT_KEY]]
+    return value

@@ -160,3 +160,41 @@ def test_emit_ir_from_stdin():
 def test_emit_ir_on_errors(examples_dir):
     code, out, err = run_cli(["parse", os.path.join(examples_dir, "bad", "syntax_missing_brace.steer")])
     assert code == 1 and out == "" and "error[syntax-error]" in err
+
+
+def _strict(text: str):
+    """``text`` read as RFC 8259 JSON: NaN, Infinity and -Infinity refused."""
+    def refuse(name):
+        raise ValueError(f"{name} is not JSON")
+
+    return json.loads(text, parse_constant=refuse)
+
+
+@pytest.mark.parametrize("literal", ["1e999", "-1e999", "1.7976931348623159e308", "2.5E+400"])
+def test_emit_ir_of_a_number_too_large_is_strict_json_that_steerc_reads_back(literal):
+    text = f"steer 1\nparam g = {literal}\nintervention x {{\n  at resid_post[1]\n  add {literal} * [1.0, 2.0]\n}}\n"
+    code, out, err = run_cli(["parse", "-"], stdin=text)
+    assert (code, err) == (0, "")
+    data = _strict(out)
+    number = data["program"]["statements"][0]["value"]
+    while number["node"] != "Number":  # -1e999 is a negation of a number
+        number = number["operand"]
+    assert number["value"] == {"float": "inf"} and number["text"] == literal.lstrip("-")
+    program = loads(out)  # steerc's own reader (steerc.jsonio: strict) takes it
+    assert program == parse_source(text, "<stdin>")[0]
+    assert dumps(program) == out
+
+
+def test_the_cli_json_writer_is_strict_and_encodes_non_finite_floats():
+    import io
+
+    from steerc.cli.common import print_json
+    from steerc.jsonio import decode_float
+    from steerc.jsonio import loads as steerc_loads
+
+    out = io.StringIO()
+    print_json({"a": [float("nan"), float("inf"), -float("inf"), 1.5], "b": {"c": (float("inf"),)}}, out)
+    data = _strict(out.getvalue())
+    assert data == steerc_loads(out.getvalue())
+    assert data["a"][:3] == [{"float": "nan"}, {"float": "inf"}, {"float": "-inf"}] and data["a"][3] == 1.5
+    assert decode_float(data["b"]["c"][0]) == float("inf") and decode_float({"float": "x"}) == {"float": "x"}

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import sys
@@ -289,7 +288,9 @@ def argument_word(args, word: str):
 
 
 def print_json(obj, out=None) -> None:
-    (out or sys.stdout).write(json.dumps(obj, indent=2, sort_keys=False, ensure_ascii=False) + "\n")
+    from steerc.jsonio import dumps  # strict JSON: a float that is not finite as {"float": ...} (spec/json.md)
+
+    (out or sys.stdout).write(dumps(obj, indent=2, sort_keys=False, ensure_ascii=False) + "\n")
 
 
 def summary(n_files: int, errors: int, warnings: int) -> str:

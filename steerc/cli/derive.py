@@ -6,12 +6,12 @@
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 
 from steerc.cli import EXIT_ERRORS, EXIT_OK, UsageError
 from steerc.cli.common import argument_source
+from steerc.jsonio import dumps as json_dumps  # strict JSON (spec/json.md)
 
 def add_arguments(cmd) -> None:
     cmd.add_argument("--model", required=True, metavar="MODEL",
@@ -61,7 +61,7 @@ def _fail(args, diagnostics, sources) -> int:
     from steerc.diagnostics import capped, to_json_dict
 
     if args.format == "json":
-        print(json.dumps({"diagnostics": [to_json_dict(d) for d in capped(diagnostics)]}, indent=2))
+        print(json_dumps({"diagnostics": [to_json_dict(d) for d in capped(diagnostics)]}, indent=2))
     else:
         print_diagnostics(Report(list(diagnostics), sources))
     return EXIT_ERRORS
@@ -266,7 +266,7 @@ def _derive(args) -> int:
         except ImportError:
             raise UsageError("--plot needs matplotlib: pip install 'steerc[plot]'") from None
     if args.format == "json":
-        print(json.dumps({"output": args.output, **info}, indent=2, sort_keys=True))
+        print(json_dumps({"output": args.output, **info}, indent=2, sort_keys=True))
         return EXIT_OK
     shape = f"{len(sites)} layer{'s' if len(sites) > 1 else ''} x {facts.width(sites[0].kind)}"
     print(f"wrote {args.output}: {', '.join(methods)} at {_sites_text(sites)} ({shape}), "
@@ -332,7 +332,7 @@ def _calibrate(args) -> int:
               "positive": {"n": len(vp), "min": float(vp.min()), "mean": float(vp.mean()), "max": float(vp.max())},
               "negative": {"n": len(vn), "min": float(vn.min()), "mean": float(vn.mean()), "max": float(vn.max())}}
     if args.format == "json":
-        print(json.dumps(report, indent=2, sort_keys=True))
+        print(json_dumps(report, indent=2, sort_keys=True))
         return EXIT_OK
     print(f"probe {args.probe}: {probe.kind} at {probe.site.text}, pool {probe.pool}; "
           f"{len(vp)} texts where it should hold, {len(vn)} where not")

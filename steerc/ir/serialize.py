@@ -5,18 +5,21 @@ followed by its fields in declaration order; tuples become lists; spans
 become ``"line:column-end_line:end_column"`` under ``"span"`` (and
 ``"name_span"`` and so on), with the file named once at the top. The form
 round-trips exactly: ``from_json(to_json(p)) == p`` and the JSON text of the
-result is byte-identical.
+result is byte-identical. The text is strict JSON: a float that is not finite
+(a literal such as ``1e999``, which only the checker refuses) is written as
+``{"float": "inf"}`` (:func:`steerc.jsonio.dumps`) and read back as the float.
 
 >>> from steerc.frontend import parse_source
 >>> program, _ = parse_source("steer 1\\nparam gain = 2.5\\n", "a.steer")
 >>> text = dumps(program)
 >>> loads(text) == program and dumps(loads(text)) == text
 True
+>>> program, _ = parse_source("steer 1\\nparam gain = 1e999\\n", "a.steer")
+>>> '"float": "inf"' in dumps(program), loads(dumps(program)) == program
+(True, True)
 """
 
 from __future__ import annotations
-
-import json
 
 import attrs
 
@@ -56,16 +59,25 @@ def _to_json(value, file: list[str]):
 
 
 def to_json(program) -> dict:
+    """The document as JSON values (a float that is not finite as ``{"float": ...}``: steerc.jsonio)."""
+    from steerc.jsonio import finite
+
     file: list[str] = []
-    body = _to_json(program, file)
+    body = finite(_to_json(program, file))
     return {"format": FORMAT, "file": file[0] if file else None, "program": body}
 
 
 def dumps(program) -> str:
-    return json.dumps(to_json(program), indent=1, ensure_ascii=False) + "\n"
+    from steerc.jsonio import dumps as dumps_json
+
+    return dumps_json(to_json(program), indent=1, ensure_ascii=False) + "\n"
 
 
 def _from_json(value, file: str | None):
+    if isinstance(value, dict) and "node" not in value:
+        from steerc.jsonio import decode_float
+
+        return decode_float(value)
     if isinstance(value, dict):
         cls = NODE_CLASSES[value["node"]]
         kwargs = {}
