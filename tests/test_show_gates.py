@@ -184,7 +184,9 @@ def test_run_with_one_prompt_prints_as_before(saved, tmp_path, monkeypatch):
     code, out, err = run_cli(["run", "p.steer", "--model", str(saved), "--prompt", "maybe", "--max-new-tokens", "2",
                               "--compare"])
     assert code == 0, err
-    assert out.startswith("--- unsteered ---\n") and "--- steered ---\n" in out and "gates" not in out
+    assert out.startswith("--- unsteered ---\n") and "--- steered ---\n" in out and "--- gates ---" not in out
+    # with --compare, a gate that held nowhere is said (without the gates section)
+    assert "\nnote: the two texts are the same: the gate of tilt held at no position (lean from " in out
     code, out, err = run_cli(["run", "p.steer", "--model", str(saved), "--prompt", "maybe", "--max-new-tokens", "2",
                               "--show-gates"])
     assert code == 0, err
@@ -330,3 +332,21 @@ def _spec_blocks() -> list[str]:
 
     with open(os.path.join(REPO, "spec", "explain.md"), encoding="utf-8") as fh:
         return re.findall(r"```text\n(.*?)```", fh.read(), re.S)
+
+
+def test_run_compare_says_when_a_gate_stayed_closed(saved, tmp_path, monkeypatch):
+    (tmp_path / "shut.steer").write_text(pooled_program(-2.0))  # a cosine is never below -1: never opens
+    (tmp_path / "open.steer").write_text(pooled_program(2.0))  # always opens
+    monkeypatch.chdir(tmp_path)
+    common = ["--model", str(saved), "--prompt", PROMPTS[0], "--max-new-tokens", "3", "--raw", "--compare"]
+    code, out, err = run_cli(["run", "shut.steer", *common])
+    assert code == 0, err
+    unsteered, steered = out.split("--- unsteered ---\n")[1].split("--- steered ---\n")
+    text, note = steered.rstrip("\n").rsplit("\n", 1)
+    assert text + "\n" == unsteered
+    assert note.startswith("note: the two texts are the same: the gate of lift stayed closed (mood = "), note
+    assert note.endswith("; it opens when mood < -2, so lift steered nothing (--show-gates for the details)"), note
+    code, out, err = run_cli(["run", "open.steer", *common])
+    assert code == 0 and "note:" not in out, out
+    code, out, err = run_cli(["run", "shut.steer", *common, "--show-gates"])  # --show-gates says it already
+    assert code == 0 and "note:" not in out and "stayed closed" in out

@@ -99,10 +99,14 @@ def run(args) -> int:
         with install(model, result.plan, tokenizer) as handle:
             from steerc.runtime.gates import GateTrace
 
-            with GateTrace(model, handle, result.plan) if args.show_gates else contextlib.nullcontext() as trace:
+            traced = args.show_gates or (args.compare and not as_json)
+            with GateTrace(model, handle, result.plan) if traced else contextlib.nullcontext() as trace:
                 record["steered"] = _complete(model, tokenizer, inputs, args.max_new_tokens)
         if not as_json:
             print(record["steered"])
+            if args.compare and not args.show_gates:
+                for line in closed_gates(trace.report()[0], same=record["steered"] == record["unsteered"]):
+                    print(line)
         if args.show_gates:
             row = trace.report()[0]
             if as_json:
@@ -133,6 +137,35 @@ def _config_facts(model_path: str):
         return load_facts(source)
     except FactsError:
         return None
+
+
+def closed_gates(row: dict, same: bool) -> list[str]:
+    """For ``--compare``: a note for each gate that stayed closed (held nowhere), with the probe values that
+    kept it shut and what would open it; ``same``: the two texts are equal, which the note then explains."""
+    from steerc.explain import gate_text, precise
+
+    lines = []
+    for g in row["gates"]:
+        if g["decided"] == "once per sequence":
+            if g["opened"]:
+                continue
+            what = "stayed closed"
+        else:
+            if g["positions"]:
+                continue
+            what = "held at no position"
+        values = []
+        for c in g["comparisons"]:
+            if c["pool"] != "token":
+                values.append(f"{c['probe']} = {precise(c['value'])}")
+            elif "min" in c:
+                values.append(f"{c['probe']} from {precise(c['min'])} to {precise(c['max'])}")
+        who = ", ".join(g["interventions"])
+        why = f" ({'; '.join(values)})" if values else ""
+        lead = "the two texts are the same: " if same else ""
+        lines.append(f"note: {lead}the gate of {who} {what}{why}; it opens when {gate_text(g['gate'], precise)}, "
+                     f"so {who} steered nothing (--show-gates for the details)")
+    return lines
 
 
 def gates_json(row: dict) -> dict:
