@@ -177,6 +177,49 @@ def test_derive_writes_a_bank_with_its_provenance(folder, project):
     assert code == 0 and open("bank.safetensors", "rb").read() == open("again.safetensors", "rb").read()
 
 
+def _metadata(path: str) -> dict:
+    from safetensors import safe_open
+
+    with safe_open(path, "np") as f:
+        return json.loads(f.metadata()["steerc.derive"])
+
+
+def test_the_banks_metadata_has_the_keys_spec_derive_promises(folder, project):
+    """`steerc` is the version; `dataset.sha256` is the sha256 of the data files' bytes (hashlib on the files,
+    CR LF line ends and non-ASCII kept as they are on disk), one after the other for --positive/--negative."""
+    import hashlib
+
+    import steerc
+
+    crlf = "".join(json.dumps({"positive": a + " \u00e9", "negative": b}, ensure_ascii=False) + "\r\n"
+                   for a, b in zip(POS, NEG))
+    (project / "crlf.jsonl").write_bytes(crlf.encode("utf-8"))
+    (project / "neg.txt").write_bytes(("\r\n".join(NEG) + "\r\n").encode("utf-8"))
+    assert _derive(folder, "--data", "crlf.jsonl", "--at", "resid_post[1]", "-o", "a.safetensors")[0] == 0
+    assert _derive(folder, "--positive", "pos.txt", "--negative", "neg.txt", "--at", "resid_post[1]",
+                   "-o", "b.safetensors")[0] == 0
+    one, two = _metadata("a.safetensors"), _metadata("b.safetensors")
+    assert one["steerc"] == two["steerc"] == steerc.__version__ and "steerc_version" not in one
+    assert one["dataset"]["sha256"] == hashlib.sha256((project / "crlf.jsonl").read_bytes()).hexdigest()
+    both = (project / "pos.txt").read_bytes() + (project / "neg.txt").read_bytes()
+    assert two["dataset"]["sha256"] == hashlib.sha256(both).hexdigest()
+    assert one["dataset"]["files"] == ["crlf.jsonl"] and two["dataset"]["files"] == ["pos.txt", "neg.txt"]
+
+
+def test_the_activation_cache_tells_apart_two_files_whose_bytes_join_the_same():
+    """dataset.sha256 hashes the files' bytes one after the other (the spec's definition); the cache is keyed on
+    each file's, since two splits of the same bytes can make other pairs."""
+    from steerc.derive import activations as A
+    from steerc.derive import data as D
+    from steerc.source import Source
+
+    a = D.paired_lines(Source("p", "a\nb\nx"), Source("n", "yz\nd\ne\n"))
+    b = D.paired_lines(Source("p", "a\nb\nxy"), Source("n", "z\nd\ne\n"))
+    assert a.sha256 == b.sha256 and a.pairs != b.pairs
+    reading = A.Reading(False, "last")
+    assert A.cache_key("m", a, reading) != A.cache_key("m", b, reading)
+
+
 def test_the_bank_loads_per_layer_and_checks_clean(folder, project):
     assert _derive(folder, "--data", "pairs.jsonl", "--at", "resid_post[1:3]", "-o", "v.safetensors")[0] == 0
     (project / "use.steer").write_text(

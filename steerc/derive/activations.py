@@ -80,7 +80,8 @@ def model_sha256(path: str) -> str:
 
 
 def cache_key(model_hash: str, dataset: Dataset, reading: Reading, side: str = "pairs") -> str:
-    body = {"format": FORMAT, "model": model_hash, "data": dataset.sha256, "reading": reading.to_json(),
+    body = {"format": FORMAT, "model": model_hash, "data": list(dataset.file_sha256s) or dataset.sha256,
+            "reading": reading.to_json(),
             "side": side}
     return hashlib.sha256(json.dumps(body, sort_keys=True).encode("utf-8")).hexdigest()
 

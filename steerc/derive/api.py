@@ -198,7 +198,7 @@ def provenance(facts, sites, methods, reading, normalize: bool, dataset: D.Datas
     from steerc import __version__
 
     return {
-        "steerc_version": __version__,
+        "steerc": __version__,
         "model": {"fingerprint": facts.fingerprint, "family": facts.family, "layers": facts.layers,
                   "hidden": facts.hidden, "weights_sha256": weights_sha256, "name": model_name},
         "site": sites[0].kind,

@@ -19,8 +19,8 @@ over the size limits), ``unbalanced-data``, ``empty-data``.
 
 >>> from steerc.source import Source
 >>> ds = parse_pairs(Source("d.jsonl", '{"positive": "yes", "negative": "no"}\\n'))
->>> ds.pairs[0].positive, len(ds.pairs), ds.sha256[:12]
-('yes', 1, '09b78a53e63b')
+>>> ds.pairs[0].positive, len(ds.pairs), ds.sha256[:12]  # sha256sum of the bytes
+('yes', 1, 'a456fb0f08f8')
 """
 
 from __future__ import annotations
@@ -56,8 +56,12 @@ class Pair:
 @frozen
 class Dataset:
     pairs: tuple[Pair, ...]
-    sha256: str  # of the data files' bytes, in order (what the activation cache and the bank record)
+    # The sha256 of the data files' bytes, one file after the other (``sha256sum pairs.jsonl``; ``cat POS NEG |
+    # sha256sum``): what the bank records (spec/derive.md). ``file_sha256s``: each file's, what the activation
+    # cache is keyed on: "a\nb\nx" + "yz\nd\ne\n" and "a\nb\nxy" + "z\nd\ne\n" join to the same bytes, other pairs.
+    sha256: str
     files: tuple[str, ...]
+    file_sha256s: tuple[str, ...] = ()
 
     @property
     def has_prompts(self) -> bool:
@@ -150,7 +154,7 @@ def parse_pairs(src: Source) -> Dataset:
                                          help='one JSON object per line: {"positive": "...", "negative": "..."}'))
     if problems:
         raise DataError(problems, {src.name: src})
-    return Dataset(tuple(pairs), _sha256(src), (src.name,))
+    return Dataset(tuple(pairs), _sha256(src), (src.name,), _file_sha256s(src))
 
 
 def _key_span(src: Source, offset: int, line: str, keys):
@@ -197,11 +201,12 @@ def paired_lines(pos: Source, neg: Source) -> Dataset:
             notes=(Note(f"the first example without a partner in {shorter.name}"),),
             help="give both files the same number of lines, or use JSONL pairs")],
             {pos.name: pos, neg.name: neg})
-    return Dataset(tuple(Pair(x, y) for x, y in zip(a, b)), _sha256(pos, neg), (pos.name, neg.name))
+    return Dataset(tuple(Pair(x, y) for x, y in zip(a, b)), _sha256(pos, neg), (pos.name, neg.name),
+                   _file_sha256s(pos, neg))
 
 
 def two_sets(pos: Source, neg: Source) -> tuple[list[str], list[str], str]:
-    """Two example sets of any sizes (for ``--calibrate``), and their sha256."""
+    """Two example sets of any sizes (for ``--calibrate``), and the sha256 of the files' bytes."""
     a, b = _both(pos, neg)
     return a, b, _sha256(pos, neg)
 
@@ -220,10 +225,19 @@ def _both(pos: Source, neg: Source) -> tuple[list[str], list[str]]:
     return out[0], out[1]
 
 
+def _bytes(src: Source) -> bytes:
+    # read_source decodes strictly and keeps everything (a BOM, CR LF), so this is the file's bytes exactly;
+    # for pairs given in memory, the bytes of the JSONL text they are checked as.
+    return src.text.encode("utf-8")
+
+
 def _sha256(*sources: Source) -> str:
+    """The sha256 of the files' bytes, one after the other."""
     digest = hashlib.sha256()
     for src in sources:
-        data = src.text.encode("utf-8")
-        digest.update(len(data).to_bytes(8, "little"))
-        digest.update(data)
+        digest.update(_bytes(src))
     return digest.hexdigest()
+
+
+def _file_sha256s(*sources: Source) -> tuple[str, ...]:
+    return tuple(hashlib.sha256(_bytes(src)).hexdigest() for src in sources)
