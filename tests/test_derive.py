@@ -487,3 +487,17 @@ def test_the_python_entry_point_raises_diagnostics(folder, project):
     with pytest.raises(DeriveError) as bad:
         derive(model, tokenizer, [{"positive": "a", "negativ": "b"}], at="resid_post[1]")
     assert bad.value.diagnostics[0].span is not None and "<pairs>" in bad.value.render()
+
+
+def test_bank_metadata_is_strict_json_that_provenance_reads_back(tmp_path):
+    """A score that is not finite (AUROC of a degenerate split) must not make the metadata unreadable."""
+    from safetensors import safe_open
+
+    from steerc.derive import bank
+
+    path = str(tmp_path / "b.safetensors")
+    bank.write(path, {"mean_diff.1": np.ones(4)}, {"scores": {"mean_diff": {"1": float("nan")}}, "steerc": "x"})
+    with safe_open(path, "np") as f:
+        meta = f.metadata()
+    assert "NaN" not in meta[bank.METADATA_KEY]
+    assert bank.provenance(meta)["scores"]["mean_diff"]["1"] == {"float": "nan"}

@@ -18,8 +18,6 @@ site than it was made for. The same inputs give the same bytes.
 
 from __future__ import annotations
 
-import json
-
 import numpy as np
 
 FORMAT = "steerc.derive/1"
@@ -33,7 +31,9 @@ def write(path: str, rows: dict[str, np.ndarray], info: dict) -> None:
 
     from safetensors.numpy import save
 
-    meta = {METADATA_KEY: json.dumps({"format": FORMAT, **info}, sort_keys=True, separators=(",", ":"))}
+    from steerc.jsonio import dumps  # strict JSON, as provenance() reads it back (spec/json.md)
+
+    meta = {METADATA_KEY: dumps({"format": FORMAT, **info}, sort_keys=True, separators=(",", ":"))}
     data = save({k: np.ascontiguousarray(v, dtype=np.float32) for k, v in sorted(rows.items())}, metadata=meta)
     folder = os.path.dirname(os.path.abspath(path))
     os.makedirs(folder, exist_ok=True)
