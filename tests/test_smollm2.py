@@ -196,7 +196,11 @@ def test_the_readme_path_from_data_to_a_gate(smol, tmp_path, monkeypatch):
                                   "--max-new-tokens", "12"])
         assert code == 0, err
         unsteered, steered = out.split("--- steered ---")
-        texts[prompt] = (unsteered.split("--- unsteered ---")[1].strip(), steered.strip())
+        steered, _, note = steered.partition("\nnote: ")
+        texts[prompt] = (unsteered.split("--- unsteered ---")[1].strip(), steered.strip(), note)
     gloomy, cheerful = texts.values()
-    assert gloomy[0] != gloomy[1], gloomy
+    assert gloomy[0] != gloomy[1] and gloomy[2] == "", gloomy
     assert cheerful[0] == cheerful[1], cheerful
+    # --compare says why the texts are the same
+    assert cheerful[2].startswith("the two texts are the same: the gate of cheer_up stayed closed (mood = "), cheerful
+    assert "it opens when mood < 0.125022" in cheerful[2], cheerful
