@@ -73,10 +73,12 @@ def test_the_values_and_where_they_are(project):
         ['"models/tiny"', '"serve"', "2"]
 
 
-def test_a_model_name_is_a_model_unless_a_path_of_that_name_exists(project):
+def test_a_model_name_is_a_model_unless_a_path_of_that_name_holds_a_model(project):
     toml(project, '[defaults]\nmodel = "smollm2"\n')
     assert project_at(str(project)).model == "smollm2"
-    (project / "smollm2").mkdir()
+    (project / "smollm2").mkdir()  # a folder of other things (examples/smollm2) does not hide the name
+    assert project_at(str(project)).model == "smollm2"
+    (project / "smollm2" / "config.json").write_text("{}", encoding="utf-8")
     assert project_at(str(project)).model == str(project / "smollm2")
 
 

@@ -193,10 +193,10 @@ class _Reader:
         from steerc.facts.named import lookup, names
 
         resolved = os.path.normpath(os.path.join(self.root, value))
-        if os.path.exists(resolved):
-            self.keep(path, "model", resolved)
-        elif lookup(value) is not None:
+        if lookup(value, self.root) is not None:  # a folder that holds no model does not hide the name
             self.keep(path, "model", value)
+        elif os.path.exists(resolved):
+            self.keep(path, "model", resolved)
         else:
             self.fail(path, f"model {_shown(value)}: no such file or folder next to steer.toml, and not a model "
                       f"name ({names()})", value=True,
