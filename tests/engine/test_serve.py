@@ -334,6 +334,29 @@ def test_the_example_client_runs(server, compiled, capsys):
     assert unsteered.replace("--- unsteered ---", "").strip() != steered.strip(), out
 
 
+def _readme_serve_script() -> str:
+    import re
+
+    with open(os.path.join(os.path.dirname(__file__), "..", "..", "README.md"), encoding="utf-8") as fh:
+        text = fh.read()
+    (code,) = [b for b in re.findall(r"^```python\n(.*?)^```$", text, re.S | re.M) if "request_fields(" in b]
+    return code
+
+
+def test_the_readme_serve_script_runs_as_written(server, compiled, tmp_path, monkeypatch, capsys):
+    """The README's steered request, run as written from a folder that holds out/joy: only the server's
+    address differs (the README's port 8000 is this test's server)."""
+    import shutil
+
+    code = _readme_serve_script()
+    assert 'base_url="http://127.0.0.1:8000/v1"' in code and 'request_fields("out/joy")' in code
+    shutil.copytree(compiled["a"][1], tmp_path / "out" / "joy")
+    monkeypatch.chdir(tmp_path)
+    exec(compile(code.replace("http://127.0.0.1:8000/v1", server.base + "/v1"), "README.md", "exec"), {})
+    printed = capsys.readouterr().out
+    assert printed.strip(), "the script printed no completion"
+
+
 @pytest.fixture(scope="module")
 def plain_server(folder, server):
     server.stop()  # one server at a time on two cores

@@ -1,4 +1,4 @@
-"""The README's mistakes, run as written: each `(cd DIR && ../../../dev steerc ARGS)` line in a ```sh block
+"""The README's blocks. Its mistakes, run as written: each `(cd DIR && ../../../dev steerc ARGS)` line in a ```sh block
 is run in DIR (in-process, as `./dev steerc` would run it there), and what it prints is the ```text block
 that follows, line for line. DIR is a folder the clone ships (tests/fixtures/examples), so the commands
 work on a bare clone."""
@@ -44,3 +44,18 @@ def test_a_readme_mistake_prints_what_the_readme_shows(folder, argv, printed, mo
     code, out, err = run_cli(argv)
     assert code == 1
     assert (out + err).strip("\n") == printed.strip("\n")
+
+
+def test_every_readme_python_block_is_run_by_a_test():
+    """A ```python block is either the Python section's script (tests/test_readme_python.py runs it on
+    SmolLM2) or the steered request (tests/engine/test_serve.py runs it against the real server); each
+    compiles as it stands."""
+    with open(os.path.join(REPO, "README.md"), encoding="utf-8") as fh:
+        text = fh.read()
+    section = text[text.index("## Using the compiler from Python"):]
+    section = section[:section.index("\n## ", 3)]
+    blocks = re.findall(r"^```python\n(.*?)^```$", text, re.S | re.M)
+    assert blocks
+    for code in blocks:
+        compile(code, "README.md", "exec")
+        assert code in section or "request_fields(" in code, code[:200]
