@@ -89,10 +89,15 @@ def check_source(
 
 
 def check_file(path: str, *, options: Options | None = None, facts=None, name: str | None = None) -> CheckResult:
-    """Check a ``.steer`` file (raises OSError if it cannot be read, UnicodeDecodeError if it is not UTF-8)."""
-    from steerc.source import read_program
+    """Check a ``.steer`` file (raises OSError if it cannot be read). A file that is not UTF-8 gives a result
+    with its ``invalid-encoding`` diagnostic, as ``steerc check`` does."""
+    from steerc.source import not_utf8, read_program
 
-    text = read_program(path)
+    try:
+        text = read_program(path)
+    except UnicodeDecodeError as exc:
+        diagnostic, source = not_utf8(name or path, exc, os.path.abspath(path))
+        return CheckResult(source, None, [diagnostic], sources={source.name: source})
     return check_source(text, name or path, path=os.path.abspath(path), options=options, facts=facts)
 
 

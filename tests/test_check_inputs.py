@@ -187,3 +187,42 @@ def test_globs_match_as_python_glob_does_where_no_link_loops(tree):
         fixed = next((n for n, part in enumerate(_components(pattern)) if set("*?[") & set(part)), 0)
         expected = [p for p in expected if not _crosses_skipped(p, fixed)]
         assert glob_programs(pattern) == expected, pattern
+
+
+# ------------------------------------------------------------ bytes that are not UTF-8
+
+
+@pytest.mark.parametrize("data, line, column", [
+    (b"steer 1\nvector caf\xe9 = [1.0]\n", 2, 11),          # Latin-1
+    (b"\xef\xbb\xbfsteer 1\n# \xff\n", 2, 3),               # a BOM, then a byte no character begins with
+    (b"steer 1\r\n\r\n# \xe2\x82", 3, 3),                   # a character the file ends inside, after CRLFs
+    (b"\xfe\xffsteer 1\n", 1, 1),                           # UTF-16's byte-order mark
+])
+def test_a_program_that_is_not_utf8_is_a_diagnostic_on_every_path(tmp_path, monkeypatch, data, line, column):
+    """check (text and JSON, among other files), fmt, parse, stdin and check_file all give the same
+    invalid-encoding diagnostic at the first bad byte, never a usage error or a traceback."""
+    import json
+
+    from steerc.api import check_file
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "bad.steer").write_bytes(data)
+    (tmp_path / "good.steer").write_text("steer 1\n", encoding="utf-8")
+    code, out, err = run_cli(["check", "bad.steer", "good.steer"])
+    text = out + err
+    assert code == 1 and "error[invalid-encoding]" in text and f"--> bad.steer:{line}:{column}" in text, text
+    assert "2 files checked: 1 error" in text and "Traceback" not in text
+    code, out, _ = run_cli(["check", "--format", "json", "bad.steer"])
+    (d,) = json.loads(out)["diagnostics"]
+    assert code == 1 and (d["code"], d["line"], d["column"]) == ("invalid-encoding", line, column)
+    for argv in (["fmt", "--check", "bad.steer", "good.steer"], ["parse", "bad.steer"]):
+        code, out, err = run_cli(argv)
+        assert code == 1 and f"--> bad.steer:{line}:{column}" in out + err, (argv, out, err)
+    result = check_file("bad.steer")
+    assert [(x.code, x.span.line, x.span.column) for x in result.diagnostics] == [("invalid-encoding", line, column)]
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-m", "steerc", "check", "-"], input=data, capture_output=True,
+                          cwd=tmp_path, timeout=60)
+    assert done.returncode == 1 and f"--> <stdin>:{line}:{column}".encode() in done.stdout + done.stderr, done

@@ -117,6 +117,47 @@ def test_the_same_bytes_are_the_same_program_by_every_path(tmp_path, monkeypatch
     run()
 
 
+@st.composite
+def _bytes_edited(draw) -> tuple[bytes, int | None]:
+    """A random program's bytes with random bytes put in, and where the first that is not UTF-8 is (None
+    when the result is UTF-8 after all)."""
+    data = bytearray(draw(_line_ended()))
+    for _ in range(draw(st.integers(0, 3))):
+        at = draw(st.integers(0, len(data)))
+        data[at:at] = draw(st.binary(min_size=1, max_size=3))
+    data = bytes(data)
+    try:
+        data.decode("utf-8-sig")
+        return data, None
+    except UnicodeDecodeError as exc:
+        return data, exc.start
+
+
+def test_bytes_that_are_not_utf8_are_a_diagnostic_on_every_path(tmp_path, monkeypatch):
+    """Whatever bytes a file holds, check (a file, standard input's bytes) and check_file answer with
+    diagnostics; bytes that are not UTF-8 give invalid-encoding, the same at the same place by every path."""
+    from steerc.api import check_file
+
+    monkeypatch.chdir(tmp_path)
+    path = tmp_path / "p.steer"
+
+    @fuzz(60, "bytes")
+    @given(_bytes_edited())
+    def run(case):
+        data, bad = case
+        path.write_bytes(data)
+        code, out, err = run_cli(["check", "--format", "json", str(path)])
+        assert code in (0, 1) and "Traceback" not in err, err
+        by_file = _positions(json.loads(out)["diagnostics"], str(path))
+        assert _check_stdin(io.TextIOWrapper(io.BytesIO(data), encoding="utf-8")) == by_file
+        assert _api_positions(check_file(str(path))) == by_file
+        codes = [d["code"] for d in json.loads(out)["diagnostics"]]
+        assert (codes == ["invalid-encoding"]) == (bad is not None), codes
+        RAN["bytes"] += 1
+
+    run()
+
+
 def test_a_lone_cr_ends_a_line_on_real_standard_input(tmp_path):
     """The bytes path of a real process: `check -` and `check FILE` agree on `# note\\rparam a = 2`."""
     data = b"steer 1\nparam a = 1 # note\rparam a = 2\n"

@@ -40,6 +40,15 @@ class UsageError(Exception):
     """A problem with the command itself (exit code 2)."""
 
 
+class NotAProgram(Exception):
+    """A program file whose bytes are not UTF-8: its ``invalid-encoding`` diagnostic and the source it points
+    into (exit code 1, as for any error in a program)."""
+
+    def __init__(self, diagnostic, source):
+        super().__init__(diagnostic.message)
+        self.diagnostic, self.source = diagnostic, source
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="steerc",
@@ -81,6 +90,11 @@ def main(argv: list[str] | None = None) -> int:
     except UsageError as exc:
         print(f"steerc {args.command}: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
+    except NotAProgram as exc:
+        from steerc.diagnostics import render_text
+
+        print(render_text(exc.diagnostic, {exc.source.name: exc.source}), file=sys.stderr)
+        return EXIT_ERRORS
     except KeyboardInterrupt:
         print("steerc: interrupted", file=sys.stderr)
         return 130

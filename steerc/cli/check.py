@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import os
 
-from steerc.cli import EXIT_ERRORS, EXIT_OK
+from steerc.cli import EXIT_ERRORS, EXIT_OK, NotAProgram
 from steerc.cli.common import (
     add_program_options,
     chosen,
@@ -69,7 +69,14 @@ class _Session:
         from steerc.api import check_source
 
         project, facts, options = self._project(path)
-        text = read_text(path)
+        try:
+            text = read_text(path)
+        except NotAProgram as exc:  # its diagnostic, in every format, and the other files are checked
+            from steerc.api import CheckResult
+
+            result = CheckResult(exc.source, None, [exc.diagnostic], sources={exc.source.name: exc.source})
+            self.reports.append(result)
+            return result
         abspath = None if path == "-" else os.path.abspath(path)
         result = check_source(text, "<stdin>" if path == "-" else path, path=abspath, options=options, facts=facts)
         target = chosen(self.args, project, "target")

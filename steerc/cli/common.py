@@ -6,7 +6,7 @@ import math
 import os
 import sys
 
-from steerc.cli import UsageError
+from steerc.cli import NotAProgram, UsageError
 
 
 def read_text(path: str) -> str:
@@ -14,14 +14,17 @@ def read_text(path: str) -> str:
     ``steerc.source.decode_program``, as every path does; at most MAX_SOURCE_BYTES + 1 bytes are read.
 
     A longer file gives a text longer than the limit (never a shorter one), which the
-    parser then refuses with a ``limit-exceeded`` diagnostic.
+    parser then refuses with a ``limit-exceeded`` diagnostic. Bytes that are not UTF-8 raise
+    :class:`~steerc.cli.NotAProgram` with their ``invalid-encoding`` diagnostic.
     """
-    from steerc.source import read_program, read_stream
+    from steerc.source import not_utf8, read_program, read_stream
 
     if path == "-":
         try:
             return read_stream(sys.stdin)
-        except (OSError, UnicodeDecodeError) as exc:
+        except UnicodeDecodeError as exc:
+            raise NotAProgram(*not_utf8("<stdin>", exc)) from None
+        except OSError as exc:
             raise UsageError(f"cannot read standard input: {exc}") from None
     try:
         return read_program(path)
@@ -29,7 +32,9 @@ def read_text(path: str) -> str:
         raise UsageError(f"no such file: {path}") from None
     except IsADirectoryError:
         raise UsageError(f"{path} is a folder, not a .steer file") from None
-    except (OSError, UnicodeDecodeError) as exc:
+    except UnicodeDecodeError as exc:
+        raise NotAProgram(*not_utf8(path, exc, os.path.abspath(path))) from None
+    except OSError as exc:
         raise UsageError(f"cannot read {path}: {exc}") from None
 
 

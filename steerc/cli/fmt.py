@@ -5,7 +5,7 @@ from __future__ import annotations
 import difflib
 import sys
 
-from steerc.cli import EXIT_ERRORS, EXIT_OK, UsageError
+from steerc.cli import EXIT_ERRORS, EXIT_OK, NotAProgram, UsageError
 from steerc.cli.common import read_text
 
 
@@ -27,7 +27,13 @@ def run(args) -> int:
     status = EXIT_OK
     counts = {"clean": 0, "changed": 0, "bad": 0}
     for path in expand(args.files, args):
-        text = read_text(path)
+        try:
+            text = read_text(path)
+        except NotAProgram as exc:  # its diagnostic, and the other files are formatted
+            print(render_text(exc.diagnostic, {exc.source.name: exc.source}), file=sys.stderr)
+            status = EXIT_ERRORS
+            counts["bad"] += path != "-"
+            continue
         source = Source("<stdin>" if path == "-" else path, text)
         try:
             formatted, diagnostics = format_source(source)

@@ -40,6 +40,7 @@ CODES: dict[str, Code] = _table(
     ("head-out-of-range", "error", "a head selector reaches past the model's attention heads"),
     ("shape-mismatch", "error", "a vector's length does not fit where it is used"),
     ("file-not-found", "error", "a file named by `load` or `from` does not exist"),
+    ("invalid-encoding", "error", "a program's bytes are not UTF-8 text"),
     ("missing-key", "error", "a tensor key (or a per-layer row) is not in the file"),
     ("path-escape", "error", "a path leaves the project root"),
     ("model-mismatch", "error", "a `model { ... }` assertion does not hold for the given model"),
