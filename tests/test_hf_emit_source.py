@@ -59,14 +59,15 @@ def characters(text: str) -> str:
     return "".join(c for c in text if not 0xD800 <= ord(c) <= 0xDFFF)
 
 
-def _program(key: str, after: str) -> str:
+def _program(key: str, after: str, names=("v", "p", "x")) -> str:
+    vector, probe, intervention = names
     return ("steer 1\n"
-            f"vector v = load(\"v.safetensors\", key=\"\"\"{key}\"\"\")\n"
-            "probe p {\n  at resid_post[0]\n  read dot(v)\n  pool token\n}\n"
-            "intervention x {\n  at resid_post[1]\n"
+            f"vector {vector} = load(\"v.safetensors\", key=\"\"\"{key}\"\"\")\n"
+            f"probe {probe} {{\n  at resid_post[0]\n  read dot({vector})\n  pool token\n}}\n"
+            f"intervention {intervention} {{\n  at resid_post[1]\n"
             f"  add 4.0 * load(\"v.safetensors\", key=\"\"\"{key}\"\"\")\n"
             f"  tokens after {_steer_string(after)}\n"
-            "  when p > -1000.0\n}\n")
+            f"  when {probe} > -1000.0\n}}\n")
 
 
 def _steer_string(text: str) -> str:
@@ -85,11 +86,11 @@ def _steer_string(text: str) -> str:
     return '"' + "".join(out) + '"'
 
 
-def emit_package(tmp, model, name: str, key: str, after: str = "c", command: str = "test"):
+def emit_package(tmp, model, name: str, key: str, after: str = "c", command: str = "test", names=("v", "p", "x")):
     """Check, lower and emit the program with that file name, vector key and after text: (package folder, plan)."""
     os.makedirs(tmp, exist_ok=True)
     save_file({key: np.linspace(-1.0, 1.0, 64, dtype=np.float32)}, os.path.join(tmp, "v.safetensors"))
-    result = check_source(_program(key, after), name, options=Options(base_dir=str(tmp), root=str(tmp)),
+    result = check_source(_program(key, after, names), name, options=Options(base_dir=str(tmp), root=str(tmp)),
                           facts=facts_from_model(model))
     assert result.ok, result.render()
     out = os.path.join(tmp, "pkg")
