@@ -210,3 +210,34 @@ def test_compile_cli_with_a_hostile_file_name(tmp_path):
     imported = subprocess.run([sys.executable, "-c", check], cwd=root, capture_output=True, text=True)
     assert imported.returncode == 0, imported.stderr
     assert f"Source: {name} (sha256" in imported.stdout
+
+
+def test_facts_and_module_paths_from_a_facts_file_stay_data(llama, tmp_path):
+    """A facts file (for a family steerc has no table for) names the modules and adds values: the package
+    writes them as literals, whatever they hold, infinities included."""
+    import attrs
+
+    from steerc.targets.hf.emit import render_init
+    from steerc.targets.hooks import HookProgram
+
+    out, plan = emit_package(str(tmp_path), llama, "a.steer", "joy")
+    program = lower_hf(plan, facts_from_model(llama))
+    hostile = "model.layers.1\n" + PAYLOAD + "\n#'\"\"\"\\\u2028\ud800"
+    facts = {**program.facts, "note": hostile, "rope_theta": float("inf"), "nested": [hostile, {"k": -float("inf")}]}
+    hooks = tuple(attrs.evolve(h, module=hostile) for h in program.hooks)
+    evil = HookProgram(**{**{f.name: getattr(program, f.name) for f in attrs.fields(HookProgram)},
+                          "facts": facts, "hooks": hooks, "base_path": hostile, "source_name": hostile})
+    from steerc.targets.hf.emit import _Bound
+
+    source = render_init(evil, hostile, _Bound(evil.tensors))
+    assert source.isascii()
+    tree = ast.parse(source)
+    values = {t.targets[0].id: ast.literal_eval(t.value) for t in tree.body
+              if isinstance(t, ast.Assign) and t.targets[0].id in ("FACTS", "BASE_MODEL")}
+    assert values["FACTS"]["note"] == hostile and values["FACTS"]["rope_theta"] == float("inf")
+    assert values["FACTS"]["nested"] == [hostile, {"k": -float("inf")}] and values["BASE_MODEL"] == hostile
+    hooks_value = next(t.value for t in tree.body if isinstance(t, ast.Assign) and t.targets[0].id == "HOOKS")
+    assert all(ast.literal_eval(row.elts[0]) == hostile for row in hooks_value.elts)
+    benign = render_init(program, "test", _Bound(program.tensors))
+    assert shape(source).count("Expr(") == shape(benign).count("Expr(")  # no statement more
+    assert [type(n).__name__ for n in tree.body] == [type(n).__name__ for n in ast.parse(benign).body]
