@@ -11,6 +11,11 @@ output must be the same bytes for the same input on any machine. The hook
 bodies are short chains of calls into ``_support`` (the same calls the
 in-process runtime makes, so the two agree exactly), printed here with
 readable names and a comment naming the source line of every kernel.
+
+``__init__.py`` is printable ASCII: every value and text in it that the
+emitter does not write itself (file names, vector keys, names, op source
+text, facts, the command line) goes through :mod:`steerc.targets.hf.pysource`,
+as a literal or a one-line comment with its line breaks escaped.
 """
 
 from __future__ import annotations
