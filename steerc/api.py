@@ -30,7 +30,7 @@ from steerc.frontend import parse
 from steerc.ir import nodes as ir
 from steerc.passes import causality, constraints, fold, names, request, structure, types, unused
 from steerc.passes.context import CheckContext, Options
-from steerc.source import Source
+from steerc.core.source import Source
 
 __all__ = ["CheckResult", "Options", "check_file", "check_source", "CHECK_PASSES"]
 
@@ -77,12 +77,12 @@ def check_source(
     facts=None,
 ) -> CheckResult:
     """Check program text; ``facts`` (a ModelFacts) adds the layout checks. Its line ends are read as a
-    file's are (``\\r\\n`` and a lone ``\\r`` end a line: ``steerc.source.normalize_newlines``).
+    file's are (``\\r\\n`` and a lone ``\\r`` end a line: ``steerc.core.source.normalize_newlines``).
 
     Relative paths in ``load(...)`` and ``from "..."`` resolve from ``options.base_dir`` when set, else
     from the folder of ``path`` (the file the text came from), else from the working folder.
     :func:`check_file` reads a file and passes its path."""
-    from steerc.source import normalize_newlines
+    from steerc.core.source import normalize_newlines
 
     source = Source(name, normalize_newlines(text), path)
     return check(source, options or Options(), facts)
@@ -91,7 +91,8 @@ def check_source(
 def check_file(path: str, *, options: Options | None = None, facts=None, name: str | None = None) -> CheckResult:
     """Check a ``.steer`` file (raises OSError if it cannot be read). A file that is not UTF-8 gives a result
     with its ``invalid-encoding`` diagnostic, as ``steerc check`` does."""
-    from steerc.source import not_utf8, read_program
+    from steerc.core.source import read_program
+    from steerc.diagnostics import not_utf8
 
     try:
         text = read_program(path)

@@ -35,7 +35,7 @@ PARAMS_KEY = "steerc_params"
 
 def read_compiled(folder: str) -> tuple[dict, dict[str, bytes]]:
     """(plan JSON, {artifact id: bytes}) from a compile output folder."""
-    from steerc.jsonio import read_file
+    from steerc.core.jsonio import read_file
 
     _, plan = read_file(os.path.join(folder, "plan.json"))
     artifacts = {}

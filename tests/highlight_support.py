@@ -19,7 +19,7 @@ from support import examples_path
 from steerc.frontend import parser as P
 from steerc.frontend.tables import load
 from steerc.highlight import words as W
-from steerc.source import Source
+from steerc.core.source import Source
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

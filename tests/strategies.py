@@ -496,7 +496,7 @@ def random_text() -> st.SearchStrategy[str]:
 # ---------------------------------------------------------- hostile edits
 
 def _hostile_pieces() -> st.SearchStrategy[str]:
-    """Text that tests a limit or a value policy, at and around its bound (see steerc/limits.py)."""
+    """Text that tests a limit or a value policy, at and around its bound (see steerc/core/limits.py)."""
     near = st.sampled_from([1, 2, 63, 64, 65, 66, 120, 500])
     digits = st.sampled_from([17, 99, 100, 101, 309, 400, 4301])
     return st.one_of(

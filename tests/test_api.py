@@ -15,10 +15,10 @@ from support import examples_path
 
 from steerc.api import CHECK_PASSES, CheckResult, Options, check_file, check_source
 from steerc.diagnostics import Diagnostic, render_text, to_json_dict
-from steerc.explain import explain, render
+from steerc.explain.plan import explain, render
 from steerc.facts import facts_from_config, load_facts
 from steerc.ir.plan import Plan, Site
-from steerc.source import Span
+from steerc.core.source import Span
 
 FACTS = facts_from_config({"model_type": "llama", "num_hidden_layers": 4, "hidden_size": 4, "num_attention_heads": 2,
                            "intermediate_size": 8, "vocab_size": 16})
@@ -215,7 +215,7 @@ def test_the_compiler_core_imports_no_torch():
     code = (
         "import sys\n"
         "from steerc.api import check_source\n"
-        "from steerc.explain import explain\n"
+        "from steerc.explain.plan import explain\n"
         "from steerc.facts import facts_from_config\n"
         "from steerc.targets import check_target\n"
         "f = facts_from_config({'model_type': 'llama', 'num_hidden_layers': 2, 'hidden_size': 4,"

@@ -11,13 +11,13 @@ import os
 import subprocess
 import sys
 
-from steerc.paths import CACHE_NAME, importable, temp_folder
+from steerc.core.paths import CACHE_NAME, importable, temp_folder
 
 WRITE = """
 import os, sys
 from steerc.runtime.vllm import plan_file
 from steerc.runtime.serve import ArtifactStore
-from steerc.cache import file_sha256
+from steerc.core.cache import file_sha256
 print(plan_file(b"a plan"))
 print(ArtifactStore().root)
 probe = os.path.join(sys.argv[1], "probe.bin")

@@ -376,7 +376,7 @@ def test_unsupported_version_stops():
 
 def test_safetensors_keys_are_checked_from_the_header(project, monkeypatch):
     write_safetensors(project / "t.safetensors", {"joy": f32(np.ones(4)), "bank.0": f32(np.ones(4))})
-    from steerc import vectorio
+    from steerc.io import vectors as vectorio
 
     def no_read(self, name):
         raise AssertionError("tensor data was read")

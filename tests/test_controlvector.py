@@ -1,7 +1,7 @@
 """llama.cpp control vectors: ``load("x.gguf")`` in, ``--target llamacpp`` out.
 
 The convention the tests hold steerc to (read from llama.cpp 0c1e570, the copy
-llama-cpp-python 0.3.36 vendors, and from repeng; see steerc/controlvector.py):
+llama-cpp-python 0.3.36 vendors, and from repeng; see steerc/io/controlvector.py):
 ``direction.N`` is added to the output of decoder layer ``N`` (0-based), which is
 steerc's ``resid_post[N]``; there is never a ``direction.0``. The files are written
 here the way llama.cpp's cvector-generator and repeng's ``export_gguf`` write them
@@ -23,7 +23,7 @@ from hypothesis import strategies as st
 
 from steerc.api import Options, check_source
 from steerc.facts import facts_from_config
-from steerc.limits import MAX_GGUF_STRINGS
+from steerc.core.limits import MAX_GGUF_STRINGS
 from steerc.targets import check_target
 
 gguf = pytest.importorskip("gguf")
@@ -207,7 +207,7 @@ def test_hostile_files_are_invalid_vector_file_at_the_path(tmp_path, name):
 
 
 def test_a_stretched_header_stops_at_the_limit(tmp_path, monkeypatch):
-    import steerc.ggufio as gio
+    import steerc.io.gguf as gio
 
     monkeypatch.setattr(gio, "MAX_GGUF_HEADER_BYTES", 200)
     padding = [kv_string(f"general.pad{i}", "x" * 40) for i in range(8)]
@@ -283,7 +283,7 @@ def test_mutated_files_give_diagnostics_never_tracebacks(tmp_path, edits):
 
 
 def test_steercs_writer_writes_the_gguf_packages_bytes(tmp_path):
-    from steerc.ggufio import gguf_bytes
+    from steerc.io.gguf import gguf_bytes
 
     dirs = directions(LAYERS, WIDTH)
     write_repeng(str(tmp_path / "r.gguf"), dirs)
@@ -296,7 +296,7 @@ def test_steercs_writer_writes_the_gguf_packages_bytes(tmp_path):
 def test_a_cvector_generator_hint_names_the_new_families_as_llama_cpp_does():
     """cvector-generator writes llama.cpp's architecture name (llama-arch.cpp): Cohere is `command-r`,
     Mixtral converts as `llama`, gpt-oss is `gpt-oss`; each fits the model it was made for."""
-    from steerc.controlvector import hint_fits
+    from steerc.io.controlvector import hint_fits
     from steerc.facts import facts_from_config
 
     base = {"num_hidden_layers": 2, "hidden_size": 64, "num_attention_heads": 4, "intermediate_size": 128,

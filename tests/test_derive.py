@@ -211,7 +211,7 @@ def test_the_activation_cache_tells_apart_two_files_whose_bytes_join_the_same():
     each file's, since two splits of the same bytes can make other pairs."""
     from steerc.derive import activations as A
     from steerc.derive import data as D
-    from steerc.source import Source
+    from steerc.core.source import Source
 
     a = D.paired_lines(Source("p", "a\nb\nx"), Source("n", "yz\nd\ne\n"))
     b = D.paired_lines(Source("p", "a\nb\nxy"), Source("n", "z\nd\ne\n"))
@@ -423,8 +423,8 @@ def test_calibrate_finds_the_threshold_the_runtime_gate_would_use(folder, projec
 def test_a_file_of_bad_lines_stops_at_the_repeat_cap(project):
     """Every kind of bad line counts towards the cap: a 64 MiB file of them stores no more than MAX_REPEATS."""
     from steerc.derive.data import DataError, parse_pairs
-    from steerc.limits import MAX_REPEATS
-    from steerc.source import Source
+    from steerc.core.limits import MAX_REPEATS
+    from steerc.core.source import Source
 
     text = '{"positive": "a"}\n' * (3 * MAX_REPEATS) + "[1]\n" * MAX_REPEATS
     with pytest.raises(DataError) as err:

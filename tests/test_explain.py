@@ -15,7 +15,7 @@ import os
 import pytest
 from support import GOLDEN, compare_golden, examples_path, needs_constraints, run_cli, uses_constraint
 
-from steerc.explain import positions_of
+from steerc.explain.plan import positions_of
 from steerc.ir import nodes as ir
 
 EXAMPLES = sorted(os.path.basename(f) for f in glob.glob(os.path.join(examples_path(), "*.steer")))
@@ -62,7 +62,7 @@ def test_explain_json_golden(name, examples_dir, monkeypatch, update_golden):
 
 @pytest.mark.parametrize("name", EXAMPLES)
 def test_text_and_json_agree(name, examples_dir, monkeypatch):
-    from steerc.explain import render
+    from steerc.explain.plan import render
 
     _, text, _ = explain(examples_dir, monkeypatch, name)
     _, out, _ = explain(examples_dir, monkeypatch, name, "--format", "json")

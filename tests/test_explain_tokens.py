@@ -24,7 +24,7 @@ from support import run_cli  # noqa: E402
 from tiny_models import tiny_model  # noqa: E402
 from tokenizer_util import byte_bpe  # noqa: E402
 
-from steerc.explain_tokens import prompt_ids, tokens_doc  # noqa: E402
+from steerc.explain.tokens import prompt_ids, tokens_doc  # noqa: E402
 from steerc.runtime.hf import install  # noqa: E402
 
 # One intervention a site; every scope form, unions, clipping, `after`, and gates that open and that stay shut.
@@ -235,7 +235,7 @@ def test_tokens_without_a_model_is_a_usage_error(project, monkeypatch):
 
 
 def test_too_many_tokens_is_a_usage_error(project, monkeypatch):
-    monkeypatch.setattr("steerc.limits.MAX_PROMPT_TOKENS", 5)
+    monkeypatch.setattr("steerc.core.limits.MAX_PROMPT_TOKENS", 5)
     code, out, err = explain(project, monkeypatch, "scopes.steer", "--model", "model", "--tokens",
                              "hello world, how are you today?")
     assert code == 2 and "more than the 5 explain shows" in err, err
@@ -297,7 +297,7 @@ def test_the_page_renders_each_steered_token_in_its_interventions_colours(projec
 
     from browser import render
 
-    from steerc.explain_html import palette
+    from steerc.explain.html import palette
 
     image_module = pytest.importorskip("PIL.Image")
     code, page, err = explain(project, monkeypatch, "scopes.steer", "--model", "model", "--tokens", "yes, maybe",

@@ -11,7 +11,7 @@ import shutil
 
 import pytest
 
-from steerc.cache import cache_root, cached_hash, file_sha256
+from steerc.core.cache import cache_root, cached_hash, file_sha256
 from steerc.facts import load_facts
 from steerc.facts.named import NAMED, NamedModel, named_config
 from support import REPO, run_cli
@@ -286,7 +286,7 @@ def test_the_readme_first_program_is_in_canonical_layout_and_is_the_example():
     from steerc.diagnostics import Diagnostics
     from steerc.frontend import parse
     from steerc.frontend.fmt import format_program
-    from steerc.source import Source
+    from steerc.core.source import Source
 
     text = _blocks("steer")[0]
     program = parse(Source("README.md", text), Diagnostics())
@@ -350,7 +350,7 @@ def test_the_readme_schedule_example_explains_as_shown(examples_dir, tmp_path):
     from safetensors.numpy import save_file
 
     from steerc.api import Options, check_file
-    from steerc.explain import explain, render
+    from steerc.explain.plan import explain, render
     from steerc.facts import load_facts
 
     (shown,) = [b for b in _blocks("text") if "decay(0.85)" in b]

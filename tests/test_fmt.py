@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from steerc.frontend import parse_source
 from steerc.frontend.fmt import format_program
-from steerc.source import Source
+from steerc.core.source import Source
 from strategies import commented, programs
 from support import GOLDEN, compare_golden, examples_path, run_cli
 

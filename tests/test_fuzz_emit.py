@@ -129,7 +129,7 @@ JSON_VALUES = st.recursive(
 
 
 def _same(decoded, original) -> bool:
-    from steerc.jsonio import decode_float
+    from steerc.core.jsonio import decode_float
 
     decoded = decode_float(decoded)
     if isinstance(original, float):
@@ -148,7 +148,7 @@ def test_the_cli_json_writer_writes_strict_json_for_any_value(value):
     import io
 
     from steerc.cli.common import print_json
-    from steerc.jsonio import loads as steerc_loads
+    from steerc.core.jsonio import loads as steerc_loads
 
     RAN["cli json writer"] += 1
     out = io.StringIO()

@@ -184,7 +184,7 @@ def test_bombs_end_in_under_a_second(name, work):
 
         facts = load_facts(str(work / "models" / model))
     path = work / name
-    from steerc.source import read_program
+    from steerc.core.source import read_program
 
     start = time.process_time()  # CPU time: what the input costs, not how busy the machine is
     result = check_source(read_program(str(path)), name, path=str(path), facts=facts)
@@ -264,7 +264,7 @@ def test_a_lone_surrogate_in_the_text_is_a_diagnostic():
 
 
 def test_every_json_reader_refuses_deep_json(tmp_path):
-    from steerc import jsonio
+    from steerc.core import jsonio
     from steerc.ir.serialize import loads
     from steerc.serve_client import read_compiled
 

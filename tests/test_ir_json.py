@@ -14,7 +14,7 @@ from steerc.frontend import parse_source
 from steerc.frontend.fmt import format_program
 from steerc.ir import nodes as ir
 from steerc.ir.serialize import FORMAT, dumps, from_json, loads, to_json
-from steerc.source import Span
+from steerc.core.source import Span
 from strategies import programs
 from support import examples_path, run_cli
 
@@ -180,7 +180,7 @@ def test_emit_ir_of_a_number_too_large_is_strict_json_that_steerc_reads_back(lit
     while number["node"] != "Number":  # -1e999 is a negation of a number
         number = number["operand"]
     assert number["value"] == {"float": "inf"} and number["text"] == literal.lstrip("-")
-    program = loads(out)  # steerc's own reader (steerc.jsonio: strict) takes it
+    program = loads(out)  # steerc's own reader (steerc.core.jsonio: strict) takes it
     assert program == parse_source(text, "<stdin>")[0]
     assert dumps(program) == out
 
@@ -189,8 +189,8 @@ def test_the_cli_json_writer_is_strict_and_encodes_non_finite_floats():
     import io
 
     from steerc.cli.common import print_json
-    from steerc.jsonio import decode_float
-    from steerc.jsonio import loads as steerc_loads
+    from steerc.core.jsonio import decode_float
+    from steerc.core.jsonio import loads as steerc_loads
 
     out = io.StringIO()
     print_json({"a": [float("nan"), float("inf"), -float("inf"), 1.5], "b": {"c": (float("inf"),)}}, out)

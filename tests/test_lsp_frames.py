@@ -9,7 +9,7 @@ import json
 import pytest
 from lsp_client import Client
 
-from steerc.limits import MAX_LSP_FRAME_BYTES
+from steerc.core.limits import MAX_LSP_FRAME_BYTES
 from steerc.lsp.frames import Frames, FrameTooLarge
 
 

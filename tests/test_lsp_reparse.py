@@ -17,7 +17,7 @@ from steerc.frontend import parse
 from steerc.ir.walk import walk
 from steerc.lsp.reparse import Reparser
 from steerc.passes.context import Options
-from steerc.source import Source
+from steerc.core.source import Source
 
 # Edits a person makes while typing: a character, a word, a line, a block; some break the program.
 SNIPPETS = ["1", "x", " ", "\n", "\n\n", "}", "{", "(", "]", "#", "# note\n", '"', "é😀", "2.5 * ", "joy",

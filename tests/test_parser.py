@@ -10,7 +10,7 @@ import pytest
 from steerc.frontend import parse_source
 from steerc.frontend.parser import get_parser, parse_tree
 from steerc.ir import nodes as ir
-from steerc.source import Source
+from steerc.core.source import Source
 from support import examples_path, run_cli
 
 

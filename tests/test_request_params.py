@@ -271,7 +271,7 @@ def test_a_plan_without_params_refuses_values(facts):
 
 
 def test_explain_lists_params_and_bound_operands(facts):
-    from steerc.explain import explain, render
+    from steerc.explain.plan import explain, render
 
     doc = explain(_check(TEXT, facts))
     assert doc["params"][0] == {"name": "strength", "default": 1.0, "min": 0.0, "max": 4.0}
@@ -371,7 +371,7 @@ def test_the_packages_param_checks_are_plain_python():
     import ast
 
     from steerc.ir import param_values
-    from steerc.limits import FLOAT32_MAX
+    from steerc.core.limits import FLOAT32_MAX
 
     with open(param_values.__file__, encoding="utf-8") as fh:
         tree = ast.parse(fh.read())

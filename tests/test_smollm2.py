@@ -137,7 +137,7 @@ def test_the_cache_is_safetensors_keyed_by_the_files_sha256(smol):
     import json
     import os
 
-    from steerc.cache import cache_root
+    from steerc.core.cache import cache_root
     from steerc.runtime.models import gguf_cache_folder
 
     path = smollm2_path()

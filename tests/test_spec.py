@@ -139,7 +139,7 @@ def render_ir_nodes() -> str:
 
 
 def render_limits() -> str:
-    from steerc.limits import render_table
+    from steerc.core.limits import render_table
 
     return render_table()
 

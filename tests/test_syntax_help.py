@@ -6,7 +6,7 @@ import pytest
 
 from steerc.diagnostics import Diagnostics
 from steerc.frontend import parse
-from steerc.source import Source
+from steerc.core.source import Source
 
 PROGRAM = """steer 1
 vector joy = [1.0, 0.0]

@@ -11,13 +11,14 @@ from steerc.cli import NotAProgram, UsageError
 
 def read_text(path: str) -> str:
     """A program's text (``-``: standard input's bytes), decoded and its line ends normalized by
-    ``steerc.source.decode_program``, as every path does; at most MAX_SOURCE_BYTES + 1 bytes are read.
+    ``steerc.core.source.decode_program``, as every path does; at most MAX_SOURCE_BYTES + 1 bytes are read.
 
     A longer file gives a text longer than the limit (never a shorter one), which the
     parser then refuses with a ``limit-exceeded`` diagnostic. Bytes that are not UTF-8 raise
     :class:`~steerc.cli.NotAProgram` with their ``invalid-encoding`` diagnostic.
     """
-    from steerc.source import not_utf8, read_program, read_stream
+    from steerc.core.source import read_program, read_stream
+    from steerc.diagnostics import not_utf8
 
     if path == "-":
         try:
@@ -186,7 +187,7 @@ def load_facts_or_diagnostic(path: str, project=None):
     from steerc.diagnostics import Diagnostic
     from steerc.facts import FactsError, load_facts
     from steerc.facts.named import shadowing
-    from steerc.source import Source
+    from steerc.core.source import Source
 
     taken = shadowing(path)
     if taken is not None:
@@ -249,7 +250,7 @@ def argument_spans(args, flag: str):
     """
     import shlex
 
-    from steerc.source import Source
+    from steerc.core.source import Source
 
     words = ["steerc", *(getattr(args, "argv", None) or [])]
     text, places = "", []
@@ -277,7 +278,7 @@ def argument_word(args, word: str):
     """
     import shlex
 
-    from steerc.source import Source
+    from steerc.core.source import Source
 
     words = ["steerc", *(getattr(args, "argv", None) or [])]
     text = " ".join(shlex.quote(w) for w in words)
@@ -293,7 +294,7 @@ def argument_word(args, word: str):
 
 
 def print_json(obj, out=None) -> None:
-    from steerc.jsonio import dumps  # strict JSON: a float that is not finite as {"float": ...} (spec/json.md)
+    from steerc.core.jsonio import dumps  # strict JSON: a float that is not finite as {"float": ...} (spec/json.md)
 
     (out or sys.stdout).write(dumps(obj, indent=2, sort_keys=False, ensure_ascii=False) + "\n")
 

@@ -11,7 +11,7 @@ import sys
 
 from steerc.cli import EXIT_ERRORS, EXIT_OK, UsageError
 from steerc.cli.common import argument_source
-from steerc.jsonio import dumps as json_dumps  # strict JSON (spec/json.md)
+from steerc.core.jsonio import dumps as json_dumps  # strict JSON (spec/json.md)
 
 def add_arguments(cmd) -> None:
     cmd.add_argument("--model", required=True, metavar="MODEL",

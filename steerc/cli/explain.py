@@ -44,7 +44,7 @@ def add_arguments(cmd) -> None:
 
 def run(args) -> int:
     from steerc.api import check_source
-    from steerc.explain import explain, render
+    from steerc.explain.plan import explain, render
     from steerc.targets import check_target
 
     _check_token_options(args)
@@ -69,12 +69,12 @@ def run(args) -> int:
     if args.format == "json":
         print_json(doc)
     elif args.format == "html":
-        from steerc.explain_html import render_html
+        from steerc.explain.html import render_html
 
         sys.stdout.write(render_html(doc))
     elif args.tokens is not None:
-        from steerc.explain import title
-        from steerc.explain_tokens import render_tokens
+        from steerc.explain.plan import title
+        from steerc.explain.tokens import render_tokens
 
         sys.stdout.write(render_tokens(doc, title(doc)))
     else:
@@ -84,7 +84,7 @@ def run(args) -> int:
 
 def _check_token_options(args) -> None:
     """Usage errors for the --tokens options, before anything is loaded."""
-    from steerc.limits import MAX_GENERATED_SHOWN, MAX_PROMPT_CHARS
+    from steerc.core.limits import MAX_GENERATED_SHOWN, MAX_PROMPT_CHARS
 
     if args.tokens is None:
         used = [flag for flag, on in (("--chat", args.chat), ("--raw", args.raw),
@@ -106,7 +106,7 @@ def _check_token_options(args) -> None:
 
 
 def _tokens(args, plan, model: str) -> dict:
-    from steerc.limits import MAX_PROMPT_TOKENS
+    from steerc.core.limits import MAX_PROMPT_TOKENS
 
     try:
         import torch  # noqa: F401
@@ -114,7 +114,7 @@ def _tokens(args, plan, model: str) -> dict:
     except ImportError:
         raise UsageError("--tokens needs torch and transformers (the runtime's position code and the "
                          "model's tokenizer): pip install 'steerc[hf]'") from None
-    from steerc.explain_tokens import prompt_ids, tokens_doc
+    from steerc.explain.tokens import prompt_ids, tokens_doc
     from steerc.runtime.models import NoTokenizer, load_tokenizer
 
     try:

@@ -20,7 +20,7 @@ def add_arguments(cmd) -> None:
 def run(args) -> int:
     from steerc.diagnostics import capped, render_text
     from steerc.frontend.fmt import MeaningChanged, format_source
-    from steerc.source import Source
+    from steerc.core.source import Source
 
     from steerc.cli.inputs import expand
 

@@ -37,7 +37,7 @@ import fnmatch
 import os
 
 from steerc.cli import EXIT_ERRORS, UsageError
-from steerc.limits import MAX_GLOB_PATHS
+from steerc.core.limits import MAX_GLOB_PATHS
 
 SKIPPED_FOLDERS = ("node_modules", "__pycache__")
 GLOB_CHARS = frozenset("*?[")

@@ -16,7 +16,7 @@ def add_arguments(cmd) -> None:
 
 def run(args) -> int:
     from steerc.diagnostics import Diagnostics, capped, render_text
-    from steerc.source import Source
+    from steerc.core.source import Source
 
     text = read_text(args.file)
     source = Source("<stdin>" if args.file == "-" else args.file, text)

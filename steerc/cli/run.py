@@ -82,7 +82,7 @@ def run(args) -> int:
         print(result.render(), file=sys.stderr)
     if not result.ok:
         return EXIT_ERRORS
-    from steerc.explain_tokens import visible
+    from steerc.explain.tokens import visible
 
     as_json = args.format == "json"
     records = []
@@ -142,7 +142,7 @@ def _config_facts(model_path: str):
 def closed_gates(row: dict, same: bool) -> list[str]:
     """For ``--compare``: a note for each gate that stayed closed (held nowhere), with the probe values that
     kept it shut and what would open it; ``same``: the two texts are equal, which the note then explains."""
-    from steerc.explain import gate_text, precise
+    from steerc.explain.plan import gate_text, precise
 
     lines = []
     for g in row["gates"]:
@@ -171,7 +171,7 @@ def closed_gates(row: dict, same: bool) -> list[str]:
 def gates_json(row: dict) -> dict:
     """``--show-gates`` for one row as JSON (spec/json.md): the trace's report, each gate's condition as text
     with thresholds that read back exactly, and a pooled value the row never reached as ``null``."""
-    from steerc.explain import gate_text
+    from steerc.explain.plan import gate_text
 
     def number(x):
         return None if x is None or math.isnan(x) else float(x)
@@ -192,8 +192,8 @@ def _exact(x: float) -> str:
 
 def render_gates(row: dict, length: int) -> str:
     """``--show-gates`` for one row: each gate's decision, then the comparisons and probe values behind it."""
-    from steerc.explain import gate_text, precise
-    from steerc.explain_tokens import ranges
+    from steerc.explain.plan import gate_text, precise
+    from steerc.explain.tokens import ranges
 
     if not row["gates"]:
         return "no gates: every intervention steers without a condition\n"

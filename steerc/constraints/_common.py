@@ -137,7 +137,7 @@ def xgrammar_error(call: Callable[[object], object], key: str | None = None) -> 
         return None
     path = _verdict_path(version, key) if key is not None else None
     if path is not None:
-        from steerc.cache import read_json
+        from steerc.core.cache import read_json
 
         known = read_json(path, {})
         if "error" in known and (known["error"] is None or isinstance(known["error"], str)):
@@ -155,7 +155,7 @@ def xgrammar_error(call: Callable[[object], object], key: str | None = None) -> 
     else:
         message = None
     if path is not None:
-        from steerc.cache import write_json
+        from steerc.core.cache import write_json
 
         write_json(path, {"error": message})
     return message
@@ -174,7 +174,7 @@ def _xgrammar_version() -> str | None:
 def _verdict_path(version: str, key: str) -> str | None:
     import hashlib
 
-    from steerc.cache import cache_root
+    from steerc.core.cache import cache_root
 
     try:
         digest = hashlib.sha256(key.encode("utf-8", "surrogatepass")).hexdigest()

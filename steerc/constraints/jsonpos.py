@@ -22,7 +22,7 @@ from attrs import field, frozen
 
 from steerc.constraints import INVALID, Problem
 from steerc.constraints._common import did_you_mean, show
-from steerc.limits import MAX_JSON_INT_DIGITS
+from steerc.core.limits import MAX_JSON_INT_DIGITS
 
 MAX_DEPTH = 128  # keeps the recursive descent well inside Python's stack
 _NUMBER = re.compile(r"-?(?:0|[1-9][0-9]*)(\.[0-9]+)?([eE][+-]?[0-9]+)?")

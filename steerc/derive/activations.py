@@ -67,8 +67,8 @@ class Reading:
 
 def model_sha256(path: str) -> str:
     """The sha256 of a model's weights: a .gguf file's bytes, or a folder's weight files and config
-    (each hashed once and remembered by size and modification time, see :mod:`steerc.cache`)."""
-    from steerc.cache import file_sha256
+    (each hashed once and remembered by size and modification time, see :mod:`steerc.core.cache`)."""
+    from steerc.core.cache import file_sha256
 
     if os.path.isfile(path):
         return file_sha256(path)
@@ -87,7 +87,7 @@ def cache_key(model_hash: str, dataset: Dataset, reading: Reading, side: str = "
 
 
 def _cache_path(key: str, site: Site) -> str:
-    from steerc.cache import cache_root
+    from steerc.core.cache import cache_root
 
     return os.path.join(cache_root(), "derive", key[:32], f"{site.key}.safetensors")
 

@@ -131,7 +131,7 @@ def dataset_of(pairs) -> D.Dataset:
     """A Dataset from a JSONL path, or from pairs in memory: ``(positive, negative)``, ``(positive, negative,
     prompt)``, ``{"positive": ..., "negative": ..., "prompt": ...}`` or :class:`~steerc.derive.data.Pair`.
     In-memory pairs are checked as the lines of a JSONL file named ``<pairs>`` would be."""
-    from steerc.source import Source
+    from steerc.core.source import Source
 
     if isinstance(pairs, (str, os.PathLike)):
         path = os.fspath(pairs)

@@ -31,7 +31,7 @@ def write(path: str, rows: dict[str, np.ndarray], info: dict) -> None:
 
     from safetensors.numpy import save
 
-    from steerc.jsonio import dumps  # strict JSON, as provenance() reads it back (spec/json.md)
+    from steerc.core.jsonio import dumps  # strict JSON, as provenance() reads it back (spec/json.md)
 
     meta = {METADATA_KEY: dumps({"format": FORMAT, **info}, sort_keys=True, separators=(",", ":"))}
     data = save({k: np.ascontiguousarray(v, dtype=np.float32) for k, v in sorted(rows.items())}, metadata=meta)
@@ -48,7 +48,7 @@ def provenance(metadata: dict | None) -> dict | None:
     unreadable: provenance is advisory, never an error)."""
     if not metadata or METADATA_KEY not in metadata:
         return None
-    from steerc.jsonio import JSONError, loads
+    from steerc.core.jsonio import JSONError, loads
 
     try:
         value = loads(metadata[METADATA_KEY])

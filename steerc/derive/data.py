@@ -17,7 +17,7 @@ Every fault is a diagnostic with a code and a caret: ``invalid-data`` (not
 JSON, not an object, a missing or unknown key, a non-string or empty text,
 over the size limits), ``unbalanced-data``, ``empty-data``.
 
->>> from steerc.source import Source
+>>> from steerc.core.source import Source
 >>> ds = parse_pairs(Source("d.jsonl", '{"positive": "yes", "negative": "no"}\\n'))
 >>> ds.pairs[0].positive, len(ds.pairs), ds.sha256[:12]  # sha256sum of the bytes
 ('yes', 1, 'a456fb0f08f8')
@@ -30,9 +30,9 @@ import hashlib
 from attrs import frozen
 
 from steerc.diagnostics import Diagnostic, Note
-from steerc.jsonio import JSONError, loads
-from steerc.limits import MAX_DATA_BYTES, MAX_EXAMPLE_CHARS, MAX_EXAMPLES, MAX_REPEATS, human
-from steerc.source import Source
+from steerc.core.jsonio import JSONError, loads
+from steerc.core.limits import MAX_DATA_BYTES, MAX_EXAMPLE_CHARS, MAX_EXAMPLES, MAX_REPEATS, human
+from steerc.core.source import Source
 
 KEYS = ("positive", "negative", "prompt")
 

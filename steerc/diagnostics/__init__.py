@@ -4,7 +4,7 @@ One path for every error and warning a user can cause: a :class:`Diagnostic`
 with a registered code, a severity, a message, a primary span, optional
 notes (each with its own span) and an optional ``help`` line.
 
->>> from steerc.source import Source
+>>> from steerc.core.source import Source
 >>> src = Source("x.steer", "steer 1\\nvector v = w\\n")
 >>> d = Diagnostic.error("undefined-name", "undefined name `w`", src.span(19, 20),
 ...                      help="declare it with `vector w = ...` before this line")
@@ -22,9 +22,9 @@ from __future__ import annotations
 
 from attrs import evolve, field, frozen
 
+from steerc.core.limits import MAX_ECHO_COLUMNS, MAX_MESSAGE_CHARS, MAX_REPEATS
+from steerc.core.source import Source, Span, normalize_newlines
 from steerc.diagnostics.codes import CODES
-from steerc.limits import MAX_ECHO_COLUMNS, MAX_MESSAGE_CHARS, MAX_REPEATS
-from steerc.source import Source, Span
 
 __all__ = [
     "CODES",
@@ -32,6 +32,7 @@ __all__ = [
     "Diagnostics",
     "Note",
     "capped",
+    "not_utf8",
     "omitted_line",
     "omitted_note",
     "printable",
@@ -155,7 +156,7 @@ class Diagnostics:
 def capped(diagnostics, limit: int = MAX_REPEATS) -> list[Diagnostic]:
     """At most ``limit`` diagnostics per code, in order; the last one kept counts the rest.
 
-    >>> from steerc.source import Source
+    >>> from steerc.core.source import Source
     >>> ds = [Diagnostic.warning("no-effect", f"w{i}", None) for i in range(5)]
     >>> [(d.message, d.omitted) for d in capped(ds, 2)]
     [('w0', 0), ('w1', 3)]
@@ -279,3 +280,36 @@ def to_json_dict(d: Diagnostic) -> dict:
     if d.omitted:
         obj["omitted"] = d.omitted
     return obj
+
+
+_NOT_UTF8 = {
+    "invalid start byte": "cannot begin a character",
+    "invalid continuation byte": "begins a character that the bytes after it do not complete",
+    "unexpected end of data": "begins a character that the file ends inside",
+}
+
+
+def not_utf8(name: str, exc: UnicodeDecodeError, path: str | None = None):
+    """The ``invalid-encoding`` diagnostic for bytes that :func:`steerc.core.source.decode_program` refused, and the
+    :class:`Source` it points into: the text up to the first bad byte as it reads, the rest with each bad
+    byte as U+FFFD, and the caret on that first one.
+
+    >>> from steerc.core.source import decode_program
+    >>> try:
+    ...     decode_program(b"steer 1\\nvector caf\\xe9 = [1]")
+    ... except UnicodeDecodeError as exc:
+    ...     d, src = not_utf8("a.steer", exc)
+    >>> d.code, (d.span.line, d.span.column), d.message
+    ('invalid-encoding', (2, 11), 'this file is not UTF-8: byte 0xE9 at line 2, column 11 begins a character that the bytes after it do not complete')
+    """
+    data = exc.object
+    good = normalize_newlines(data[:exc.start].decode("utf-8"))
+    source = Source(name, good + normalize_newlines(data[exc.start:].decode("utf-8", "replace")), path)
+    span = source.span(len(good), len(good) + 1)
+    what = _NOT_UTF8.get(exc.reason, exc.reason)
+    diagnostic = Diagnostic(
+        "invalid-encoding", "error",
+        f"this file is not UTF-8: byte 0x{data[exc.start]:02X} at line {span.line}, column {span.column} {what}",
+        span, label="not UTF-8",
+        help="save it as UTF-8: steerc reads every program as UTF-8 text (a leading byte-order mark is allowed)")
+    return diagnostic, source

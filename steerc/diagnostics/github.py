@@ -12,7 +12,7 @@ place in a file (``<stdin>``, ``<command line>``, none at all) has no
 message on lines of their own.
 
 >>> from steerc.diagnostics import Diagnostic
->>> from steerc.source import Source
+>>> from steerc.core.source import Source
 >>> src = Source("a,b.steer", "steer 1\\nvector v = w\\n", "/work/a,b.steer")
 >>> d = Diagnostic.error("undefined-name", "undefined name `w`: 100%", src.span(19, 20), help="declare it")
 >>> print(workflow_command(d, {src.name: src}, cwd="/work"))

@@ -7,7 +7,7 @@ tool can open. These helpers turn it into a path relative to the working
 directory (or an absolute one, for a file outside it), or None for a
 pseudo-file, whose place is then written into the message instead.
 
->>> from steerc.source import Source
+>>> from steerc.core.source import Source
 >>> src = Source("<command line>", "steerc check x.steer --set k=1")
 >>> file_path(src.span(27, 30), {src.name: src}) is None
 True
@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import os
 
-from steerc.source import Source, Span
+from steerc.core.source import Source, Span
 
 
 def is_pseudo(name: str) -> bool:

@@ -13,7 +13,7 @@ its place is written into the message. ``spec/formats.md`` has the
 details.
 
 >>> from steerc.diagnostics import Diagnostic
->>> from steerc.source import Source
+>>> from steerc.core.source import Source
 >>> src = Source("x.steer", "steer 1\\nvector v = w\\n", "/work/x.steer")
 >>> d = Diagnostic.error("undefined-name", "undefined name `w`", src.span(19, 20))
 >>> log = to_sarif([(d, {src.name: src})], cwd="/work")

@@ -20,9 +20,9 @@ import os
 from attrs import field, frozen
 
 from steerc.facts.families import FAMILIES, MODEL_TYPES, Family
-from steerc.jsonio import JSONError
-from steerc.jsonio import read_file as read_json_file
-from steerc.limits import MAX_HEAD_DIM, MAX_HEADS, MAX_HIDDEN, MAX_INTERMEDIATE, MAX_LAYERS, MAX_VOCAB
+from steerc.core.jsonio import JSONError
+from steerc.core.jsonio import read_file as read_json_file
+from steerc.core.limits import MAX_HEAD_DIM, MAX_HEADS, MAX_HIDDEN, MAX_INTERMEDIATE, MAX_LAYERS, MAX_VOCAB
 
 FORMAT = "steerc.facts/1"
 FACT_FIELDS = (

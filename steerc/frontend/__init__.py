@@ -11,7 +11,7 @@ from __future__ import annotations
 from steerc.diagnostics import Diagnostics
 from steerc.frontend.parser import SyntaxDiagnostic, parse_tree
 from steerc.ir import nodes as ir
-from steerc.source import Source
+from steerc.core.source import Source
 
 __all__ = ["parse", "parse_source"]
 
@@ -48,7 +48,7 @@ def _with_comments(program: ir.Program, source: Source, comments) -> ir.Program:
 
 def parse_source(text: str, name: str = "<string>") -> tuple[ir.Program | None, Diagnostics]:
     """Parse text held in memory (no file needed), its line ends read as a file's are."""
-    from steerc.source import normalize_newlines
+    from steerc.core.source import normalize_newlines
 
     diagnostics = Diagnostics()
     return parse(Source(name, normalize_newlines(text)), diagnostics), diagnostics

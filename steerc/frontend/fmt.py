@@ -30,7 +30,7 @@ from __future__ import annotations
 import bisect
 
 from steerc.ir import nodes as ir
-from steerc.source import Source
+from steerc.core.source import Source
 
 WIDTH = 100
 _PREC = {"+": 1, "-": 1, "*": 2, "/": 2}

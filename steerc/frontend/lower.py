@@ -14,7 +14,7 @@ from lark import Token, Tree
 
 from steerc.diagnostics import Diagnostics, Note
 from steerc.ir import nodes as ir
-from steerc.source import Source, Span
+from steerc.core.source import Source, Span
 
 _ESCAPES = {'"': '"', "\\": "\\", "/": "/", "b": "\b", "f": "\f", "n": "\n", "r": "\r", "t": "\t"}
 

@@ -5,7 +5,7 @@
 raises :class:`SyntaxDiagnostic` carrying a ``syntax-error`` diagnostic that
 says, in words, what the parser expected.
 
->>> from steerc.source import Source
+>>> from steerc.core.source import Source
 >>> tree, comments = parse_tree(Source("a.steer", "steer 1  # hi\\n"))
 >>> tree.data, [c[2] for c in comments]
 ('start', ['# hi'])
@@ -23,7 +23,7 @@ from lark.exceptions import UnexpectedCharacters, UnexpectedEOF, UnexpectedInput
 from lark.lark import PostLex
 
 from steerc.diagnostics import Diagnostic, Note
-from steerc.limits import (
+from steerc.core.limits import (
     MAX_LIST_ITEMS,
     MAX_NAME_CHARS,
     MAX_NESTING,
@@ -32,7 +32,7 @@ from steerc.limits import (
     MAX_STRING_CHARS,
     human,
 )
-from steerc.source import Source
+from steerc.core.source import Source
 
 GRAMMAR_PATH = os.path.join(os.path.dirname(__file__), "steer.lark")
 
@@ -143,7 +143,7 @@ def parse_tree(source: Source) -> tuple[Tree, list[tuple[int, int, str]]]:
     """Parse ``source``; return the tree and the comments as (line, column, text).
 
     Raises :class:`SyntaxDiagnostic` for a text that is not a program, and for
-    one beyond the limits of :mod:`steerc.limits` (size, literal lengths, list
+    one beyond the limits of :mod:`steerc.core.limits` (size, literal lengths, list
     lengths, nesting), before any work proportional to the excess is done.
     """
     check_text(source)

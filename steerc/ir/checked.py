@@ -16,7 +16,7 @@ from attrs import field, frozen
 
 from steerc.ir import nodes as ir
 from steerc.ir.values import PerLayer
-from steerc.source import Span
+from steerc.core.source import Span
 
 Operand = Union["numpy.ndarray", PerLayer]  # noqa: F821 - numpy is imported where operands are made
 

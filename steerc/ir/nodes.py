@@ -17,7 +17,7 @@ from typing import Union
 
 from attrs import field, frozen
 
-from steerc.source import Span
+from steerc.core.source import Span
 
 
 def _span():

@@ -20,7 +20,7 @@ import math
 from collections import namedtuple
 from collections.abc import Mapping
 
-FLOAT32_MAX = 3.4028234663852886e38  # numpy.finfo(numpy.float32).max (steerc.limits holds the same)
+FLOAT32_MAX = 3.4028234663852886e38  # numpy.finfo(numpy.float32).max (steerc.core.limits holds the same)
 
 # A per-request param as data: its default (the compiled value) and its declared range, if any.
 Declared = namedtuple("Declared", "name default low high")

@@ -34,7 +34,7 @@ from steerc.ir import nodes as ir
 from steerc.ir.checked import Constraint, Gate
 from steerc.ir.param_values import ParamError, check_values  # noqa: F401 (re-exported)
 from steerc.ir.values import Vec
-from steerc.source import Span
+from steerc.core.source import Span
 
 SUB_ORDER = {"resid_pre": 0, "head": 1, "attn_out": 2, "mlp_out": 3, "resid_post": 4}
 

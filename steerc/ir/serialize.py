@@ -7,7 +7,7 @@ become ``"line:column-end_line:end_column"`` under ``"span"`` (and
 round-trips exactly: ``from_json(to_json(p)) == p`` and the JSON text of the
 result is byte-identical. The text is strict JSON: a float that is not finite
 (a literal such as ``1e999``, which only the checker refuses) is written as
-``{"float": "inf"}`` (:func:`steerc.jsonio.dumps`) and read back as the float.
+``{"float": "inf"}`` (:func:`steerc.core.jsonio.dumps`) and read back as the float.
 
 >>> from steerc.frontend import parse_source
 >>> program, _ = parse_source("steer 1\\nparam gain = 2.5\\n", "a.steer")
@@ -24,7 +24,7 @@ from __future__ import annotations
 import attrs
 
 from steerc.ir.nodes import NODE_CLASSES
-from steerc.source import Span
+from steerc.core.source import Span
 
 FORMAT = "steerc.ir/1"
 
@@ -59,8 +59,8 @@ def _to_json(value, file: list[str]):
 
 
 def to_json(program) -> dict:
-    """The document as JSON values (a float that is not finite as ``{"float": ...}``: steerc.jsonio)."""
-    from steerc.jsonio import finite
+    """The document as JSON values (a float that is not finite as ``{"float": ...}``: steerc.core.jsonio)."""
+    from steerc.core.jsonio import finite
 
     file: list[str] = []
     body = finite(_to_json(program, file))
@@ -68,14 +68,14 @@ def to_json(program) -> dict:
 
 
 def dumps(program) -> str:
-    from steerc.jsonio import dumps as dumps_json
+    from steerc.core.jsonio import dumps as dumps_json
 
     return dumps_json(to_json(program), indent=1, ensure_ascii=False) + "\n"
 
 
 def _from_json(value, file: str | None):
     if isinstance(value, dict) and "node" not in value:
-        from steerc.jsonio import decode_float
+        from steerc.core.jsonio import decode_float
 
         return decode_float(value)
     if isinstance(value, dict):
@@ -102,8 +102,8 @@ def from_json(data: dict):
 
 
 def loads(text: str):
-    """The program of an IR JSON text (read under steerc's JSON limits: :mod:`steerc.jsonio`)."""
-    from steerc.jsonio import loads as loads_json
-    from steerc.limits import MAX_IR_JSON_BYTES
+    """The program of an IR JSON text (read under steerc's JSON limits: :mod:`steerc.core.jsonio`)."""
+    from steerc.core.jsonio import loads as loads_json
+    from steerc.core.limits import MAX_IR_JSON_BYTES
 
     return from_json(loads_json(text, max_bytes=MAX_IR_JSON_BYTES))

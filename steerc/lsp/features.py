@@ -136,7 +136,7 @@ def prepare_rename(ls: SteerServer, params: lsp.PrepareRenameParams) -> lsp.Rang
 
 
 def rename(ls: SteerServer, params: lsp.RenameParams) -> lsp.WorkspaceEdit | None:
-    from steerc.limits import MAX_NAME_CHARS
+    from steerc.core.limits import MAX_NAME_CHARS
     from steerc.lsp.complete import keywords
 
     look = _renamable(ls, params)
@@ -212,7 +212,7 @@ def formatting(ls: SteerServer, params: lsp.DocumentFormattingParams) -> list[ls
 def completion(ls: SteerServer, params: lsp.CompletionParams) -> lsp.CompletionList:
     from steerc.lsp.complete import complete
     from steerc.lsp.positions import source_offset
-    from steerc.source import Source
+    from steerc.core.source import Source
 
     od = ls.open.get(params.text_document.uri)
     if od is None:

@@ -25,7 +25,7 @@ from __future__ import annotations
 import logging
 import re
 
-from steerc.limits import MAX_LSP_FRAME_BYTES
+from steerc.core.limits import MAX_LSP_FRAME_BYTES
 
 log = logging.getLogger("steerc.lsp")
 

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import re
 
-from steerc.source import Source
+from steerc.core.source import Source
 
 UTF8, UTF16, UTF32 = "utf-8", "utf-16", "utf-32"
 ENCODINGS = (UTF8, UTF16, UTF32)
@@ -64,7 +64,7 @@ def index(line: str, character: int, encoding: str) -> int:
 
 def normalize(text: str) -> str:
     """``text`` with ``\\r\\n`` and ``\\r`` made ``\\n``, as ``steerc check`` reads a file (the same function)."""
-    from steerc.source import normalize_newlines
+    from steerc.core.source import normalize_newlines
 
     return normalize_newlines(text)
 

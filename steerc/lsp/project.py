@@ -25,7 +25,7 @@ import os
 def project_setting(start_dir: str):
     """The project of the nearest steer.toml at or above ``start_dir`` (read and checked as ``steerc check``
     reads it, its diagnostics included); None when there is none."""
-    from steerc.paths import find_marker
+    from steerc.core.paths import find_marker
     from steerc.project import project_at
 
     path = find_marker(start_dir)

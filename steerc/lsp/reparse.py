@@ -16,7 +16,7 @@ reports anything at all (every error message then comes from the full
 parse, as ``steerc check`` gives it). ``tests/test_lsp_reparse.py`` checks
 random edits against full parses: same IR, same spans, same diagnostics.
 
->>> from steerc.source import Source
+>>> from steerc.core.source import Source
 >>> from steerc.diagnostics import Diagnostics
 >>> p = Reparser()
 >>> one = "steer 1\\nparam a = 1\\nparam b = 2\\nparam c = 3\\n"
@@ -33,7 +33,7 @@ import attrs
 
 from steerc.frontend import parse
 from steerc.ir import nodes as ir
-from steerc.source import Source, Span
+from steerc.core.source import Source, Span
 
 _SPAN_FIELDS = ("span", "name_span", "func_span", "range_span", "version_span")
 _FIELDS: dict[type, tuple[tuple[str, bool], ...]] = {}

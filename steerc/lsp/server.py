@@ -129,7 +129,7 @@ class SteerServer(LanguageServer):
 
         from steerc.api import check
         from steerc.cli.common import options_from
-        from steerc.source import Source
+        from steerc.core.source import Source
 
         path = to_fs_path(od.uri) if od.uri.startswith("file:") else None
         source = Source(path or od.uri, normalize(od.doc.text), path)

@@ -16,11 +16,11 @@ import json
 from steerc.diagnostics import Note
 from steerc.ir import checked as ck
 from steerc.ir import nodes as ir
-from steerc.limits import MAX_SOURCE_BYTES, human
+from steerc.core.limits import MAX_SOURCE_BYTES, human
 from steerc.passes.context import CheckContext, Fault
 from steerc.passes.files import resolve_path
 from steerc.passes.fold import with_constraint
-from steerc.source import Source
+from steerc.core.source import Source
 
 name = "constraints"
 

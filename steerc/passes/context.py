@@ -9,8 +9,8 @@ from attrs import define, field
 
 from steerc.diagnostics import Diagnostics
 from steerc.ir import nodes as ir
-from steerc.limits import MAX_NAME_CHARS, MAX_REPEATS, MAX_SUGGESTION_CANDIDATES, MAX_VALUES
-from steerc.source import Source, Span
+from steerc.core.limits import MAX_NAME_CHARS, MAX_REPEATS, MAX_SUGGESTION_CANDIDATES, MAX_VALUES
+from steerc.core.source import Source, Span
 
 
 class Fault(Exception):
@@ -22,7 +22,7 @@ class Options:
     """How a program is checked.
 
     ``root``: the project root (default: found from the file, see
-    :mod:`steerc.paths`); ``overrides``: ``--set NAME=VALUE`` params;
+    :mod:`steerc.core.paths`); ``overrides``: ``--set NAME=VALUE`` params;
     ``base_dir``: where relative paths start (default: the file's folder,
     or the working directory for text with no file); ``use_xgrammar``:
     also validate constraints with xgrammar (which imports torch);
@@ -97,7 +97,7 @@ class CheckContext:
     def root(self) -> str:
         if self.options.root:
             return os.path.realpath(self.options.root)
-        from steerc.paths import find_root
+        from steerc.core.paths import find_root
 
         return find_root(self.base_dir)
 

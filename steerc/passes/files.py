@@ -1,13 +1,13 @@
-"""Files named in a program: resolved under the path policy (see :mod:`steerc.paths`)."""
+"""Files named in a program: resolved under the path policy (see :mod:`steerc.core.paths`)."""
 
 from __future__ import annotations
 
 import os
 
 from steerc.ir import nodes as ir
-from steerc.limits import MAX_PATH_CHARS
+from steerc.core.limits import MAX_PATH_CHARS
 from steerc.passes.context import CheckContext, Fault
-from steerc.paths import resolve
+from steerc.core.paths import resolve
 
 
 def resolve_path(ctx: CheckContext, path: ir.Str, what: str = "file") -> str:

@@ -21,7 +21,7 @@ from steerc.frontend.fmt import op as fmt_op
 from steerc.ir import checked as ck
 from steerc.ir import nodes as ir
 from steerc.ir.values import PerLayer
-from steerc.limits import FLOAT32_MAX
+from steerc.core.limits import FLOAT32_MAX
 from steerc.passes import types as ty
 from steerc.passes.context import CheckContext, Fault, did_you_mean
 from steerc.passes.layers import static_layers
@@ -377,7 +377,7 @@ class Evaluator:
         return out, tuple(sorted(f1 + f2))
 
     def _factor(self, e: ir.Call) -> tuple[str, float, float]:
-        from steerc.limits import MAX_SCHEDULE_STEP as MAX_POSITION
+        from steerc.core.limits import MAX_SCHEDULE_STEP as MAX_POSITION
 
         args = [self.operand(a) for a in e.args]
         if e.func == "decay":
@@ -448,7 +448,7 @@ def report_missing_row(ctx: CheckContext, bank: PerLayer, layer: int, span) -> N
         )
     else:
         have = ", ".join(str(i) for i in sorted(bank.rows))
-        from steerc.controlvector import PREFIX
+        from steerc.io.controlvector import PREFIX
 
         # A llama.cpp control vector has no row 0: llama.cpp never steers layer 0's output.
         llamacpp = "; llama.cpp control vectors start at layer 1: steer resid_post[1:]" \

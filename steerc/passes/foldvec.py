@@ -6,7 +6,7 @@ import numpy as np
 
 from steerc.ir import nodes as ir
 from steerc.ir.values import PerLayer
-from steerc.limits import FLOAT32_MAX
+from steerc.core.limits import FLOAT32_MAX
 from steerc.passes import types as ty
 from steerc.passes.loading import load_vector
 

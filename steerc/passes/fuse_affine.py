@@ -17,7 +17,7 @@ from attrs import evolve
 
 from steerc.ir.plan import Affine, Change, Kernel, Plan, SitePlan
 from steerc.ir.values import Vec
-from steerc.limits import FLOAT32_MAX
+from steerc.core.limits import FLOAT32_MAX
 
 name = "fuse-affine"
 

@@ -15,7 +15,7 @@ from steerc.diagnostics import Note
 from steerc.facts import ModelFacts
 from steerc.ir import checked as ck
 from steerc.ir.values import PerLayer
-from steerc.limits import MAX_EXPANDED_SITES, MAX_VALUES
+from steerc.core.limits import MAX_EXPANDED_SITES, MAX_VALUES
 from steerc.passes import causality
 from steerc.passes.context import CheckContext
 from steerc.passes.fold import report_missing_row

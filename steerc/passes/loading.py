@@ -13,13 +13,13 @@ import os
 
 import numpy as np
 
-from steerc import controlvector as cv
+from steerc.io import controlvector as cv
 from steerc.ir import nodes as ir
 from steerc.ir.values import PerLayer
-from steerc.limits import MAX_HIDDEN, MAX_LAYERS
+from steerc.core.limits import MAX_HIDDEN, MAX_LAYERS
 from steerc.passes.context import CheckContext, Fault
 from steerc.passes.files import resolve_path
-from steerc.vectorio import FORMATS, VectorFile, VectorFileError, open_vector_file
+from steerc.io.vectors import FORMATS, VectorFile, VectorFileError, open_vector_file
 
 
 def open_file(ctx: CheckContext, path: ir.Str) -> VectorFile:

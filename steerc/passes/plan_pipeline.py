@@ -13,7 +13,7 @@ import numpy as np
 
 from steerc.diagnostics import Diagnostics, Note
 from steerc.ir.plan import SUB_ORDER, Affine, Plan, Project, Rotate
-from steerc.limits import FLOAT32_MAX
+from steerc.core.limits import FLOAT32_MAX
 from steerc.passes import drop_dead, drop_noops, fuse_affine, fuse_projections, lower_plan
 
 # Dead kernels go first so that fusion never hides them in a merged kernel.
@@ -277,7 +277,7 @@ def _unit_rows(vectors, width: int, where: str, field: str = "") -> None:
 
 
 def _verify_op(op, width: int, where: str, field: str = "") -> None:
-    from steerc.limits import MAX_SCHEDULE_STEP
+    from steerc.core.limits import MAX_SCHEDULE_STEP
 
     if isinstance(op, Affine):
         _check(not op.schedule or op.bias is not None, f"{where}: a schedule without a bias", f"{field}.schedule")

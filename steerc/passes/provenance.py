@@ -14,7 +14,7 @@ be worth trying elsewhere — but it is a warning, at the ``load``:
 
 Files without the metadata (vectors from elsewhere) are not judged, except
 llama.cpp control vectors (``.gguf``): they are banks for ``resid_post``
-(:mod:`steerc.controlvector`), judged for the site only.
+(:mod:`steerc.io.controlvector`), judged for the site only.
 """
 
 from __future__ import annotations

@@ -12,7 +12,7 @@ from __future__ import annotations
 from steerc.diagnostics import Note
 from steerc.ir import nodes as ir
 from steerc.ir.checked import SITE_KINDS
-from steerc.limits import MAX_HEADS, MAX_LAYERS, MAX_POSITION
+from steerc.core.limits import MAX_HEADS, MAX_LAYERS, MAX_POSITION
 from steerc.passes.context import CheckContext, did_you_mean, one_of
 
 name = "structure"

@@ -1,6 +1,6 @@
 """``steer.toml``: the mark of a project root, and defaults for the command line.
 
-A project is the folder of a ``steer.toml`` (see :mod:`steerc.paths`). The
+A project is the folder of a ``steer.toml`` (see :mod:`steerc.core.paths`). The
 file may be empty, or hold::
 
     [defaults]
@@ -40,10 +40,10 @@ import re
 from attrs import field, frozen
 
 from steerc.diagnostics import Diagnostic
-from steerc.paths import MARKER, find_root
+from steerc.core.paths import MARKER, find_root
 from steerc.project.locate import locate, long_number, scan, too_deep
 from steerc.project.toml import tomllib
-from steerc.source import Source, Span
+from steerc.core.source import Source, Span
 
 __all__ = ["TARGET_NAMES", "Project", "display_name", "project_at", "project_of"]
 
@@ -89,8 +89,8 @@ def project_of(path: str | None, root: str | None = None) -> Project:
 
 def project_at(root: str) -> Project:
     """The project whose root is ``root``, its ``steer.toml`` read and checked."""
-    from steerc.limits import MAX_NESTING, MAX_NUMBER_CHARS, MAX_SOURCE_BYTES
-    from steerc.source import read_program
+    from steerc.core.limits import MAX_NESTING, MAX_NUMBER_CHARS, MAX_SOURCE_BYTES
+    from steerc.core.source import read_program
 
     root = os.path.realpath(root)
     file = os.path.join(root, MARKER)
@@ -205,7 +205,7 @@ class _Reader:
     def _params(self, table: dict) -> None:
         import math
 
-        from steerc.limits import FLOAT32_MAX
+        from steerc.core.limits import FLOAT32_MAX
 
         for key, value in table.items():
             path = ("params", key)

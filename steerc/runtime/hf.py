@@ -133,7 +133,7 @@ def _how_to_confirm(family: str) -> str:
 def confirmed_table(model, path: str):
     """The site table of a confirmed facts file, checked against the live model."""
     from steerc.facts.sites import SiteTable
-    from steerc.jsonio import JSONError, loads
+    from steerc.core.jsonio import JSONError, loads
 
     facts = facts_from_model(model)
     try:

@@ -1,7 +1,7 @@
 """Loading a transformers model and tokenizer for ``steerc run`` (folder, GGUF file or model name).
 
 A GGUF file is dequantized once: the weights go to the user cache
-(:mod:`steerc.cache`) as safetensors, with the config and tokenizer files,
+(:mod:`steerc.core.cache`) as safetensors, with the config and tokenizer files,
 under the file's SHA-256, and every later load reads that folder. Loading
 prints one progress line on standard error.
 """
@@ -189,13 +189,13 @@ def _quiet():
 
 def gguf_cache_folder(gguf_path: str) -> str:
     """Where the dequantized copy of ``gguf_path`` lives (or will): ``<cache>/gguf/<sha256>``."""
-    from steerc.cache import cache_root, file_sha256
+    from steerc.core.cache import cache_root, file_sha256
 
     return os.path.join(cache_root(), "gguf", file_sha256(gguf_path))
 
 
 def _cache_complete(folder: str) -> bool:
-    from steerc.cache import read_json
+    from steerc.core.cache import read_json
 
     marker = read_json(os.path.join(folder, "steerc-cache.json"), {})
     return marker.get("format") == GGUF_CACHE_FORMAT and \
@@ -207,7 +207,7 @@ def _dequantize_into(gguf_path: str, folder: str) -> None:
     import transformers
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from steerc.cache import write_json
+    from steerc.core.cache import write_json
 
     source, name = os.path.split(os.path.abspath(gguf_path))
     parent = os.path.dirname(folder)
@@ -244,7 +244,7 @@ def load_model(path: str, dtype: str = "auto"):
     A .gguf file is dequantized once into the user cache and loaded from
     there afterwards (see :func:`gguf_cache_folder`).
     """
-    from steerc.cache import display
+    from steerc.core.cache import display
 
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     path = runnable_path(path)

@@ -53,7 +53,7 @@ FAILED_KEY = "steerc_failed"
 
 
 def default_store() -> str:
-    from steerc.paths import temp_folder
+    from steerc.core.paths import temp_folder
 
     return os.environ.get("STEERC_ARTIFACTS") or temp_folder("artifacts")
 

@@ -455,7 +455,7 @@ def plan_file(data: bytes) -> str:
     import hashlib
     import tempfile
 
-    from steerc.paths import temp_folder
+    from steerc.core.paths import temp_folder
 
     explicit = os.environ.get("STEERC_CACHE")
     folder = os.path.join(explicit, "plans") if explicit else temp_folder("plans")

@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 from engine import Engine, load_control_vector
 
-from steerc.vectorio import VectorFileError, open_vector_file
+from steerc.io.vectors import VectorFileError, open_vector_file
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")

@@ -3,7 +3,7 @@
 llama.cpp (``--control-vector FILE``, or ``llama_set_adapter_cvec``) adds
 ``direction.N`` of the file to the output of decoder layer ``N`` at every
 position it computes, prompt and generated, for ``N`` from 1 to ``n_layer -
-1`` (the convention and where it was read: :mod:`steerc.controlvector`).
+1`` (the convention and where it was read: :mod:`steerc.io.controlvector`).
 So a plan lowers exactly when every kernel is an unconditional ``add`` of a
 constant vector on all tokens at a residual-stream site:
 
@@ -43,7 +43,7 @@ import numpy as np
 from steerc.diagnostics import Diagnostic
 from steerc.ir import nodes as ir
 from steerc.ir.plan import Affine, Plan
-from steerc.limits import FLOAT32_MAX
+from steerc.core.limits import FLOAT32_MAX
 
 TARGET = "llamacpp"
 FILE_NAME = "control_vector.gguf"
@@ -135,7 +135,7 @@ def directions(plan: Plan, facts) -> dict[int, np.ndarray]:
 def control_vector(plan: Plan, facts, command: str = "") -> bytes:
     """The GGUF bytes of the plan's control vector (the same plan and facts give the same bytes)."""
     from steerc import __version__
-    from steerc.controlvector import control_vector_bytes, llamacpp_arch
+    from steerc.io.controlvector import control_vector_bytes, llamacpp_arch
 
     provenance = [("steerc.version", __version__), ("steerc.source_sha256", plan.source_sha256),
                   ("steerc.facts_fingerprint", plan.facts_fingerprint)]

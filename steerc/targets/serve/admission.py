@@ -45,7 +45,7 @@ import json
 import os
 from collections.abc import Mapping
 
-from steerc.schema import SchemaError, check
+from steerc.core.format_schema import SchemaError, check
 from steerc.serve_client import ARTIFACTS_KEY, PARAMS_KEY, PLAN_KEY, request_salt
 
 PREFIX = "steerc_"
@@ -75,8 +75,8 @@ def schema() -> dict:
 
 def decode_json(field: str, value, limit: int):
     """A JSON value from a request field (a string, or already decoded), bounded in size and depth
-    (steerc's one JSON reader, :mod:`steerc.jsonio`: no NaN, no huge integers, no lone surrogates)."""
-    from steerc.jsonio import JSONError, loads
+    (steerc's one JSON reader, :mod:`steerc.core.jsonio`: no NaN, no huge integers, no lone surrogates)."""
+    from steerc.core.jsonio import JSONError, loads
 
     if isinstance(value, (bytes, bytearray)):
         value = bytes(value).decode("utf-8", errors="replace")

@@ -32,7 +32,7 @@ from steerc.ir import checked as ck
 from steerc.ir import nodes as ir
 from steerc.ir.plan import (Affine, Binding, Kernel, Param, Plan, ProbePlan, Project, Provenance, Rotate, Site,
                             SitePlan)
-from steerc.source import Span
+from steerc.core.source import Span
 from steerc.targets.constraints import constraint_from_json, constraint_json, request_fields
 
 FORMAT = "steerc.serve/1"

@@ -164,7 +164,7 @@ def validate_plan(obj, *, fingerprint: str | None = None, boot: dict | None = No
     ``boot``: the installed structure an update must keep; ``key``: the
     HMAC key every plan must be signed with (:mod:`steerc.targets.signing`).
     """
-    from steerc.schema import SchemaError, check
+    from steerc.core.format_schema import SchemaError, check
 
     if not isinstance(obj, dict) or obj.get("format") != FORMAT:
         got = obj.get("format") if isinstance(obj, dict) else type(obj).__name__
@@ -203,7 +203,7 @@ def validate_plan(obj, *, fingerprint: str | None = None, boot: dict | None = No
 
 def _check_schedules(boot: dict, tensors: dict) -> None:
     """Schedule numbers that mean something: a decay rate in (0, 1], whole step counts, a window a < b."""
-    from steerc.limits import MAX_SCHEDULE_STEP
+    from steerc.core.limits import MAX_SCHEDULE_STEP
 
     for hook in boot["hooks"]:
         for site in hook["sites"]:

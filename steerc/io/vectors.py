@@ -6,7 +6,7 @@ the tensors asked for. ``.npy`` files go through ``numpy.load`` with
 ``allow_pickle=False``. ``.pt``/``.pth`` files load only through
 ``torch.load(weights_only=True)`` and only when torch is installed.
 ``.gguf`` files are llama.cpp control vectors, read by hand too
-(:mod:`steerc.controlvector`, :mod:`steerc.ggufio`). Any float dtype is
+(:mod:`steerc.io.controlvector`, :mod:`steerc.io.gguf`). Any float dtype is
 accepted (bf16 included) and read as float32.
 
 >>> import numpy as np, os, tempfile
@@ -29,9 +29,9 @@ import struct
 import numpy as np
 from attrs import frozen
 
-from steerc.jsonio import JSONError
-from steerc.jsonio import loads as loads_json
-from steerc.limits import MAX_SAFETENSORS_HEADER
+from steerc.core.jsonio import JSONError
+from steerc.core.jsonio import loads as loads_json
+from steerc.core.limits import MAX_SAFETENSORS_HEADER
 
 _ST_DTYPES = {
     "F16": ("<f2", 2),
@@ -144,7 +144,7 @@ def open_vector_file(path: str) -> VectorFile:
     if ext in (".pt", ".pth"):
         return _open_torch(path)
     if ext == ".gguf":
-        from steerc.controlvector import open_control_vector
+        from steerc.io.controlvector import open_control_vector
 
         return open_control_vector(path)
     raise VectorFileError(

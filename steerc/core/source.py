@@ -19,7 +19,7 @@ import bisect
 
 from attrs import field, frozen
 
-from steerc.limits import MAX_SOURCE_BYTES
+from steerc.core.limits import MAX_SOURCE_BYTES
 
 
 @frozen
@@ -124,40 +124,6 @@ def decode_program(data: bytes) -> str:
     if len(data) > MAX_SOURCE_BYTES:
         return data.decode("utf-8", "replace")  # at least as many characters as the limit has bytes
     return normalize_newlines(data.decode("utf-8-sig"))
-
-
-_NOT_UTF8 = {
-    "invalid start byte": "cannot begin a character",
-    "invalid continuation byte": "begins a character that the bytes after it do not complete",
-    "unexpected end of data": "begins a character that the file ends inside",
-}
-
-
-def not_utf8(name: str, exc: UnicodeDecodeError, path: str | None = None):
-    """The ``invalid-encoding`` diagnostic for bytes that :func:`decode_program` refused, and the
-    :class:`Source` it points into: the text up to the first bad byte as it reads, the rest with each bad
-    byte as U+FFFD, and the caret on that first one.
-
-    >>> try:
-    ...     decode_program(b"steer 1\\nvector caf\\xe9 = [1]")
-    ... except UnicodeDecodeError as exc:
-    ...     d, src = not_utf8("a.steer", exc)
-    >>> d.code, (d.span.line, d.span.column), d.message
-    ('invalid-encoding', (2, 11), 'this file is not UTF-8: byte 0xE9 at line 2, column 11 begins a character that the bytes after it do not complete')
-    """
-    from steerc.diagnostics import Diagnostic
-
-    data = exc.object
-    good = normalize_newlines(data[:exc.start].decode("utf-8"))
-    source = Source(name, good + normalize_newlines(data[exc.start:].decode("utf-8", "replace")), path)
-    span = source.span(len(good), len(good) + 1)
-    what = _NOT_UTF8.get(exc.reason, exc.reason)
-    diagnostic = Diagnostic(
-        "invalid-encoding", "error",
-        f"this file is not UTF-8: byte 0x{data[exc.start]:02X} at line {span.line}, column {span.column} {what}",
-        span, label="not UTF-8",
-        help="save it as UTF-8: steerc reads every program as UTF-8 text (a leading byte-order mark is allowed)")
-    return diagnostic, source
 
 
 def read_program(path: str) -> str:

@@ -41,7 +41,7 @@ import struct
 import numpy as np
 from attrs import frozen
 
-from steerc.limits import MAX_GGUF_HEADER_BYTES, MAX_GGUF_STRINGS, MAX_GGUF_TENSORS
+from steerc.core.limits import MAX_GGUF_HEADER_BYTES, MAX_GGUF_STRINGS, MAX_GGUF_TENSORS
 
 MAGIC = b"GGUF"
 VERSION = 3

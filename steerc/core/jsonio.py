@@ -5,12 +5,12 @@ Every JSON input the compiler reads — a safetensors header, a
 :func:`loads`, which refuses (with :class:`JSONError`, never another
 exception) what Python's ``json`` would accept or choke on:
 
-* text over ``max_bytes`` (default :data:`~steerc.limits.MAX_JSON_BYTES`), or
+* text over ``max_bytes`` (default :data:`~steerc.core.limits.MAX_JSON_BYTES`), or
   not UTF-8;
 * arrays and objects nested deeper than
-  :data:`~steerc.limits.MAX_JSON_DEPTH` (found by a scan that does not
+  :data:`~steerc.core.limits.MAX_JSON_DEPTH` (found by a scan that does not
   recurse, before parsing);
-* integers of more than :data:`~steerc.limits.MAX_JSON_INT_DIGITS` digits,
+* integers of more than :data:`~steerc.core.limits.MAX_JSON_INT_DIGITS` digits,
   numbers too large for a float64 (``1e999``), and the non-JSON constants
   ``NaN``, ``Infinity`` and ``-Infinity``;
 * strings (keys included) holding a lone surrogate (``"\\ud800"``), which is
@@ -22,7 +22,7 @@ exception) what Python's ``json`` would accept or choke on:
 >>> loads("[" * 300 + "]" * 300)
 Traceback (most recent call last):
   ...
-steerc.jsonio.JSONError: arrays and objects nest more than 200 levels deep (at offset 200)
+steerc.core.jsonio.JSONError: arrays and objects nest more than 200 levels deep (at offset 200)
 
 And the one JSON writer: :func:`dumps` writes strict JSON (what ``json.dumps``
 writes with ``allow_nan=False``), which :func:`loads` reads back. A float that
@@ -42,7 +42,7 @@ import json
 import math
 import re
 
-from steerc.limits import MAX_JSON_BYTES, MAX_JSON_DEPTH, MAX_JSON_INT_DIGITS, human
+from steerc.core.limits import MAX_JSON_BYTES, MAX_JSON_DEPTH, MAX_JSON_INT_DIGITS, human
 
 __all__ = ["JSONError", "decode_float", "dumps", "finite", "loads", "read_file"]
 

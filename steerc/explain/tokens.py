@@ -5,7 +5,7 @@
 position code (:func:`steerc.runtime.tokens.selected`) which prompt positions
 and which of the first generated positions each intervention's scope selects;
 :func:`render_tokens` prints that as a table, one row a position, one column
-an intervention. ``steerc.explain_html`` draws the same document as a page.
+an intervention. ``steerc.explain.html`` draws the same document as a page.
 
 Position ``P-1``, the prompt's last, is the one whose output predicts the
 first generated token; every intervention says whether it steers it.
@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import unicodedata
 
-from steerc.explain import gate_text, precise
+from steerc.explain.plan import gate_text, precise
 from steerc.frontend.fmt import scope as scope_text
 
 TEXT_WIDTH = 24

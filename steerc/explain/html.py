@@ -15,8 +15,8 @@ from __future__ import annotations
 import colorsys
 from html import escape
 
-from steerc.explain import title
-from steerc.explain_tokens import describe, mark, visible
+from steerc.explain.plan import title
+from steerc.explain.tokens import describe, mark, visible
 
 TABLEAU = ("#4e79a7", "#f28e2b", "#e15759", "#76b7b2", "#59a14f", "#edc948", "#b07aa1", "#ff9da7", "#9c755f",
            "#bab0ac")

@@ -33,7 +33,7 @@ import tempfile
 from attrs import frozen
 
 MARKER = "steer.toml"
-CACHE_NAME = "steerc-cache"  # the user cache's folder under $XDG_CACHE_HOME or ~/.cache (steerc.cache)
+CACHE_NAME = "steerc-cache"  # the user cache's folder under $XDG_CACHE_HOME or ~/.cache (steerc.core.cache)
 
 
 def temp_folder(what: str) -> str:

@@ -3,7 +3,7 @@
 The cache lives in ``$STEERC_CACHE_DIR`` when that is set, else in
 ``$XDG_CACHE_HOME/steerc-cache``, else in ``~/.cache/steerc-cache`` (a name
 that is not an identifier, so the folder is never imported as the package
-``steerc``: see :mod:`steerc.paths`). Everything in it
+``steerc``: see :mod:`steerc.core.paths`). Everything in it
 can be deleted at any time; it is rebuilt when needed. Nothing in it is
 pickled: JSON, safetensors and the tokenizer files transformers writes.
 
@@ -30,7 +30,7 @@ import json
 import os
 import tempfile
 
-from steerc.paths import CACHE_NAME
+from steerc.core.paths import CACHE_NAME
 
 ENV = "STEERC_CACHE_DIR"
 

@@ -18,7 +18,7 @@ reads one anyway), integers are not booleans, and nesting is bounded.
 >>> check({"n": -1}, schema, "doc")
 Traceback (most recent call last):
 ...
-steerc.schema.SchemaError: doc.n: -1 is below the minimum 0
+steerc.core.format_schema.SchemaError: doc.n: -1 is below the minimum 0
 """
 
 from __future__ import annotations
