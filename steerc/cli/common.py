@@ -7,6 +7,7 @@ import os
 import sys
 
 from steerc.cli import NotAProgram, UsageError
+from steerc.cli.report import Report, print_json
 
 
 def read_text(path: str) -> str:
@@ -116,8 +117,6 @@ def facts_from(args, project=None):
 
 def model_facts(args, project=None):
     """(facts, None), (None, None) without a model, or (None, a Report of why the model cannot be used)."""
-    from steerc.cli.report import Report
-
     if getattr(args, "model", None):
         facts, diagnostic, sources = load_facts_or_diagnostic(args.model)
     elif project is not None and project.model:
@@ -145,8 +144,6 @@ def required(args, project, key: str) -> str:
 
 def checked_project(args, path: str):
     """``project_for``, its steer.toml's diagnostics printed on standard error; exits 1 when they are errors."""
-    from steerc.cli.report import Report
-
     project = project_for(args, path)
     if project.diagnostics:
         print_diagnostics(Report(list(project.diagnostics), project.sources))
@@ -291,16 +288,3 @@ def argument_word(args, word: str):
             return src, src.span(at, at + len(quoted))
         at += len(quoted)
     return src, src.span(0, len(text))
-
-
-def print_json(obj, out=None) -> None:
-    from steerc.core.jsonio import dumps  # strict JSON: a float that is not finite as {"float": ...} (spec/json.md)
-
-    (out or sys.stdout).write(dumps(obj, indent=2, sort_keys=False, ensure_ascii=False) + "\n")
-
-
-def summary(n_files: int, errors: int, warnings: int) -> str:
-    def plural(n, word):
-        return f"{n} {word}{'' if n == 1 else 's'}"
-
-    return f"{plural(n_files, 'file')} checked: {plural(errors, 'error')}, {plural(warnings, 'warning')}"

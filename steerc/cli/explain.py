@@ -14,10 +14,10 @@ from steerc.cli.common import (
     chosen,
     facts_from,
     options_from,
-    print_json,
     read_text,
     required,
 )
+from steerc.cli.report import print_json
 GENERATED_DEFAULT = 8
 EXPLAINED = ("hf", "vllm", "serve")  # llama.cpp's control vector has no hooks to show
 

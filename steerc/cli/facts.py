@@ -5,7 +5,8 @@ from __future__ import annotations
 import sys
 
 from steerc.cli import EXIT_ERRORS, EXIT_OK
-from steerc.cli.common import load_facts_or_diagnostic, print_json
+from steerc.cli.common import load_facts_or_diagnostic
+from steerc.cli.report import print_json
 
 
 def add_arguments(cmd) -> None:

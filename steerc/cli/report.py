@@ -12,6 +12,9 @@ import sys
 
 from attrs import define, field
 
+from steerc.core.jsonio import dumps
+from steerc.diagnostics import capped, render_text, to_json_dict
+
 FORMATS = ("text", "json", "sarif", "github")
 FORMAT_HELP = ("how to print diagnostics: text (default), json (spec/json.md), sarif (SARIF 2.1.0) or github "
                "(GitHub Actions annotations); see spec/formats.md")
@@ -25,9 +28,6 @@ class Report:
 
 def write(fmt: str, reports: list, files: list[str], out=None) -> tuple[int, int]:
     """Print ``reports`` (objects with ``diagnostics`` and ``sources``) in ``fmt``; (errors, warnings)."""
-    from steerc.cli.common import print_json, summary
-    from steerc.diagnostics import capped, render_text, to_json_dict
-
     out = out or sys.stdout
     every = [d for r in reports for d in r.diagnostics]
     errors = sum(d.is_error for d in every)
@@ -51,3 +51,15 @@ def write(fmt: str, reports: list, files: list[str], out=None) -> tuple[int, int
                     out.write("\n\n".join(render_text(d, r.sources) for d in capped(r.diagnostics)) + "\n\n")
         out.write(summary(len(files), errors, warnings) + "\n")
     return errors, warnings
+
+
+def print_json(obj, out=None) -> None:
+    """``obj`` as indented strict JSON (a float that is not finite as ``{"float": ...}``, spec/json.md)."""
+    (out or sys.stdout).write(dumps(obj, indent=2, sort_keys=False, ensure_ascii=False) + "\n")
+
+
+def summary(n_files: int, errors: int, warnings: int) -> str:
+    def plural(n, word):
+        return f"{n} {word}{'' if n == 1 else 's'}"
+
+    return f"{plural(n_files, 'file')} checked: {plural(errors, 'error')}, {plural(warnings, 'warning')}"

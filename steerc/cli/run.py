@@ -15,10 +15,10 @@ from steerc.cli.common import (
     argument_source,
     checked_project,
     options_from,
-    print_json,
     read_text,
     required,
 )
+from steerc.cli.report import print_json
 
 
 def add_arguments(cmd) -> None:
