@@ -18,7 +18,7 @@ def add_arguments(cmd) -> None:
 
 def run(args) -> int:
     try:
-        from steerc.lsp.server import serve
+        from steerc.lsp.stdio import serve
     except ImportError as exc:
         if (exc.name or "").split(".")[0] not in SERVER_PACKAGES:
             raise
