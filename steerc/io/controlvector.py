@@ -41,8 +41,10 @@ from __future__ import annotations
 
 import re
 
-from steerc.facts.families import MODEL_TYPES
 from steerc.core.limits import MAX_LAYERS
+from steerc.facts.families import MODEL_TYPES
+from steerc.io.gguf import F32, GGUFError, INT32, INTEGER_TYPES, OtherArchitecture, STRING, gguf_bytes, read_floats, read_header
+from steerc.io.vectorfile import TensorInfo, VectorFile, VectorFileError
 
 ARCH = "controlvector"
 HINT_KEY = "controlvector.model_hint"
@@ -87,7 +89,7 @@ def layer_of(name: str) -> int | None:
 
 
 def open_control_vector(path: str):
-    """A control-vector GGUF as a :class:`~steerc.io.vectors.VectorFile` of its ``direction.<N>`` rows.
+    """A control-vector GGUF as a :class:`~steerc.io.vectorfile.VectorFile` of its ``direction.<N>`` rows.
 
     Refused (``invalid-vector-file``), as llama.cpp's loader refuses them:
     anything that is not a well-formed GGUF, a tensor that is not a
@@ -100,8 +102,6 @@ def open_control_vector(path: str):
     layer count that is not the number of directions. ``meta`` keeps the
     hint and the count.
     """
-    from steerc.io.gguf import F32, GGUFError, OtherArchitecture, read_floats, read_header
-    from steerc.io.vectors import TensorInfo, VectorFile, VectorFileError
 
     def bad(message: str, help: str | None = None):
         return VectorFileError("invalid-vector-file", message, help)
@@ -160,7 +160,6 @@ _WRITERS = ("load a control vector (llama.cpp's cvector-generator, repeng's expo
 
 
 def _metadata(header, bad) -> dict:
-    from steerc.io.gguf import INTEGER_TYPES, STRING
 
     meta = {}
     if HINT_KEY in header.metadata:
@@ -199,7 +198,6 @@ def control_vector_bytes(directions: dict, hint: str, provenance=()) -> bytes:
     number of directions), then ``provenance`` (string pairs), then
     ``direction.<N>`` in layer order.
     """
-    from steerc.io.gguf import INT32, STRING, gguf_bytes
 
     metadata = [("general.architecture", STRING, ARCH), (HINT_KEY, STRING, hint),
                 (COUNT_KEY, INT32, len(directions))]

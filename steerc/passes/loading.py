@@ -19,7 +19,8 @@ from steerc.ir.values import PerLayer
 from steerc.core.limits import MAX_HIDDEN, MAX_LAYERS
 from steerc.passes.context import CheckContext, Fault
 from steerc.passes.files import resolve_path
-from steerc.io.vectors import FORMATS, VectorFile, VectorFileError, open_vector_file
+from steerc.io.vectorfile import VectorFile, VectorFileError
+from steerc.io.vectors import FORMATS, open_vector_file
 
 
 def open_file(ctx: CheckContext, path: ir.Str) -> VectorFile:

@@ -20,7 +20,8 @@ import numpy as np
 import pytest
 from engine import Engine, load_control_vector
 
-from steerc.io.vectors import VectorFileError, open_vector_file
+from steerc.io.vectorfile import VectorFileError
+from steerc.io.vectors import open_vector_file
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
