@@ -28,15 +28,11 @@ from attrs import define, field
 from steerc.diagnostics import Diagnostic, Diagnostics, capped, render_text, to_json_dict
 from steerc.frontend import parse
 from steerc.ir import nodes as ir
-from steerc.passes import causality, constraints, fold, names, request, structure, types, unused
-from steerc.passes.context import CheckContext, Options
 from steerc.core.source import Source
+from steerc.passes.check_pipeline import CHECK_PASSES, run_checks
+from steerc.passes.context import CheckContext, Options
 
 __all__ = ["CheckResult", "Options", "check_file", "check_source", "CHECK_PASSES"]
-
-# The model-independent check pipeline, in order. Each pass reads and
-# annotates the context; a pass may stop the pipeline (`ctx.stop`).
-CHECK_PASSES = (structure, names, types, fold, request, causality, constraints, unused)
 
 
 @define
@@ -123,16 +119,8 @@ def _check(source: Source, options: Options, facts, parser, fuse: bool) -> Check
     if program is None:
         return result
     ctx = CheckContext(program, source, diagnostics, options)
-    passes = CHECK_PASSES
-    if facts is not None:
-        from steerc.passes import layout, provenance
-
-        passes = passes + (layout, provenance)
-        ctx.facts = facts
-    for p in passes:
-        p.run(ctx)
-        if ctx.stop:
-            break
+    ctx.facts = facts
+    run_checks(ctx)
     result.sources.update(ctx.extra_sources)
     result.checked = ctx.checked if not ctx.stop else None
     result.values = ctx.values
