@@ -8,6 +8,7 @@ import sys
 
 from steerc.cli import NotAProgram, UsageError
 from steerc.cli.report import Report, print_json
+from steerc.diagnostics.codes import INVALID_CONFIG
 
 
 def read_text(path: str) -> str:
@@ -195,7 +196,7 @@ def load_facts_or_diagnostic(path: str, project=None):
         if exc.code is None and project is None:
             raise UsageError(f"{path}: {exc}") from None
         if exc.code is None:
-            return None, Diagnostic.error("invalid-config", f"model {path}: {exc}", project.spans["model"],
+            return None, Diagnostic.error(INVALID_CONFIG, f"model {path}: {exc}", project.spans["model"],
                                           help="give a model folder, its config.json or a facts JSON"), \
                 project.sources
         sources, span = {}, None

@@ -12,6 +12,7 @@ import sys
 from steerc.cli import EXIT_ERRORS, EXIT_OK, UsageError
 from steerc.cli.common import argument_source
 from steerc.core.jsonio import dumps as json_dumps  # strict JSON (spec/json.md)
+from steerc.diagnostics.codes import EMPTY_DATA, MODEL_WITHOUT_WEIGHTS
 
 def add_arguments(cmd) -> None:
     cmd.add_argument("--model", required=True, metavar="MODEL",
@@ -158,7 +159,7 @@ def _model_path(args) -> str:
         from steerc.diagnostics import Diagnostic, Note
 
         source, span = argument_source(args, "--model")
-        raise SystemExit(_fail(args, [Diagnostic.error("model-without-weights", problem.message, span,
+        raise SystemExit(_fail(args, [Diagnostic.error(MODEL_WITHOUT_WEIGHTS, problem.message, span,
                                                        help=problem.help,
                                                        notes=tuple(Note(n) for n in problem.notes))],
                                {source.name: source}))
@@ -228,7 +229,7 @@ def _derive(args) -> int:
     try:
         check_request(dataset, methods, args.read)
     except DeriveError as exc:
-        if exc.diagnostics[0].code == "empty-data":
+        if exc.diagnostics[0].code == EMPTY_DATA:
             return _fail(args, exc.diagnostics, exc.sources)
         from steerc.diagnostics import Diagnostic
 

@@ -38,6 +38,7 @@ import os
 
 from steerc.cli import EXIT_ERRORS, UsageError
 from steerc.core.limits import MAX_GLOB_PATHS
+from steerc.diagnostics.codes import LIMIT_EXCEEDED
 
 SKIPPED_FOLDERS = ("node_modules", "__pycache__")
 GLOB_CHARS = frozenset("*?[")
@@ -96,7 +97,7 @@ def _too_large(item: str, args) -> None:
     from steerc.cli.report import Report, write
 
     src, span = argument_word(args, item)
-    report = Report([Diagnostic.error("limit-exceeded", message, span, help=help)], {src.name: src})
+    report = Report([Diagnostic.error(LIMIT_EXCEEDED, message, span, help=help)], {src.name: src})
     if hasattr(args, "format"):
         write(args.format, [report], [])
     else:

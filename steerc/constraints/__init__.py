@@ -22,9 +22,10 @@ lazily) and report what it rejects.
 from __future__ import annotations
 
 from attrs import frozen
+from steerc.diagnostics.codes import INVALID_CONSTRAINT, UNSUPPORTED_SCHEMA_KEYWORD
 
-INVALID = "invalid-constraint"
-UNSUPPORTED = "unsupported-schema-keyword"
+INVALID = INVALID_CONSTRAINT
+UNSUPPORTED = UNSUPPORTED_SCHEMA_KEYWORD
 
 
 @frozen

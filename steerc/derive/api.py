@@ -31,6 +31,7 @@ from steerc.derive import bank, fit, heldout_scores
 from steerc.derive import activations as A
 from steerc.derive import data as D
 from steerc.derive.methods import METHODS
+from steerc.diagnostics.codes import EMPTY_DATA, INVALID_DATA, INVALID_VALUE
 
 SITE_PROGRAM = "steer 1\nintervention derive {{\n  at {at}\n  scale 2\n}}\n"
 
@@ -101,7 +102,7 @@ def methods_of(method) -> list[str]:
             else:
                 from steerc.passes.context import did_you_mean
 
-                raise _error("invalid-value", f"method {name!r}: not a method ({', '.join(METHODS)}, or all)",
+                raise _error(INVALID_VALUE, f"method {name!r}: not a method ({', '.join(METHODS)}, or all)",
                              help=did_you_mean(name, METHODS + ("all",)))
     return list(dict.fromkeys(names))
 
@@ -113,7 +114,7 @@ def sites_of(at: str, facts, label: str = "at") -> list:
     from steerc.passes.lower_plan import _concrete
 
     if not isinstance(at, str) or not at.strip() or any(c in at for c in "\n\r{}#"):
-        raise _error("invalid-value", f"{label} takes one site selector, e.g. resid_post[4:8], got {at!r}")
+        raise _error(INVALID_VALUE, f"{label} takes one site selector, e.g. resid_post[4:8], got {at!r}")
     result = check_source(SITE_PROGRAM.format(at=at), label, facts=facts)
     errors = [d for d in result.diagnostics if d.is_error]
     if errors:
@@ -122,7 +123,7 @@ def sites_of(at: str, facts, label: str = "at") -> list:
     pairs = list(_concrete(site, facts))
     layers = [layer for layer, _ in pairs]
     if len(set(layers)) != len(layers):
-        raise _error("invalid-value", f"{label}: one head per layer (a bank holds one row per layer), "
+        raise _error(INVALID_VALUE, f"{label}: one head per layer (a bank holds one row per layer), "
                      "e.g. head[4:8, 3]")
     return [A.Site(site.kind, layer, head) for layer, head in pairs]
 
@@ -140,7 +141,7 @@ def dataset_of(pairs) -> D.Dataset:
         except D.DataError as exc:
             raise DeriveError(exc.diagnostics, exc.sources) from None
         except OSError as exc:
-            raise _error("invalid-data", f"cannot read {path} ({exc.strerror or exc})") from None
+            raise _error(INVALID_DATA, f"cannot read {path} ({exc.strerror or exc})") from None
     lines = []
     for i, p in enumerate(pairs):
         if isinstance(p, D.Pair):
@@ -150,7 +151,7 @@ def dataset_of(pairs) -> D.Dataset:
         elif isinstance(p, (tuple, list)) and len(p) in (2, 3):
             row = dict(zip(("positive", "negative", "prompt"), p))
         else:
-            raise _error("invalid-data", f"pair {i} is a {type(p).__name__}: give (positive, negative), "
+            raise _error(INVALID_DATA, f"pair {i} is a {type(p).__name__}: give (positive, negative), "
                          "(positive, negative, prompt) or a dict with those keys")
         if row.get("prompt", 0) is None:
             del row["prompt"]
@@ -164,12 +165,12 @@ def dataset_of(pairs) -> D.Dataset:
 def check_request(dataset: D.Dataset, methods: list[str], read: str) -> None:
     """What the data must have for ``methods`` and ``read`` (raises DeriveError)."""
     if read not in A.READS:
-        raise _error("invalid-value", f"read {read!r}: one of {', '.join(A.READS)}")
+        raise _error(INVALID_VALUE, f"read {read!r}: one of {', '.join(A.READS)}")
     if read == "completion" and not all(p.prompt is not None for p in dataset.pairs):
-        raise _error("invalid-data", "read completion averages over the completion of a prompt, and this data "
+        raise _error(INVALID_DATA, "read completion averages over the completion of a prompt, and this data "
                      "has pairs without a \"prompt\"", help='give every pair a "prompt", or read last or mean')
     if len(dataset.pairs) < 2 and any(m in methods for m in ("pca_diff", "pca_center", "logistic")):
-        raise _error("empty-data", f"{len(dataset.pairs)} pair: a principal component or a regression needs "
+        raise _error(EMPTY_DATA, f"{len(dataset.pairs)} pair: a principal component or a regression needs "
                      "at least 2", help="add pairs, or use the method mean_diff")
 
 
@@ -183,7 +184,7 @@ def read_pairs(model, tokenizer, facts, dataset: D.Dataset, sites, reading: A.Re
             ids, start = A.encode(tokenizer, getattr(pair, side), pair.prompt, reading.chat)
             a, b = A.positions(len(ids), start, reading.read)
             if b <= a:
-                raise _error("invalid-data", f"a {side} completion has no tokens to read (read completion)")
+                raise _error(INVALID_DATA, f"a {side} completion has no tokens to read (read completion)")
             items.append((ids, a, b))
     many = "s" if len(sites) > 1 else ""
     read = A.read(model, tokenizer, facts, items, sites, batch_size=batch_size,
@@ -229,9 +230,9 @@ def derive(model, tokenizer, pairs, *, at: str, method="mean_diff", read: str = 
     from steerc.runtime.hf import facts_from_model
 
     if not isinstance(batch_size, int) or batch_size < 1:
-        raise _error("invalid-value", f"batch_size must be a whole number of at least 1, got {batch_size!r}")
+        raise _error(INVALID_VALUE, f"batch_size must be a whole number of at least 1, got {batch_size!r}")
     if not 0 <= heldout < 1:
-        raise _error("invalid-value", f"heldout is a fraction from 0 (no scores) up to, not including, 1, "
+        raise _error(INVALID_VALUE, f"heldout is a fraction from 0 (no scores) up to, not including, 1, "
                      f"got {heldout!r}")
     methods = methods_of(method)
     dataset = dataset_of(pairs)

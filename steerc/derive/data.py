@@ -33,6 +33,7 @@ from steerc.diagnostics import Diagnostic, Note
 from steerc.core.jsonio import JSONError, loads
 from steerc.core.limits import MAX_DATA_BYTES, MAX_EXAMPLE_CHARS, MAX_EXAMPLES, MAX_REPEATS, human
 from steerc.core.source import Source
+from steerc.diagnostics.codes import EMPTY_DATA, INVALID_DATA, UNBALANCED_DATA
 
 KEYS = ("positive", "negative", "prompt")
 
@@ -73,14 +74,14 @@ def read_source(path: str) -> Source:
     with open(path, "rb") as fh:
         data = fh.read(MAX_DATA_BYTES + 1)
     if len(data) > MAX_DATA_BYTES:
-        raise DataError([Diagnostic.error("invalid-data", f"{path} is larger than the "
+        raise DataError([Diagnostic.error(INVALID_DATA, f"{path} is larger than the "
                                           f"{human(MAX_DATA_BYTES, 'bytes')} steerc derive reads", None,
                                           help="split the data, or sample it")], {})
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as exc:
         src = Source(path, data.decode("utf-8", errors="replace"), path)
-        raise DataError([Diagnostic.error("invalid-data", f"not UTF-8 ({exc.reason})",
+        raise DataError([Diagnostic.error(INVALID_DATA, f"not UTF-8 ({exc.reason})",
                                           src.span(exc.start, exc.start + 1))], {src.name: src}) from None
     return Source(path, text, path)
 
@@ -96,21 +97,21 @@ def _lines(src: Source):
 
 def _text_ok(value, where: str, span, problems: list) -> bool:
     if not isinstance(value, str):
-        problems.append(Diagnostic.error("invalid-data", f"{where} is {type(value).__name__}, not a string", span))
+        problems.append(Diagnostic.error(INVALID_DATA, f"{where} is {type(value).__name__}, not a string", span))
         return False
     if not value.strip():
-        problems.append(Diagnostic.error("invalid-data", f"{where} is empty", span,
+        problems.append(Diagnostic.error(INVALID_DATA, f"{where} is empty", span,
                                          help="every example needs some text to read activations from"))
         return False
     if len(value) > MAX_EXAMPLE_CHARS:
-        problems.append(Diagnostic.error("invalid-data", f"{where} has {len(value):,} characters, over the "
+        problems.append(Diagnostic.error(INVALID_DATA, f"{where} has {len(value):,} characters, over the "
                                          f"{human(MAX_EXAMPLE_CHARS)} steerc derive reads", span))
         return False
     return True
 
 
 def _too_many(src: Source, offset: int) -> Diagnostic:
-    return Diagnostic.error("invalid-data", f"more than {human(MAX_EXAMPLES)} examples", src.span(offset, offset + 1),
+    return Diagnostic.error(INVALID_DATA, f"more than {human(MAX_EXAMPLES)} examples", src.span(offset, offset + 1),
                             help="sample the data; a few hundred pairs are plenty for a direction")
 
 
@@ -129,19 +130,19 @@ def parse_pairs(src: Source) -> Dataset:
             row = loads(line, unique_keys=True)
         except JSONError as exc:
             at = offset + (exc.offset or 0)
-            problems.append(Diagnostic.error("invalid-data", f"not a JSON object ({exc.message})",
+            problems.append(Diagnostic.error(INVALID_DATA, f"not a JSON object ({exc.message})",
                                              src.span(at, min(at + 1, offset + len(line))),
                                              help='one object per line: {"positive": "...", "negative": "..."}'))
             continue
         if not isinstance(row, dict):
-            problems.append(Diagnostic.error("invalid-data", f"a JSON {type(row).__name__}, not an object", span,
+            problems.append(Diagnostic.error(INVALID_DATA, f"a JSON {type(row).__name__}, not an object", span,
                                              help='one object per line: {"positive": "...", "negative": "..."}'))
             continue
         unknown = [k for k in row if k not in KEYS]
         missing = [k for k in ("positive", "negative") if k not in row]
         if unknown or missing:
             what = (f"unknown key {unknown[0]!r}" if unknown else f"no {missing[0]!r}")
-            problems.append(Diagnostic.error("invalid-data", f"{what} (a pair has \"positive\", \"negative\" and "
+            problems.append(Diagnostic.error(INVALID_DATA, f"{what} (a pair has \"positive\", \"negative\" and "
                                              "optionally \"prompt\")", _key_span(src, offset, line, unknown),
                                              help=_did_you_mean(unknown)))
             continue
@@ -150,7 +151,7 @@ def parse_pairs(src: Source) -> Dataset:
         if ok:
             pairs.append(Pair(row["positive"], row["negative"], row.get("prompt")))
     if not problems and not pairs:
-        problems.append(Diagnostic.error("empty-data", "no pairs in this file", src.span(0, min(1, len(src.text))),
+        problems.append(Diagnostic.error(EMPTY_DATA, "no pairs in this file", src.span(0, min(1, len(src.text))),
                                          help='one JSON object per line: {"positive": "...", "negative": "..."}'))
     if problems:
         raise DataError(problems, {src.name: src})
@@ -182,7 +183,7 @@ def parse_lines(src: Source) -> list[str]:
         if _text_ok(line, "this line", src.span(offset, offset + len(line)), problems):
             out.append(line)
     if not problems and not out:
-        problems.append(Diagnostic.error("empty-data", "no examples in this file (one per line)",
+        problems.append(Diagnostic.error(EMPTY_DATA, "no examples in this file (one per line)",
                                          src.span(0, min(1, len(src.text)))))
     if problems:
         raise DataError(problems, {src.name: src})
@@ -196,7 +197,7 @@ def paired_lines(pos: Source, neg: Source) -> Dataset:
         longer, shorter = (pos, neg) if len(a) > len(b) else (neg, pos)
         extra = list(_lines(longer))[min(len(a), len(b))][0]
         raise DataError([Diagnostic.error(
-            "unbalanced-data", f"{longer.name} has {max(len(a), len(b))} examples, {shorter.name} "
+            UNBALANCED_DATA, f"{longer.name} has {max(len(a), len(b))} examples, {shorter.name} "
             f"{min(len(a), len(b))}: the methods pair them line by line", longer.span(extra, extra + 1),
             notes=(Note(f"the first example without a partner in {shorter.name}"),),
             help="give both files the same number of lines, or use JSONL pairs")],

@@ -25,6 +25,7 @@ from attrs import evolve, field, frozen
 from steerc.core.limits import MAX_ECHO_COLUMNS, MAX_MESSAGE_CHARS, MAX_REPEATS
 from steerc.core.source import Source, Span, normalize_newlines
 from steerc.diagnostics.codes import CODES
+from steerc.diagnostics.codes import INVALID_ENCODING
 
 __all__ = [
     "CODES",
@@ -308,7 +309,7 @@ def not_utf8(name: str, exc: UnicodeDecodeError, path: str | None = None):
     span = source.span(len(good), len(good) + 1)
     what = _NOT_UTF8.get(exc.reason, exc.reason)
     diagnostic = Diagnostic(
-        "invalid-encoding", "error",
+        INVALID_ENCODING, "error",
         f"this file is not UTF-8: byte 0x{data[exc.start]:02X} at line {span.line}, column {span.column} {what}",
         span, label="not UTF-8",
         help="save it as UTF-8: steerc reads every program as UTF-8 text (a leading byte-order mark is allowed)")

@@ -23,6 +23,7 @@ from steerc.facts.families import FAMILIES, MODEL_TYPES, Family
 from steerc.core.jsonio import JSONError
 from steerc.core.jsonio import read_file as read_json_file
 from steerc.core.limits import MAX_HEAD_DIM, MAX_HEADS, MAX_HIDDEN, MAX_INTERMEDIATE, MAX_LAYERS, MAX_VOCAB
+from steerc.diagnostics.codes import INVALID_MODEL, UNKNOWN_FAMILY
 
 FORMAT = "steerc.facts/1"
 FACT_FIELDS = (
@@ -31,7 +32,7 @@ FACT_FIELDS = (
 )
 
 
-INVALID = "invalid-model"
+INVALID = INVALID_MODEL
 
 
 class FactsError(Exception):
@@ -180,7 +181,7 @@ def facts_from_config(config: dict, origin: str = "config") -> ModelFacts:
         known = ", ".join(sorted(FAMILIES))
         raise FactsError(
             f"unknown model family `{model_type}`; steerc knows the layout of: {known}",
-            code="unknown-family",
+            code=UNKNOWN_FAMILY,
             needle='"model_type"',
         )
     fam = FAMILIES[family_name]
@@ -248,7 +249,7 @@ def _from_facts_json(data: dict, file: str) -> ModelFacts:
         raise FactsError(f"fact `family` must be a string, got {_shown(family)}", code=INVALID, file=file,
                          needle='"family"')
     if family not in FAMILIES:
-        raise FactsError(f"unknown model family `{family}`", code="unknown-family",
+        raise FactsError(f"unknown model family `{family}`", code=UNKNOWN_FAMILY,
                          file=file, needle=json.dumps(family, ensure_ascii=False))
     for key in FACT_FIELDS:
         value = facts[key]

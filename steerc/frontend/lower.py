@@ -15,6 +15,7 @@ from lark import Token, Tree
 from steerc.diagnostics import Diagnostics, Note
 from steerc.ir import nodes as ir
 from steerc.core.source import Source, Span
+from steerc.diagnostics.codes import DUPLICATE_FIELD, SYNTAX_ERROR
 
 _ESCAPES = {'"': '"', "\\": "\\", "/": "/", "b": "\b", "f": "\f", "n": "\n", "r": "\r", "t": "\t"}
 
@@ -78,7 +79,7 @@ class ToIR:
                 if 0xD800 <= code <= 0xDFFF:
                     start = tok.start_pos + 1 + i
                     self.diagnostics.error(
-                        "syntax-error",
+                        SYNTAX_ERROR,
                         f"`\\u{body[i + 2 : i + 6]}` is a lone surrogate, not a character",
                         self.source.span(start, start + 6),
                         help="write the character itself, or a complete surrogate pair such as `\\ud83d\\ude00`",
@@ -89,7 +90,7 @@ class ToIR:
             else:
                 start = tok.start_pos + 1 + i
                 self.diagnostics.error(
-                    "syntax-error",
+                    SYNTAX_ERROR,
                     f"unknown escape `\\{nxt}` in a string",
                     self.source.span(start, start + 2),
                     help="write `\\\\` for a backslash; known escapes are \\\" \\\\ \\/ \\b \\f \\n \\r \\t \\uXXXX",
@@ -163,7 +164,7 @@ class ToIR:
                 first_span = seen[slot][1]
                 what = "an operation" if slot == "op" else f"a line `{kind} ...`"
                 self.diagnostics.error(
-                    "duplicate-field",
+                    DUPLICATE_FIELD,
                     f"{block} already has {what}",
                     span,
                     notes=(Note("the first one is here", first_span),) if first_span else (),

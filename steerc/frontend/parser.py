@@ -33,6 +33,7 @@ from steerc.core.limits import (
     human,
 )
 from steerc.core.source import Source
+from steerc.diagnostics.codes import LIMIT_EXCEEDED, SYNTAX_ERROR
 
 GRAMMAR_PATH = os.path.join(os.path.dirname(__file__), "steer.lark")
 
@@ -164,7 +165,7 @@ def parse_tree(source: Source) -> tuple[Tree, list[tuple[int, int, str]]]:
 
 
 def limit_diagnostic(message: str, span, help: str | None = None) -> Diagnostic:
-    return Diagnostic.error("limit-exceeded", message, span, help=help)
+    return Diagnostic.error(LIMIT_EXCEEDED, message, span, help=help)
 
 
 def check_text(source: Source) -> None:
@@ -189,7 +190,7 @@ def check_text(source: Source) -> None:
         text.encode("utf-8")
     except UnicodeEncodeError as exc:
         raise SyntaxDiagnostic(Diagnostic.error(
-            "syntax-error",
+            SYNTAX_ERROR,
             f"the text holds a lone surrogate (U+{ord(text[exc.start]):04X}), which is not a character",
             source.span(exc.start, exc.start + 1),
             help="a program is UTF-8 text; remove the code point or write the character it stands for",
@@ -326,7 +327,7 @@ def syntax_diagnostic(exc: UnexpectedInput, source: Source, state: _ParseState) 
                 message += f"; expected {expected}"
             if _letter_like(char):
                 message, help_line = _non_ascii_name(source.text, pos, char)
-        return Diagnostic.error("syntax-error", message, span, help=help_line)
+        return Diagnostic.error(SYNTAX_ERROR, message, span, help=help_line)
 
     if isinstance(exc, UnexpectedEOF):
         tok = Token("$END", "", len(source.text), *source.position(len(source.text)))
@@ -344,7 +345,7 @@ def syntax_diagnostic(exc: UnexpectedInput, source: Source, state: _ParseState) 
         close = ")" if opener.type == "LPAR" else "]"
         message += f"; expected `{close}` to close the `{opener.value}` opened on line {opener.line}"
         return Diagnostic.error(
-            "syntax-error", message, span,
+            SYNTAX_ERROR, message, span,
             notes=(Note("opened here", source.span(opener.start_pos, opener.end_pos)),),
             help=f"close it with `{close}` (new lines inside brackets do not end a line)",
         )
@@ -356,7 +357,7 @@ def syntax_diagnostic(exc: UnexpectedInput, source: Source, state: _ParseState) 
         found = block_line_help(source.text, state.braces[-1].end_pos, tok, expected, state.last_token)
         if found is not None:
             needs, help_line = found
-            return Diagnostic.error("syntax-error", f"{message}; {needs}", span, help=help_line)
+            return Diagnostic.error(SYNTAX_ERROR, f"{message}; {needs}", span, help=help_line)
     if "RBRACE" in expected and len(expected) > 2 and state.braces:
         rest = _expected_phrase(expected - {"RBRACE", "_NL"})
         message += f"; expected `}}` or a line of the block ({rest.replace(' or ', ', ')})"
@@ -374,7 +375,7 @@ def syntax_diagnostic(exc: UnexpectedInput, source: Source, state: _ParseState) 
     suggestion = _keyword_suggestion(tok, expected)
     if suggestion is not None and (help_line is None or not starts_statement):
         help_line = suggestion
-    return Diagnostic.error("syntax-error", message, span, notes=tuple(notes), help=help_line)
+    return Diagnostic.error(SYNTAX_ERROR, message, span, notes=tuple(notes), help=help_line)
 
 
 _WORD = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")

@@ -45,6 +45,7 @@ from steerc.core.limits import MAX_LAYERS
 from steerc.facts.families import MODEL_TYPES
 from steerc.io.gguf import F32, GGUFError, INT32, INTEGER_TYPES, OtherArchitecture, STRING, gguf_bytes, read_floats, read_header
 from steerc.io.vectorfile import TensorInfo, VectorFile, VectorFileError
+from steerc.diagnostics.codes import INVALID_VECTOR_FILE
 
 ARCH = "controlvector"
 HINT_KEY = "controlvector.model_hint"
@@ -104,7 +105,7 @@ def open_control_vector(path: str):
     """
 
     def bad(message: str, help: str | None = None):
-        return VectorFileError("invalid-vector-file", message, help)
+        return VectorFileError(INVALID_VECTOR_FILE, message, help)
 
     try:
         header = read_header(path, expect_arch=ARCH)

@@ -13,6 +13,7 @@ import re
 
 import numpy as np
 from attrs import frozen
+from steerc.diagnostics.codes import INVALID_VECTOR_FILE
 
 _ROW = re.compile(r"[0-9]{1,6}", re.ASCII)
 
@@ -96,7 +97,7 @@ class VectorFile:
             arr = np.asarray(self._reader(name), dtype=np.float32)
             if not np.all(np.isfinite(arr)):
                 raise VectorFileError(
-                    "invalid-vector-file",
+                    INVALID_VECTOR_FILE,
                     f"tensor `{name or os.path.basename(self.path)}` holds NaN or infinite values",
                 )
             arr.setflags(write=False)

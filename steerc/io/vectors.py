@@ -31,6 +31,7 @@ from steerc.core.jsonio import loads as loads_json
 from steerc.core.limits import MAX_SAFETENSORS_HEADER
 from steerc.io.controlvector import open_control_vector
 from steerc.io.vectorfile import TensorInfo, VectorFile, VectorFileError
+from steerc.diagnostics.codes import INVALID_VECTOR_FILE
 
 _ST_DTYPES = {
     "F16": ("<f2", 2),
@@ -57,7 +58,7 @@ def open_vector_file(path: str) -> VectorFile:
     if ext == ".gguf":
         return open_control_vector(path)
     raise VectorFileError(
-        "invalid-vector-file",
+        INVALID_VECTOR_FILE,
         f"unknown vector format `{ext or os.path.basename(path)}`",
         help="use .safetensors, .npy (no pickle), a .pt file saved with torch.save of tensors, or a llama.cpp "
              "control vector (.gguf)",
@@ -117,11 +118,11 @@ def read_safetensors_header(path: str) -> tuple[dict, int]:
 
 
 def _bad(message: str) -> VectorFileError:
-    return VectorFileError("invalid-vector-file", message)
+    return VectorFileError(INVALID_VECTOR_FILE, message)
 
 
 def _check_entry(name: str, entry, data_len: int) -> tuple[int, int]:
-    bad = VectorFileError("invalid-vector-file", f"safetensors entry `{name}` is malformed")
+    bad = VectorFileError(INVALID_VECTOR_FILE, f"safetensors entry `{name}` is malformed")
     if not isinstance(entry, dict):
         raise bad
     dtype, shape, offsets = entry.get("dtype"), entry.get("shape"), entry.get("data_offsets")
@@ -158,7 +159,7 @@ def _open_safetensors(path: str) -> VectorFile:
         dtype = entry["dtype"]
         if dtype not in _ST_DTYPES:
             raise VectorFileError(
-                "invalid-vector-file",
+                INVALID_VECTOR_FILE,
                 f"tensor `{name}` has dtype {dtype}; steering vectors must be floating point",
             )
         begin, end = entry["data_offsets"]
@@ -196,8 +197,8 @@ def _npy_header(path: str) -> tuple[tuple[int, ...], np.dtype]:
         raise
     except Exception as exc:  # noqa: BLE001 - numpy raises many kinds for malformed headers
         if isinstance(exc, ValueError) and "zip" in str(exc).lower():
-            raise VectorFileError("invalid-vector-file", "a .npz archive is not a .npy file") from None
-        raise VectorFileError("invalid-vector-file",
+            raise VectorFileError(INVALID_VECTOR_FILE, "a .npz archive is not a .npy file") from None
+        raise VectorFileError(INVALID_VECTOR_FILE,
                               f"not a readable .npy file ({type(exc).__name__}: {str(exc)[:120]})") from None
     return tuple(int(s) for s in shape), dtype
 
@@ -205,17 +206,17 @@ def _npy_header(path: str) -> tuple[tuple[int, ...], np.dtype]:
 def _open_npy(path: str) -> VectorFile:
     with open(path, "rb") as fh:
         if fh.read(4) == b"PK\x03\x04":
-            raise VectorFileError("invalid-vector-file", "a .npz archive is not a .npy file")
+            raise VectorFileError(INVALID_VECTOR_FILE, "a .npz archive is not a .npy file")
     shape, dtype = _npy_header(path)
     if dtype.hasobject:
         raise VectorFileError(
-            "invalid-vector-file",
+            INVALID_VECTOR_FILE,
             "this .npy file holds Python objects (it needs pickle, which steerc never uses)",
             help="save a plain float array: np.save(path, vector.astype(np.float32))",
         )
     if dtype.kind != "f":
         raise VectorFileError(
-            "invalid-vector-file", f"array has dtype {dtype}; steering vectors must be floating point"
+            INVALID_VECTOR_FILE, f"array has dtype {dtype}; steering vectors must be floating point"
         )
     info = TensorInfo("", str(dtype), shape)
 
@@ -223,10 +224,10 @@ def _open_npy(path: str) -> VectorFile:
         try:
             arr = np.load(path, allow_pickle=False)
         except Exception as exc:  # noqa: BLE001 - a truncated or corrupt body
-            raise VectorFileError("invalid-vector-file",
+            raise VectorFileError(INVALID_VECTOR_FILE,
                                   f"not a readable .npy file ({type(exc).__name__}: {str(exc)[:120]})") from None
         if not isinstance(arr, np.ndarray) or arr.shape != shape:
-            raise VectorFileError("invalid-vector-file", "not a readable .npy file")
+            raise VectorFileError(INVALID_VECTOR_FILE, "not a readable .npy file")
         return arr
 
     return VectorFile(path, "npy", {"": info}, reader)
@@ -240,7 +241,7 @@ def _open_torch(path: str) -> VectorFile:
         import torch
     except ImportError:
         raise VectorFileError(
-            "invalid-vector-file",
+            INVALID_VECTOR_FILE,
             "reading a .pt file needs PyTorch, which is not installed",
             help="install steerc[hf], or convert the file to .safetensors",
         ) from None
@@ -248,7 +249,7 @@ def _open_torch(path: str) -> VectorFile:
         obj = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as exc:  # noqa: BLE001 - any failure of a weights-only load is the file's fault
         raise VectorFileError(
-            "invalid-vector-file",
+            INVALID_VECTOR_FILE,
             f"not loadable as weights only ({type(exc).__name__}: {str(exc).splitlines()[0][:160]})",
             help="save tensors only (torch.save({'joy': tensor}, path)) or use .safetensors",
         ) from None
@@ -257,9 +258,9 @@ def _open_torch(path: str) -> VectorFile:
     elif isinstance(obj, dict) and all(isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in obj.items()):
         found = dict(obj)
     else:
-        raise VectorFileError("invalid-vector-file", "a .pt file must hold a tensor or a dict of named tensors")
+        raise VectorFileError(INVALID_VECTOR_FILE, "a .pt file must hold a tensor or a dict of named tensors")
     for name, t in found.items():
         if not t.is_floating_point():
-            raise VectorFileError("invalid-vector-file", f"tensor `{name}` is not floating point")
+            raise VectorFileError(INVALID_VECTOR_FILE, f"tensor `{name}` is not floating point")
     tensors = {name: TensorInfo(name, str(t.dtype), tuple(t.shape)) for name, t in found.items()}
     return VectorFile(path, "pt", tensors, lambda name: found[name].detach().float().numpy())

@@ -20,6 +20,7 @@ True
 from __future__ import annotations
 
 import os
+from steerc.diagnostics.codes import INVALID_MODEL
 
 
 def project_setting(start_dir: str):
@@ -58,7 +59,7 @@ def _load(model: str) -> tuple:
     try:
         return load_facts_or_diagnostic(model)
     except UsageError as exc:
-        return None, Diagnostic.error("invalid-model", str(exc), None), {}
+        return None, Diagnostic.error(INVALID_MODEL, str(exc), None), {}
 
 
 def without_model(diagnostic, model: str, origin: str):

@@ -9,10 +9,11 @@ from lsprotocol import types as lsp
 
 from steerc.diagnostics import capped, omitted_note
 from steerc.lsp.positions import lsp_position
+from steerc.diagnostics.codes import DEAD_INTERVENTION, NO_EFFECT, UNUSED_NAME
 
 SEVERITY = {"error": lsp.DiagnosticSeverity.Error, "warning": lsp.DiagnosticSeverity.Warning}
 # Codes an editor may show faded: the text they point at does nothing.
-UNNECESSARY = {"unused-name", "no-effect", "dead-intervention"}
+UNNECESSARY = {UNUSED_NAME, NO_EFFECT, DEAD_INTERVENTION}
 COMPLETION_KINDS = {
     "keyword": lsp.CompletionItemKind.Keyword,
     "site": lsp.CompletionItemKind.Field,

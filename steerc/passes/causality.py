@@ -20,8 +20,9 @@ from steerc.ir import checked as ck
 from steerc.ir import nodes as ir
 from steerc.passes.context import CheckContext
 from steerc.passes.layers import static_layers
+from steerc.diagnostics.codes import CAUSALITY
 
-name = "causality"
+name = CAUSALITY
 
 _SUB = {"resid_pre": 0, "head": 1, "attn_out": 2, "mlp_out": 3}
 
@@ -70,7 +71,7 @@ def _static(pattern: ck.SitePattern) -> bool:
 
 def _prompt_rule(ctx: CheckContext, iv: ck.Intervention, probe: ck.Probe) -> None:
     ctx.error(
-        "causality",
+        CAUSALITY,
         f"probe `{probe.name}` pools over the prompt ({probe.pool}), so it is decided only after the "
         f"prompt has passed; intervention `{iv.name}` would also steer prompt positions "
         f"(tokens {iv.scope_text})",
@@ -89,7 +90,7 @@ def _site_rule(ctx: CheckContext, iv: ck.Intervention, probe: ck.Probe, layers_o
     for layer in iv_layers:
         if order_key(iv.site.kind, layer) < probe_key:
             ctx.error(
-                "causality",
+                CAUSALITY,
                 f"per-token probe `{probe.name}` reads {site_text(probe.site.kind, probe_layers[0])}, which the "
                 f"forward pass reaches after {site_text(iv.site.kind, layer)} where `{iv.name}` acts",
                 iv.gate_span,

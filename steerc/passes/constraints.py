@@ -21,6 +21,7 @@ from steerc.passes.context import CheckContext, Fault
 from steerc.passes.files import resolve_path
 from steerc.passes.fold import with_constraint
 from steerc.core.source import Source
+from steerc.diagnostics.codes import INVALID_CONSTRAINT, LIMIT_EXCEEDED
 
 name = "constraints"
 
@@ -95,12 +96,12 @@ def _text_of(ctx: CheckContext, stmt: ir.ConstrainText):
             with open(path, "rb") as fh:
                 data = fh.read(MAX_SOURCE_BYTES + 1)
             if len(data) > MAX_SOURCE_BYTES:
-                ctx.error("limit-exceeded", f"`{stmt.value.value}` is larger than "
+                ctx.error(LIMIT_EXCEEDED, f"`{stmt.value.value}` is larger than "
                           f"{human(MAX_SOURCE_BYTES, 'bytes')}, the most steerc reads", stmt.value.span)
                 raise Fault
             text = data.decode("utf-8").replace("\r\n", "\n").replace("\r", "\n")  # as text mode reads it
         except (OSError, UnicodeDecodeError) as exc:
-            ctx.error("invalid-constraint", f"cannot read `{stmt.value.value}` as UTF-8 text ({exc})",
+            ctx.error(INVALID_CONSTRAINT, f"cannot read `{stmt.value.value}` as UTF-8 text ({exc})",
                       stmt.value.span)
             raise Fault from None
         src = Source(stmt.value.value, text, path)

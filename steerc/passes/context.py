@@ -11,6 +11,7 @@ from steerc.diagnostics import Diagnostics
 from steerc.ir import nodes as ir
 from steerc.core.limits import MAX_NAME_CHARS, MAX_REPEATS, MAX_SUGGESTION_CANDIDATES, MAX_VALUES
 from steerc.core.source import Source, Span
+from steerc.diagnostics.codes import LIMIT_EXCEEDED
 
 
 class Fault(Exception):
@@ -116,7 +117,7 @@ class CheckContext:
         if not self.over_budget:
             self.over_budget = True
             self.error(
-                "limit-exceeded",
+                LIMIT_EXCEEDED,
                 f"checking this program computes more than {MAX_VALUES:,} vector entries, the most steerc does",
                 span,
                 help="load a vector once and reuse its name, or use smaller vectors and banks",

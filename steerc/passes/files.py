@@ -8,22 +8,23 @@ from steerc.ir import nodes as ir
 from steerc.core.limits import MAX_PATH_CHARS
 from steerc.passes.context import CheckContext, Fault
 from steerc.core.paths import resolve
+from steerc.diagnostics.codes import FILE_NOT_FOUND, INVALID_VALUE, LIMIT_EXCEEDED, PATH_ESCAPE
 
 
 def resolve_path(ctx: CheckContext, path: ir.Str, what: str = "file") -> str:
     """The real path of a file named in the program; faults outside the root or missing."""
     if "\0" in path.value:
-        ctx.error("invalid-value", "a path cannot contain a NUL character", path.span)
+        ctx.error(INVALID_VALUE, "a path cannot contain a NUL character", path.span)
         raise Fault
     if len(path.value) > MAX_PATH_CHARS:  # resolving takes time in the length
-        ctx.error("limit-exceeded", f"this path is {len(path.value):,} characters long; steerc reads paths of "
+        ctx.error(LIMIT_EXCEEDED, f"this path is {len(path.value):,} characters long; steerc reads paths of "
                   f"at most {MAX_PATH_CHARS:,}", path.span)
         raise Fault
     resolved = resolve(path.value, ctx.base_dir, ctx.root)
     if resolved.escapes:
         where = "given by --root" if ctx.options.root else "the nearest folder with a steer.toml"
         ctx.error(
-            "path-escape",
+            PATH_ESCAPE,
             f"`{path.value}` leaves the project root",
             path.span,
             help=f"the project root is {ctx.root} ({where}); move the file inside it, or pass --root",
@@ -31,7 +32,7 @@ def resolve_path(ctx: CheckContext, path: ir.Str, what: str = "file") -> str:
         raise Fault
     if not os.path.isfile(resolved.path):
         ctx.error(
-            "file-not-found",
+            FILE_NOT_FOUND,
             f"{what} `{path.value}` does not exist",
             path.span,
             help=_relative_to(ctx),

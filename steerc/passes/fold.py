@@ -25,6 +25,14 @@ from steerc.core.limits import FLOAT32_MAX
 from steerc.passes import types as ty
 from steerc.passes.context import CheckContext, Fault, did_you_mean
 from steerc.passes.layers import static_layers
+from steerc.diagnostics.codes import (
+    INVALID_VALUE,
+    MISSING_KEY,
+    PARAM_OUT_OF_RANGE,
+    SCHEDULE_OUTSIDE_GENERATION,
+    SHAPE_MISMATCH,
+    UNDEFINED_NAME,
+)
 
 name = "fold"
 
@@ -81,7 +89,7 @@ def _param_bounds(ev: Evaluator, stmt: ir.ParamDecl, value: float, overridden: b
         return None, None
     lo, hi = (ev.operand(b) for b in stmt.range)
     if lo > hi:
-        ev.fail("invalid-value", f"the range [{lo:g}, {hi:g}] is empty", stmt.range_span)
+        ev.fail(INVALID_VALUE, f"the range [{lo:g}, {hi:g}] is empty", stmt.range_span)
     if not lo <= value <= hi:
         if overridden:
             options = ev.ctx.options
@@ -91,10 +99,10 @@ def _param_bounds(ev: Evaluator, stmt: ir.ParamDecl, value: float, overridden: b
             else:
                 given = f"`{stmt.name} = {value:g}` in {origin.file if origin else 'steer.toml'}"
             notes = (Note("the value is given here", origin),) if origin is not None else ()
-            ev.fail("param-out-of-range", f"{given} is outside the range [{lo:g}, {hi:g}] that `{stmt.name}` "
+            ev.fail(PARAM_OUT_OF_RANGE, f"{given} is outside the range [{lo:g}, {hi:g}] that `{stmt.name}` "
                     "declares", stmt.range_span, notes=notes,
                     help=f"give a value from {lo:g} to {hi:g}, or widen the range")
-        ev.fail("param-out-of-range", f"the default {value:g} of `{stmt.name}` is outside its range "
+        ev.fail(PARAM_OUT_OF_RANGE, f"the default {value:g} of `{stmt.name}` is outside its range "
                 f"[{lo:g}, {hi:g}]", stmt.value.span)
     return lo, hi
 
@@ -118,7 +126,7 @@ def _check_overrides(ctx: CheckContext) -> None:
     for key in ctx.options.overrides:
         if key not in params:
             ctx.error(
-                "undefined-name",
+                UNDEFINED_NAME,
                 f"`--set {key}=...` names no param of this program",
                 ctx.options.origins.get(key),
                 help=did_you_mean(key, params) or (f"its params are {', '.join(params)}" if params else "it declares no params"),
@@ -209,7 +217,7 @@ def _schedule_scopes(ev: Evaluator, iv: ir.InterventionDecl) -> None:
     bad = next((s for s in scopes if not step_scope(s)), None)
     if bad is not None:
         ev.ctx.error(
-            "schedule-outside-generation",
+            SCHEDULE_OUTSIDE_GENERATION,
             "a schedule counts generation steps, but this intervention also steers positions before the "
             "prompt's last token" + ("" if iv.scopes else " (it has no `tokens` line, so it steers all of them)"),
             bad.span if iv.scopes and bad.span is not None else iv.op.span,
@@ -296,7 +304,7 @@ class Evaluator:
         """A scalar, computed in float64: it must be finite."""
         value = self._scalar(e)
         if not math.isfinite(value):
-            self.fail("invalid-value", "this number is not finite", e.span)
+            self.fail(INVALID_VALUE, "this number is not finite", e.span)
         return value
 
     def operand(self, e) -> float:
@@ -308,7 +316,7 @@ class Evaluator:
     def fits_float32(self, value: float, span, what: str) -> None:
         if abs(value) > FLOAT32_MAX:
             self.fail(
-                "invalid-value",
+                INVALID_VALUE,
                 f"{what}, {value:.6g}, does not fit float32 (largest {FLOAT32_MAX:.6g})",
                 span,
                 help="steering values are float32 on every target, as the model's activations are",
@@ -331,7 +339,7 @@ class Evaluator:
         if e.op == "*":
             return a * b
         if b == 0:
-            self.fail("invalid-value", "division by zero", e.right.span)
+            self.fail(INVALID_VALUE, "division by zero", e.right.span)
         return a / b
 
     # ------------------------------------------------------------ schedules
@@ -350,7 +358,7 @@ class Evaluator:
         if e.op == "/":
             d = self.scalar(e.right)
             if d == 0:
-                self.fail("invalid-value", "division by zero", e.right.span)
+                self.fail(INVALID_VALUE, "division by zero", e.right.span)
             return c / d, f
         c2, f2 = self.schedule(e.right)
         return c * c2, f + f2
@@ -367,7 +375,7 @@ class Evaluator:
             v, f = self.scheduled(e.left)
             d = self.scalar(e.right)
             if d == 0:
-                self.fail("invalid-value", "division by zero", e.right.span)
+                self.fail(INVALID_VALUE, "division by zero", e.right.span)
             return self._vectors().scaled(v, 1.0 / d, e.span), f
         left_timed = types.get(id(e.left)) in (ty.SCALAR, ty.SCHEDULE)
         factor, vec = (e.left, e.right) if left_timed else (e.right, e.left)
@@ -383,21 +391,21 @@ class Evaluator:
         if e.func == "decay":
             (r,) = args
             if not 0.0 < r <= 1.0:
-                self.fail("invalid-value", f"a decay rate is in (0, 1], got {r:g}", e.args[0].span,
+                self.fail(INVALID_VALUE, f"a decay rate is in (0, 1], got {r:g}", e.args[0].span,
                           help="decay(r) multiplies by r at each step: r <= 0 flips or zeroes the vector at "
                                "once, r > 1 grows it without bound")
             return ("decay", r, 0.0)
         for a, value in zip(e.args, args):
             if value != int(value) or not 0 <= value <= MAX_POSITION:
-                self.fail("invalid-value", f"`{e.func}` counts steps: a whole number from 0 to {MAX_POSITION:,}, "
+                self.fail(INVALID_VALUE, f"`{e.func}` counts steps: a whole number from 0 to {MAX_POSITION:,}, "
                           f"got {value:g}", a.span)
         if e.func == "ramp":
             if args[0] < 1:
-                self.fail("invalid-value", "ramp(n) needs n >= 1 steps", e.args[0].span)
+                self.fail(INVALID_VALUE, "ramp(n) needs n >= 1 steps", e.args[0].span)
             return ("ramp", args[0], 0.0)
         a, b = args
         if a >= b:
-            self.fail("invalid-value", f"window({a:g}, {b:g}) is empty: it needs a < b", e.span)
+            self.fail(INVALID_VALUE, f"window({a:g}, {b:g}) is empty: it needs a < b", e.span)
         return ("window", a, b)
 
     # ------------------------------------------------------------ vectors
@@ -441,7 +449,7 @@ class Evaluator:
 def report_missing_row(ctx: CheckContext, bank: PerLayer, layer: int, span) -> None:
     if bank.n_rows is not None:
         ctx.error(
-            "shape-mismatch",
+            SHAPE_MISMATCH,
             f"`{bank.label}` has {bank.n_rows} rows but is used at layer {layer}",
             span,
             help="a per-layer bank needs one row for each layer it is used at",
@@ -454,7 +462,7 @@ def report_missing_row(ctx: CheckContext, bank: PerLayer, layer: int, span) -> N
         llamacpp = "; llama.cpp control vectors start at layer 1: steer resid_post[1:]" \
             if bank.label == PREFIX and layer == 0 else ""
         ctx.error(
-            "missing-key",
+            MISSING_KEY,
             f"`{bank.label}` has no row for layer {layer} (no key `{bank.label}.{layer}`)",
             span,
             help=f"the file has rows for layers {have}{llamacpp}",

@@ -9,6 +9,7 @@ from steerc.ir.values import PerLayer
 from steerc.core.limits import FLOAT32_MAX
 from steerc.passes import types as ty
 from steerc.passes.loading import load_vector
+from steerc.diagnostics.codes import INVALID_VALUE, SHAPE_MISMATCH
 
 
 class VectorFolder:
@@ -44,7 +45,7 @@ class VectorFolder:
     def _normalized(self, row: np.ndarray, span) -> np.ndarray:
         n = float(np.linalg.norm(row))
         if n == 0.0:
-            self.ev.fail("invalid-value", "cannot normalize a zero vector", span)
+            self.ev.fail(INVALID_VALUE, "cannot normalize a zero vector", span)
         return row / n
 
     def _binop(self, e: ir.BinOp):
@@ -55,7 +56,7 @@ class VectorFolder:
             s = self.ev.scalar(e.left if lt == ty.SCALAR else e.right)
             self.ev.ctx.spend(_size(vec), e.span)
             if s == 0 and e.op == "/":
-                self.ev.fail("invalid-value", "division by zero", e.right.span)
+                self.ev.fail(INVALID_VALUE, "division by zero", e.right.span)
             with np.errstate(over="ignore", invalid="ignore"):
                 scaled = _map(vec, (lambda r: r * s) if e.op == "*" else (lambda r: r / s))
             return self._in_range(scaled, e.span)
@@ -78,7 +79,7 @@ class VectorFolder:
                 big = float(np.max(np.abs(row), initial=0.0))
             if not big <= FLOAT32_MAX:  # also catches NaN
                 self.ev.fail(
-                    "invalid-value",
+                    INVALID_VALUE,
                     f"this vector has an entry of magnitude {big:.6g}, which does not fit float32 "
                     f"(largest {FLOAT32_MAX:.6g})",
                     span,
@@ -91,7 +92,7 @@ class VectorFolder:
         v = self.vector(e)
         for row in _rows(v):
             if not np.any(row):
-                self.ev.fail("invalid-value", "a direction cannot be the zero vector", e.span)
+                self.ev.fail(INVALID_VALUE, "a direction cannot be the zero vector", e.span)
         return v
 
     def plane(self, b1, b2, span) -> None:
@@ -100,7 +101,7 @@ class VectorFolder:
             rest = r2 - (e1 @ r2) * e1
             if np.linalg.norm(rest) <= 1e-6 * max(np.linalg.norm(r2), 1e-30):
                 self.ev.fail(
-                    "invalid-value",
+                    INVALID_VALUE,
                     "the two vectors are parallel (or the second is zero): they span no plane to rotate in",
                     span,
                 )
@@ -109,7 +110,7 @@ class VectorFolder:
         widths = sorted({w for w in (_width(v) for v in values) if w is not None})
         if len(widths) > 1:
             self.ev.fail(
-                "shape-mismatch",
+                SHAPE_MISMATCH,
                 f"{what} have different lengths ({', '.join(map(str, widths))})",
                 span,
             )

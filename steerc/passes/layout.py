@@ -20,6 +20,14 @@ from steerc.passes import causality
 from steerc.passes.context import CheckContext
 from steerc.passes.fold import report_missing_row
 from steerc.passes.layers import expand
+from steerc.diagnostics.codes import (
+    HEAD_OUT_OF_RANGE,
+    LAYER_OUT_OF_RANGE,
+    LIMIT_EXCEEDED,
+    MODEL_MISMATCH,
+    NO_EFFECT,
+    SHAPE_MISMATCH,
+)
 
 name = "layout"
 
@@ -44,7 +52,7 @@ def run(ctx: CheckContext) -> None:
         values += sites * sum(_width(v) or 0 for v in iv.op.vectors)
         if values > MAX_VALUES:
             ctx.error(
-                "limit-exceeded",
+                LIMIT_EXCEEDED,
                 f"with this intervention the plan holds more than {MAX_VALUES:,} vector entries (each site "
                 "it reaches takes a copy of its vectors), the most steerc compiles",
                 iv.site.span,
@@ -53,7 +61,7 @@ def run(ctx: CheckContext) -> None:
             return
         if expanded > MAX_EXPANDED_SITES:
             ctx.error(
-                "limit-exceeded",
+                LIMIT_EXCEEDED,
                 f"with this intervention the program steers more than {MAX_EXPANDED_SITES:,} sites of the model "
                 f"(each layer and head a selector reaches counts), the most steerc compiles",
                 iv.site.span,
@@ -70,18 +78,18 @@ def site_layers(ctx: CheckContext, site: ck.SitePattern, facts: ModelFacts) -> t
     exp = expand(site.layers, facts.layers)
     for atom in exp.out_of_range:
         ctx.error(
-            "layer-out-of-range",
+            LAYER_OUT_OF_RANGE,
             f"layer {atom.index} does not exist: the model has {facts.layers} layers (0 to {facts.layers - 1})",
             atom.span,
             help="use -1 for the last layer, or a percentage such as 50% to stay portable",
         )
     for sl in exp.empty:
-        ctx.warning("no-effect", f"this slice selects no layer of a {facts.layers}-layer model", sl.span)
+        ctx.warning(NO_EFFECT, f"this slice selects no layer of a {facts.layers}-layer model", sl.span)
     if site.heads is not None:
         heads = expand(site.heads, facts.heads)
         for atom in heads.out_of_range:
             ctx.error(
-                "head-out-of-range",
+                HEAD_OUT_OF_RANGE,
                 f"head {atom.index} does not exist: layers have {facts.heads} attention heads (0 to {facts.heads - 1})",
                 atom.span,
             )
@@ -119,7 +127,7 @@ def _fits(ctx: CheckContext, vectors, spans, site: ck.SitePattern, layers, facts
             subject, verb = "a vector", "has"
         span = where_spans[0] if len(where_spans) == 1 and where_spans[0] is not None else line_span
         ctx.error(
-            "shape-mismatch",
+            SHAPE_MISMATCH,
             f"{subject} {verb} length {width}, but `{where}` is {want} wide (the model's {what})",
             span,
             notes=(Note(f"acts on {_layers_text(layers)}", site.span),) if site.span is not None else (),
@@ -154,7 +162,7 @@ def _assertions(ctx: CheckContext, program: ck.CheckedProgram, facts: ModelFacts
             ok = expected == actual
         if not ok:
             ctx.error(
-                "model-mismatch",
+                MODEL_MISMATCH,
                 f"this program expects {a.key} = {_show(expected)}, but the model has {a.key} = {_show(actual)}",
                 a.span,
                 notes=(Note(f"facts read from {facts.origin}", None),) if facts.origin else (),

@@ -21,6 +21,7 @@ from steerc.passes.context import CheckContext, Fault
 from steerc.passes.files import resolve_path
 from steerc.io.vectorfile import VectorFile, VectorFileError
 from steerc.io.vectors import FORMATS, open_vector_file
+from steerc.diagnostics.codes import INVALID_VECTOR_FILE, MISSING_KEY, MODEL_MISMATCH, SHAPE_MISMATCH
 
 
 def open_file(ctx: CheckContext, path: ir.Str) -> VectorFile:
@@ -32,7 +33,7 @@ def open_file(ctx: CheckContext, path: ir.Str) -> VectorFile:
         except VectorFileError as exc:
             cached = exc
         except OSError as exc:
-            cached = VectorFileError("invalid-vector-file", f"cannot read the file ({exc.strerror})")
+            cached = VectorFileError(INVALID_VECTOR_FILE, f"cannot read the file ({exc.strerror})")
         ctx.file_cache[real] = cached
     if isinstance(cached, VectorFileError):
         ctx.error(cached.code, cached.message, path.span, help=cached.help)
@@ -64,7 +65,7 @@ def load_vector(ctx: CheckContext, call: ir.Call):
             _width_ok(ctx, info.shape[0], name or path.value, where)
         if len(info.shape) != 1:
             ctx.error(
-                "shape-mismatch",
+                SHAPE_MISMATCH,
                 f"`{name or path.value}` has shape {list(info.shape)}; a vector has one dimension",
                 where,
                 help="add `per_layer=true` to use a [layers, width] tensor as one row per layer"
@@ -103,7 +104,7 @@ def _fits_model(ctx: CheckContext, f: VectorFile, path: ir.Str) -> None:
     hint = f.meta.get("model_hint")
     if hint is not None and not cv.hint_fits(hint, facts):
         ctx.error(
-            "model-mismatch",
+            MODEL_MISMATCH,
             f"`{path.value}` is a control vector for a `{hint}` model ({cv.HINT_KEY}), but the model is "
             f"`{facts.model_type or facts.family}`",
             path.span,
@@ -115,7 +116,7 @@ def _fits_model(ctx: CheckContext, f: VectorFile, path: ir.Str) -> None:
         count = f.meta.get("layer_count")
         counted = f" and {cv.COUNT_KEY} = {count:,}" if count is not None else ""
         ctx.error(
-            "model-mismatch",
+            MODEL_MISMATCH,
             f"`{path.value}` has a direction for layer {top} (`{cv.PREFIX}.{top}`{counted}), but the model has "
             f"{facts.layers} layers (0 .. {facts.layers - 1})",
             path.span,
@@ -127,7 +128,7 @@ def _fits_model(ctx: CheckContext, f: VectorFile, path: ir.Str) -> None:
 def _no_single_vector(ctx: CheckContext, per_layer, path: ir.Str) -> None:
     if per_layer is not None and not per_layer.value:
         ctx.error(
-            "shape-mismatch",
+            SHAPE_MISMATCH,
             f"`{path.value}` is a control vector: one `{cv.PREFIX}.<layer>` vector per layer, not one vector",
             per_layer.span,
             help=f"drop `per_layer=false` to use it as a bank, or pick one layer's vector with "
@@ -141,7 +142,7 @@ def _pick(ctx: CheckContext, f: VectorFile, key: str | None, where, path: ir.Str
     if f.kind == "npy":
         if key is not None:
             ctx.error(
-                "missing-key",
+                MISSING_KEY,
                 f"a .npy file holds one unnamed array; there is no key `{key}`",
                 where,
                 help="drop `key=`, or use a .safetensors file for named vectors",
@@ -152,7 +153,7 @@ def _pick(ctx: CheckContext, f: VectorFile, key: str | None, where, path: ir.Str
         if len(names) == 1:
             return names[0]
         ctx.error(
-            "missing-key",
+            MISSING_KEY,
             f"`{path.value}` holds {len(names)} tensors; say which with `key=`",
             where,
             help=f"keys: {_listing(names)}",
@@ -161,10 +162,10 @@ def _pick(ctx: CheckContext, f: VectorFile, key: str | None, where, path: ir.Str
     if key not in f.tensors:
         row = _missing_row(f, key, path.value)
         if row is not None:
-            ctx.error("missing-key", row[0], where, help=row[1])
+            ctx.error(MISSING_KEY, row[0], where, help=row[1])
             raise Fault
         ctx.error(
-            "missing-key",
+            MISSING_KEY,
             f"no tensor `{key}` in `{path.value}`",
             where,
             help=ctx.suggest(key, lambda: names) or f"keys: {_listing(names)}",
@@ -201,7 +202,7 @@ def _bank(ctx: CheckContext, f: VectorFile, key: str | None, where, path: ir.Str
         info = f.tensors[name]
         if len(info.shape) != 2:
             ctx.error(
-                "shape-mismatch",
+                SHAPE_MISMATCH,
                 f"a per-layer bank is a [layers, width] tensor; `{label}` has shape {list(info.shape)}",
                 where,
             )
@@ -212,7 +213,7 @@ def _bank(ctx: CheckContext, f: VectorFile, key: str | None, where, path: ir.Str
             limit = (f", but the model has {most} layers" if ctx.facts is not None
                      else f"; no model steerc reads has more than {most:,} layers")
             ctx.error(
-                "shape-mismatch",
+                SHAPE_MISMATCH,
                 f"`{label}` has {rows:,} rows{limit}",
                 where,
                 help="a per-layer bank has one row per layer of the model it is made for",
@@ -223,7 +224,7 @@ def _bank(ctx: CheckContext, f: VectorFile, key: str | None, where, path: ir.Str
         return PerLayer(f.memo(("bank", name), lambda: {i: data[i] for i in range(rows)}), rows, label)
     if key is None:
         ctx.error(
-            "missing-key",
+            MISSING_KEY,
             f"`{path.value}` holds {len(f.tensors)} tensors and no single [layers, width] bank; say which with `key=`",
             where,
             help=f"keys: {_listing(f.names)}",
@@ -234,7 +235,7 @@ def _bank(ctx: CheckContext, f: VectorFile, key: str | None, where, path: ir.Str
     rows = {i: n for i, n in f.rows(key).items() if i < most}
     if not rows:
         ctx.error(
-            "missing-key",
+            MISSING_KEY,
             f"no tensor `{key}` and no per-layer keys `{key}.0`, `{key}.1`, ... in `{path.value}`",
             where,
             help=ctx.suggest(key or "", lambda: f.names) or f"keys: {_listing(f.names)}",
@@ -242,7 +243,7 @@ def _bank(ctx: CheckContext, f: VectorFile, key: str | None, where, path: ir.Str
         raise Fault
     widths = {f.tensors[n].shape for n in rows.values()}
     if len(widths) != 1 or len(next(iter(widths))) != 1:
-        ctx.error("shape-mismatch", f"the rows `{key}.<i>` are not vectors of one length", where)
+        ctx.error(SHAPE_MISMATCH, f"the rows `{key}.<i>` are not vectors of one length", where)
         raise Fault
     _width_ok(ctx, next(iter(widths))[0], f"{key}.<i>", where)
     # Rows are shared by every load of this bank (folded values are never changed in place).
@@ -263,7 +264,7 @@ def _most_rows(ctx: CheckContext) -> int:
 def _width_ok(ctx: CheckContext, width: int, label: str, where) -> None:
     if width > MAX_HIDDEN:
         ctx.error(
-            "shape-mismatch",
+            SHAPE_MISMATCH,
             f"`{label}` has {width:,} entries; no model steerc reads is wider than {MAX_HIDDEN:,}",
             where,
             help="steering vectors must be made for the model (as wide as its hidden size)",

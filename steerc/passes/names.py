@@ -13,6 +13,7 @@ from steerc.diagnostics import Note
 from steerc.ir import nodes as ir
 from steerc.ir.walk import walk
 from steerc.passes.context import CheckContext, Symbol, did_you_mean, one_of
+from steerc.diagnostics.codes import DUPLICATE_NAME, UNDEFINED_NAME
 
 name = "names"
 
@@ -36,7 +37,7 @@ def run(ctx: CheckContext) -> None:
         if stmt.name in declared:
             _, first = declared[stmt.name]
             ctx.error(
-                "duplicate-name",
+                DUPLICATE_NAME,
                 f"`{stmt.name}` is already declared",
                 stmt.name_span,
                 notes=(Note(f"first declared here ({_KINDS[type(first)]})", first.name_span),),
@@ -54,7 +55,7 @@ def run(ctx: CheckContext) -> None:
                 _resolve(ctx, node, order, declared, stmt, in_gate.get(id(node)))
             elif isinstance(node, ir.Call) and node.func not in FUNCTIONS:
                 ctx.error(
-                    "undefined-name",
+                    UNDEFINED_NAME,
                     f"unknown function `{node.func}`",
                     node.func_span,
                     help=did_you_mean(node.func, FUNCTIONS) or f"functions are {one_of(FUNCTIONS)}",
@@ -102,7 +103,7 @@ def _resolve(ctx: CheckContext, node: ir.Name, order: int, declared, stmt, in_ga
         later = entry[1]
         what = "itself" if later is stmt else "a name declared further down"
         ctx.error(
-            "undefined-name",
+            UNDEFINED_NAME,
             f"`{node.id}` is used before it is declared" if later is not stmt else f"`{node.id}` refers to {what}",
             node.span,
             notes=(Note("declared here", later.name_span),) if later is not stmt else (),
@@ -112,7 +113,7 @@ def _resolve(ctx: CheckContext, node: ir.Name, order: int, declared, stmt, in_ga
         )
         return
     ctx.error(
-        "undefined-name",
+        UNDEFINED_NAME,
         f"undefined name `{node.id}`",
         node.span,
         help=ctx.suggest(node.id, lambda: [n for n, (o, s) in declared.items() if o < order

@@ -15,6 +15,7 @@ from steerc.diagnostics import Diagnostics, Note
 from steerc.ir.plan import SUB_ORDER, Affine, Plan, Project, Rotate
 from steerc.core.limits import FLOAT32_MAX
 from steerc.passes import drop_dead, drop_noops, fuse_affine, fuse_projections, lower_plan
+from steerc.diagnostics.codes import DEAD_INTERVENTION, NO_EFFECT
 
 # Dead kernels go first so that fusion never hides them in a merged kernel.
 PLAN_PASSES = (drop_noops, drop_dead, fuse_affine, fuse_projections)
@@ -64,7 +65,7 @@ def report_changes(plan: Plan, checked, diagnostics: Diagnostics) -> None:
         killers = sorted({k for ch in chs for k in ch.interventions[1:]} - {n})
         sites = ", ".join(ch.site.text for ch in chs)
         diagnostics.warning(
-            "dead-intervention",
+            DEAD_INTERVENTION,
             f"intervention `{n}` has no effect at {sites}: "
             f"{', '.join(f'`{k}`' for k in killers) or 'a later intervention'} overwrites it first",
             spans.get(n),
@@ -73,7 +74,7 @@ def report_changes(plan: Plan, checked, diagnostics: Diagnostics) -> None:
         )
     for n, chs in noop.items():
         sites = ", ".join(ch.site.text for ch in chs)
-        diagnostics.warning("no-effect", f"intervention `{n}` changes nothing at {sites} (e.g. `scale 1`, a zero `add`)",
+        diagnostics.warning(NO_EFFECT, f"intervention `{n}` changes nothing at {sites} (e.g. `scale 1`, a zero `add`)",
                             spans.get(n), help="remove it, or check the values it uses there")
 
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 from steerc.ir import nodes as ir
 from steerc.ir.walk import walk
 from steerc.passes.context import CheckContext
+from steerc.diagnostics.codes import VECTOR_MODEL_MISMATCH, VECTOR_SITE_MISMATCH
 
 name = "provenance"
 
@@ -76,7 +77,7 @@ def _model(ctx: CheckContext, call: ir.Call, warned: set) -> None:
     model = origin.get("model") or {}
     if model.get("fingerprint") != ctx.facts.fingerprint:
         facts = ctx.facts
-        ctx.warning("vector-model-mismatch",
+        ctx.warning(VECTOR_MODEL_MISMATCH,
                     f"this file was derived from another model ({model.get('name', '?')}: {model.get('family', '?')}, "
                     f"{model.get('layers', '?')} layers, hidden {model.get('hidden', '?')}); --model is "
                     f"{facts.family} with {facts.layers} layers, hidden {facts.hidden}",
@@ -109,5 +110,5 @@ def _site(ctx: CheckContext, call: ir.Call, site, stmt, warned: set) -> None:
     if why is None:
         return
     warned.add((id(call), stmt.name))
-    ctx.warning("vector-site-mismatch", f"this vector was derived at another site: {why}", call.span,
+    ctx.warning(VECTOR_SITE_MISMATCH, f"this vector was derived at another site: {why}", call.span,
                 help=f"use it at {derived}, or derive it where it is used (steerc derive --at ...)")

@@ -31,6 +31,7 @@ from steerc.ir import nodes as ir
 from steerc.ir.walk import children, walk
 from steerc.passes import types as ty
 from steerc.passes.context import CheckContext, Fault
+from steerc.diagnostics.codes import PER_REQUEST_PARAM
 
 name = "request"
 
@@ -139,7 +140,7 @@ def _misuse(ctx: CheckContext, node: ir.Name, stmt, operand, parents: _Parents) 
               "set, of a scale factor, a clamp target, a rotation angle or a gate threshold")
     if where is None:
         where = _why(operand, node, parents) if operand is not stmt else "not one of those operands"
-    ctx.error("per-request-param", f"{reason}; here it is {where}", node.span,
+    ctx.error(PER_REQUEST_PARAM, f"{reason}; here it is {where}", node.span,
               help="write it as one factor: `add strength * joy`, `scale strength`, `when p > limit`; "
                    "for other uses drop `per request` and compile a plan per value with --set")
 

@@ -14,6 +14,20 @@ from steerc.ir import nodes as ir
 from steerc.ir.checked import SITE_KINDS
 from steerc.core.limits import MAX_HEADS, MAX_LAYERS, MAX_POSITION
 from steerc.passes.context import CheckContext, did_you_mean, one_of
+from steerc.diagnostics.codes import (
+    DUPLICATE_FIELD,
+    HEAD_OUT_OF_RANGE,
+    INVALID_VALUE,
+    LAYER_OUT_OF_RANGE,
+    MISSING_FIELD,
+    MULTIPLE_CONSTRAINTS,
+    NO_EFFECT,
+    TYPE_ERROR,
+    UNDEFINED_NAME,
+    UNKNOWN_FIELD,
+    UNKNOWN_SITE,
+    UNSUPPORTED_VERSION,
+)
 
 name = "structure"
 
@@ -40,7 +54,7 @@ def run(ctx: CheckContext) -> None:
     program = ctx.program
     if program.version not in SUPPORTED_VERSIONS:
         ctx.error(
-            "unsupported-version",
+            UNSUPPORTED_VERSION,
             f"this program is written for Steer version {program.version}; steerc implements version 1",
             program.version_span,
             help="write `steer 1` as the first line, or upgrade steerc",
@@ -52,7 +66,7 @@ def run(ctx: CheckContext) -> None:
         if isinstance(stmt, ir.ModelBlock):
             if first_model is not None:
                 ctx.error(
-                    "duplicate-field",
+                    DUPLICATE_FIELD,
                     "a program has at most one `model { ... }` block",
                     stmt.span,
                     notes=(Note("the first one is here", first_model.span),),
@@ -64,7 +78,7 @@ def run(ctx: CheckContext) -> None:
         elif isinstance(stmt, (ir.ConstrainText, ir.ConstrainChoice)):
             if first_constraint is not None:
                 ctx.error(
-                    "multiple-constraints",
+                    MULTIPLE_CONSTRAINTS,
                     "a program has at most one output constraint",
                     stmt.span,
                     notes=(Note("the constraint already in force", first_constraint.span),),
@@ -83,20 +97,20 @@ def _model_block(ctx: CheckContext, block: ir.ModelBlock) -> None:
     for f in block.fields:
         if f.key not in MODEL_FIELDS:
             ctx.error(
-                "unknown-field",
+                UNKNOWN_FIELD,
                 f"`{f.key}` is not a model fact steerc knows",
                 f.span,
                 help=did_you_mean(f.key, MODEL_FIELDS) or f"known facts: {one_of(MODEL_FIELDS)}",
             )
             continue
         if f.key in seen:
-            ctx.error("duplicate-field", f"`{f.key}` is asserted twice", f.span,
+            ctx.error(DUPLICATE_FIELD, f"`{f.key}` is asserted twice", f.span,
                       notes=(Note("first asserted here", seen[f.key].span),))
             continue
         seen[f.key] = f
         if not model_value_ok(f.key, f.value):
             kind = {str: "a string", bool: "`true` or `false`", int: "a positive whole number"}[MODEL_FIELDS[f.key]]
-            ctx.error("type-error", f"`{f.key}` must be {kind}", f.value.span or f.span)
+            ctx.error(TYPE_ERROR, f"`{f.key}` must be {kind}", f.value.span or f.span)
 
 
 def model_value_ok(key: str, value) -> bool:
@@ -111,7 +125,7 @@ def model_value_ok(key: str, value) -> bool:
 def _missing(ctx, decl, what: str, example: str) -> None:
     kind = "probe" if isinstance(decl, ir.ProbeDecl) else "intervention"
     ctx.error(
-        "missing-field",
+        MISSING_FIELD,
         f"{kind} `{decl.name}` has no {what}",
         decl.name_span,
         help=f"add a line such as `{example}`",
@@ -130,7 +144,7 @@ def _probe(ctx: CheckContext, probe: ir.ProbeDecl) -> None:
         _missing(ctx, probe, "`pool` line", "pool prompt.mean")
     elif probe.pool.kind not in POOLS:
         ctx.error(
-            "undefined-name",
+            UNDEFINED_NAME,
             f"unknown pool `{probe.pool.kind}`",
             probe.pool.span,
             help=did_you_mean(probe.pool.kind, POOLS) or f"pools are {one_of(POOLS)}",
@@ -149,7 +163,7 @@ def _intervention(ctx: CheckContext, iv: ir.InterventionDecl) -> None:
         _scope(ctx, scope)
     if iv.preserve is not None and isinstance(iv.op, (ir.Rotate, ir.Suppress)):
         why = "a rotation already keeps the norm" if isinstance(iv.op, ir.Rotate) else "a zero vector cannot be rescaled"
-        ctx.warning("no-effect", f"`preserve norm` does nothing here: {why}", iv.preserve.span,
+        ctx.warning(NO_EFFECT, f"`preserve norm` does nothing here: {why}", iv.preserve.span,
                     help="remove the line")
 
 
@@ -160,7 +174,7 @@ def _scope(ctx: CheckContext, scope) -> None:
         for p in scope.positions:
             if p < 0:
                 ctx.error(
-                    "invalid-value",
+                    INVALID_VALUE,
                     f"absolute position {p} is negative",
                     scope.span,
                     help="absolute positions count from each sequence's first token; "
@@ -168,13 +182,13 @@ def _scope(ctx: CheckContext, scope) -> None:
                 )
                 return
     elif isinstance(scope, ir.ScopeAfter) and not scope.text.value:
-        ctx.error("invalid-value", "`after` needs a non-empty text", scope.span)
+        ctx.error(INVALID_VALUE, "`after` needs a non-empty text", scope.span)
     elif isinstance(scope, ir.ScopeGenerated) and scope.sel is not None:
         sel = scope.sel
         bounds = (sel.index,) if isinstance(sel, ir.PosIndex) else (sel.start, sel.stop)
         if any(b is not None and b < 0 for b in bounds):
             ctx.error(
-                "invalid-value",
+                INVALID_VALUE,
                 "generated positions count from the first generated token; a negative index has no meaning "
                 "while the sequence is still growing",
                 scope.span,
@@ -193,7 +207,7 @@ def _positions_in_range(ctx: CheckContext, scope) -> bool:
     for p in values:
         if p is not None and abs(p) > MAX_POSITION:
             ctx.error(
-                "invalid-value",
+                INVALID_VALUE,
                 f"position {p} is beyond any sequence: positions run up to {MAX_POSITION:,}",
                 scope.span,
             )
@@ -208,7 +222,7 @@ def check_site(ctx: CheckContext, site: ir.SiteRef) -> bool:
     """Validate a site's name and selector shape; False if it is unusable."""
     if site.name not in SITE_KINDS:
         ctx.error(
-            "unknown-site",
+            UNKNOWN_SITE,
             f"unknown site `{site.name}`",
             site.name_span,
             help=did_you_mean(site.name, SITE_KINDS) or f"sites are {one_of(SITE_KINDS)}",
@@ -218,20 +232,20 @@ def check_site(ctx: CheckContext, site: ir.SiteRef) -> bool:
     if site.name == "head":
         if len(site.items) != 2:
             ctx.error(
-                "type-error",
+                TYPE_ERROR,
                 f"`head[...]` takes a layer axis and a head axis, got {len(site.items)} item(s)",
                 site.span,
                 help="write `head[layer, head]`; put a list on one axis in parentheses: `head[(1, 3), 0:2]`",
             )
             return False
-        for code, axis in zip(("layer-out-of-range", "head-out-of-range"), site.items):
+        for code, axis in zip((LAYER_OUT_OF_RANGE, HEAD_OUT_OF_RANGE), site.items):
             atoms = axis.items if isinstance(axis, ir.SelGroup) else (axis,)
             ok &= all(_percent_ok(ctx, a, code) for a in atoms)
         return ok
     for item in site.items:
         if isinstance(item, ir.SelGroup):
             ctx.error(
-                "type-error",
+                TYPE_ERROR,
                 "parentheses group an axis of `head[...]` only",
                 item.span,
                 help=f"list the layers directly: `{site.name}[{', '.join(_sel_text(a) for a in item.items)}]`",
@@ -248,10 +262,10 @@ def _sel_text(atom) -> str:
     return _sel(atom)
 
 
-def _percent_ok(ctx: CheckContext, atom, code: str = "layer-out-of-range") -> bool:
+def _percent_ok(ctx: CheckContext, atom, code: str = LAYER_OUT_OF_RANGE) -> bool:
     """Percentages up to 100%, indices within what any model steerc reads can have."""
     bounds = (atom.start, atom.stop) if isinstance(atom, ir.SelSlice) else (atom,)
-    layers = code == "layer-out-of-range"
+    layers = code == LAYER_OUT_OF_RANGE
     noun, most, plural = ("layer", MAX_LAYERS, "layers") if layers else ("head", MAX_HEADS, "attention heads")
     for b in bounds:
         if isinstance(b, ir.SelPercent) and b.percent > 100:
@@ -271,7 +285,7 @@ def _single_site(ctx: CheckContext, site: ir.SiteRef) -> bool:
         atoms = axis if isinstance(axis, tuple) else (axis.items if isinstance(axis, ir.SelGroup) else (axis,))
         if len(atoms) != 1 or not isinstance(atoms[0], (ir.SelIndex, ir.SelPercent)):
             ctx.error(
-                "type-error",
+                TYPE_ERROR,
                 "a probe reads exactly one site",
                 site.span,
                 help="pick one layer (and one head), e.g. `at resid_pre[1]`",

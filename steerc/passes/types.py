@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from steerc.ir import nodes as ir
 from steerc.passes.context import CheckContext, did_you_mean
+from steerc.diagnostics.codes import DUPLICATE_FIELD, INVALID_VALUE, TYPE_ERROR
 
 name = "types"
 
@@ -74,7 +75,7 @@ def _intervention(ctx: CheckContext, iv: ir.InterventionDecl) -> None:
     elif isinstance(op, ir.Scale):
         t = type_of(ctx, op.factor)
         if t not in (SCALAR, VECTOR, None):
-            ctx.error("type-error", f"`scale` takes a number or a vector, found {_ARTICLE[t]}", op.factor.span)
+            ctx.error(TYPE_ERROR, f"`scale` takes a number or a vector, found {_ARTICLE[t]}", op.factor.span)
             ok = False
         ok &= t is not None
     elif isinstance(op, ir.Ablate):
@@ -102,17 +103,17 @@ def _gate(ctx: CheckContext, g) -> bool:
         if sorted((left, right)) == [PROBE, SCALAR]:
             return True
         if PROBE in (left, right) and VECTOR in (left, right):  # noqa: SIM114
-            ctx.error("type-error", "compare a probe with a number, not with a vector", g.span,
+            ctx.error(TYPE_ERROR, "compare a probe with a number, not with a vector", g.span,
                       help="a probe is one number per sequence (or per token); compare it with a threshold")
         elif PROBE not in (left, right):
             ctx.error(
-                "type-error",
+                TYPE_ERROR,
                 f"a condition compares a probe with a number; this compares {_ARTICLE[left]} with {_ARTICLE[right]}",
                 g.span,
                 help="declare a `probe` that reads a site, and compare it: `when my_probe > 0.2`",
             )
         else:
-            ctx.error("type-error", "compare a probe with a number, not with another probe", g.span)
+            ctx.error(TYPE_ERROR, "compare a probe with a number, not with another probe", g.span)
         return False
     if isinstance(g, ir.GateNot):
         return _gate(ctx, g.operand)
@@ -126,7 +127,7 @@ def expect(ctx: CheckContext, expr, want: str, why: str, help: str | None = None
     if t != want:
         if t in (SCHEDULE, SCHEDULED) and help is None:
             help = _ONLY_ADD + ": `add strength * decay(0.9) * v`"
-        ctx.error("type-error", f"expected {_ARTICLE[want]}, found {_ARTICLE[t]}: {why}", expr.span, help=help)
+        ctx.error(TYPE_ERROR, f"expected {_ARTICLE[want]}, found {_ARTICLE[t]}: {why}", expr.span, help=help)
         return False
     return True
 
@@ -153,20 +154,20 @@ def _infer(ctx: CheckContext, e) -> str | None:
         if sym is None or sym.name in ctx.poisoned:
             return None
         if sym.kind == "intervention":
-            ctx.error("type-error", f"`{e.id}` is an intervention, not a value", e.span)
+            ctx.error(TYPE_ERROR, f"`{e.id}` is an intervention, not a value", e.span)
             return None
         return {"param": SCALAR, "vector": VECTOR, "probe": PROBE}[sym.kind]
     if isinstance(e, ir.Neg):
         t = type_of(ctx, e.operand)
         if t == PROBE:
-            ctx.error("type-error", "a probe can only be compared in `when`", e.span)
+            ctx.error(TYPE_ERROR, "a probe can only be compared in `when`", e.span)
             return None
         return t
     if isinstance(e, ir.BinOp):
         return _binop(ctx, e)
     if isinstance(e, ir.VectorLit):
         if not e.items:
-            ctx.error("invalid-value", "an empty vector literal", e.span)
+            ctx.error(INVALID_VALUE, "an empty vector literal", e.span)
             return None
         ok = all(expect(ctx, i, SCALAR, "vector literal entries are numbers") for i in e.items)
         return VECTOR if ok else None
@@ -180,10 +181,10 @@ def _binop(ctx: CheckContext, e: ir.BinOp) -> str | None:
     if left is None or right is None:
         return None
     if PROBE in (left, right):
-        ctx.error("type-error", "a probe can only be compared in `when`, not used in arithmetic", e.span)
+        ctx.error(TYPE_ERROR, "a probe can only be compared in `when`, not used in arithmetic", e.span)
         return None
     if STRING in (left, right) or BOOL in (left, right):
-        ctx.error("type-error", "strings and booleans take no part in arithmetic", e.span)
+        ctx.error(TYPE_ERROR, "strings and booleans take no part in arithmetic", e.span)
         return None
     timed = {SCHEDULE, SCHEDULED} & {left, right}
     if timed:
@@ -192,7 +193,7 @@ def _binop(ctx: CheckContext, e: ir.BinOp) -> str | None:
         if left == right:
             return left
         ctx.error(
-            "type-error",
+            TYPE_ERROR,
             f"cannot {'add' if e.op == '+' else 'subtract'} a scalar and a vector",
             e.span,
             help="vectors add to vectors; to scale a vector multiply it by a number",
@@ -201,7 +202,7 @@ def _binop(ctx: CheckContext, e: ir.BinOp) -> str | None:
     if e.op == "*":
         if VECTOR in (left, right) and left == right:
             ctx.error(
-                "type-error",
+                TYPE_ERROR,
                 "a vector can only be multiplied by a number",
                 e.span,
                 help="for an element-wise product on the hidden state use the operation `scale v`",
@@ -209,7 +210,7 @@ def _binop(ctx: CheckContext, e: ir.BinOp) -> str | None:
             return None
         return VECTOR if VECTOR in (left, right) else SCALAR
     if right == VECTOR:
-        ctx.error("type-error", "cannot divide by a vector", e.right.span)
+        ctx.error(TYPE_ERROR, "cannot divide by a vector", e.right.span)
         return None
     return left
 
@@ -222,13 +223,13 @@ def _timed(ctx: CheckContext, e: ir.BinOp, left: str, right: str) -> str | None:
             return SCHEDULE
         if kinds in ([SCHEDULE, VECTOR], [SCALAR, SCHEDULED], [SCHEDULE, SCHEDULED]):
             return SCHEDULED
-        ctx.error("type-error", f"cannot multiply {_ARTICLE[left]} by {_ARTICLE[right]}", e.span,
+        ctx.error(TYPE_ERROR, f"cannot multiply {_ARTICLE[left]} by {_ARTICLE[right]}", e.span,
                   help="a schedule multiplies one vector: `strength * decay(0.9) * v`")
         return None
     if e.op == "/" and right == SCALAR:
         return left
     what = "add to or subtract from" if e.op in "+-" else "divide by"
-    ctx.error("type-error", f"cannot {what} a schedule", e.span,
+    ctx.error(TYPE_ERROR, f"cannot {what} a schedule", e.span,
               help="schedules combine by products (`ramp(8) * decay(0.9)`) and scale a vector")
     return None
 
@@ -237,7 +238,7 @@ def _call(ctx: CheckContext, e: ir.Call) -> str | None:
     if e.func in SCHEDULES:
         n = SCHEDULES[e.func]
         if len(e.args) != n or e.kwargs:
-            ctx.error("type-error", f"`{e.func}` takes {n} number{'s' if n > 1 else ''}", e.span,
+            ctx.error(TYPE_ERROR, f"`{e.func}` takes {n} number{'s' if n > 1 else ''}", e.span,
                       help={"ramp": "ramp(n): from 1/n up to 1 over the first n steps",
                             "decay": "decay(r): r to the power of the step, 0 < r <= 1",
                             "window": "window(a, b): 1 for steps a to b-1, 0 elsewhere"}[e.func])
@@ -246,7 +247,7 @@ def _call(ctx: CheckContext, e: ir.Call) -> str | None:
         return SCHEDULE if ok else None
     if e.func == "normalize":
         if len(e.args) != 1 or e.kwargs:
-            ctx.error("type-error", "`normalize` takes exactly one vector", e.span)
+            ctx.error(TYPE_ERROR, "`normalize` takes exactly one vector", e.span)
             return None
         return VECTOR if expect(ctx, e.args[0], VECTOR, "`normalize` scales a vector to length 1") else None
     if e.func == "load":
@@ -258,31 +259,31 @@ def _load(ctx: CheckContext, e: ir.Call) -> str | None:
     ok = True
     if len(e.args) != 1:
         ctx.error(
-            "type-error",
+            TYPE_ERROR,
             f"`load` takes one path, found {len(e.args)} positional argument(s)",
             e.span,
             help='write load("vectors/file.safetensors", key="name")',
         )
         ok = False
     elif not isinstance(e.args[0], ir.Str):
-        ctx.error("type-error", "the path given to `load` must be a string", e.args[0].span)
+        ctx.error(TYPE_ERROR, "the path given to `load` must be a string", e.args[0].span)
         ok = False
     seen = set()
     for kw in e.kwargs:
         want = LOAD_KEYWORDS.get(kw.name)
         if want is None:
             ctx.error(
-                "type-error",
+                TYPE_ERROR,
                 f"`load` has no argument `{kw.name}`",
                 kw.span,
                 help=did_you_mean(kw.name, LOAD_KEYWORDS) or "its arguments are `key` and `per_layer`",
             )
             ok = False
         elif kw.name in seen:
-            ctx.error("duplicate-field", f"`{kw.name}` is given twice", kw.span)
+            ctx.error(DUPLICATE_FIELD, f"`{kw.name}` is given twice", kw.span)
             ok = False
         elif type_of(ctx, kw.value) != want:
-            ctx.error("type-error", f"`{kw.name}` must be {_ARTICLE[want]}", kw.value.span)
+            ctx.error(TYPE_ERROR, f"`{kw.name}` must be {_ARTICLE[want]}", kw.value.span)
             ok = False
         seen.add(kw.name)
     return VECTOR if ok else None

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from steerc.ir import nodes as ir
 from steerc.passes.context import CheckContext
+from steerc.diagnostics.codes import UNUSED_NAME
 
 name = "unused"
 
@@ -22,7 +23,7 @@ def run(ctx: CheckContext) -> None:
         sym = ctx.symbols.get(stmt.name)
         if sym is not None and sym.decl is stmt and not sym.used:
             ctx.warning(
-                "unused-name",
+                UNUSED_NAME,
                 f"{kind} `{stmt.name}` is never used",
                 stmt.name_span,
                 help="remove it, or use it in an intervention",

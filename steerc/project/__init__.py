@@ -44,6 +44,7 @@ from steerc.core.paths import MARKER, find_root
 from steerc.project.locate import locate, long_number, scan, too_deep
 from steerc.project.toml import tomllib
 from steerc.core.source import Source, Span
+from steerc.diagnostics.codes import INVALID_CONFIG, LIMIT_EXCEEDED
 
 __all__ = ["TARGET_NAMES", "Project", "display_name", "project_at", "project_of"]
 
@@ -105,17 +106,17 @@ def project_at(root: str) -> Project:
         return Project(root, file, source, diagnostics=(_error(f"steer.toml {problem}", source.span(0, 0)),))
     source = Source(name, text, file)
     if len(text) > MAX_SOURCE_BYTES:
-        d = Diagnostic.error("limit-exceeded", f"steer.toml is larger than {MAX_SOURCE_BYTES:,} bytes",
+        d = Diagnostic.error(LIMIT_EXCEEDED, f"steer.toml is larger than {MAX_SOURCE_BYTES:,} bytes",
                              source.span(0, 0))
         return Project(root, file, source, diagnostics=(d,))
     deep = too_deep(text, MAX_NESTING)
     if deep is not None:
-        d = Diagnostic.error("limit-exceeded", f"steer.toml nests arrays or tables more than {MAX_NESTING} deep",
+        d = Diagnostic.error(LIMIT_EXCEEDED, f"steer.toml nests arrays or tables more than {MAX_NESTING} deep",
                              source.span(deep, deep + 1))
         return Project(root, file, source, diagnostics=(d,))
     long = long_number(text, MAX_NUMBER_CHARS)
     if long is not None:
-        d = Diagnostic.error("limit-exceeded", f"a value in steer.toml is longer than {MAX_NUMBER_CHARS} characters",
+        d = Diagnostic.error(LIMIT_EXCEEDED, f"a value in steer.toml is longer than {MAX_NUMBER_CHARS} characters",
                              source.span(*long), help="params are float32: 17 significant digits are more than enough")
         return Project(root, file, source, diagnostics=(d,))
     try:
@@ -135,7 +136,7 @@ def display_name(path: str) -> str:
 
 
 def _error(message: str, span: Span, **kw) -> Diagnostic:
-    return Diagnostic.error("invalid-config", message, span, **kw)
+    return Diagnostic.error(INVALID_CONFIG, message, span, **kw)
 
 
 def _syntax_error(source: Source, message: str) -> Diagnostic:
