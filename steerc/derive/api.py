@@ -100,7 +100,7 @@ def methods_of(method) -> list[str]:
             elif name in METHODS:
                 names.append(name)
             else:
-                from steerc.passes.context import did_you_mean
+                from steerc.diagnostics.suggest import did_you_mean
 
                 raise _error(INVALID_VALUE, f"method {name!r}: not a method ({', '.join(METHODS)}, or all)",
                              help=did_you_mean(name, METHODS + ("all",)))

@@ -12,7 +12,7 @@ fingerprint, family, size, weights sha256), the site kind, layers and head,
 the methods, how texts were read (positions, chat template), whether rows
 were normalised, the dataset (sha256, pair count, files), the held-out split
 and every layer's held-out AUROC per method. ``steerc check`` reads it back
-(:func:`provenance`) to warn when a vector meets another model or another
+(:func:`steerc.io.provenance.provenance`) to warn when a vector meets another model or another
 site than it was made for. The same inputs give the same bytes.
 """
 
@@ -20,8 +20,7 @@ from __future__ import annotations
 
 import numpy as np
 
-FORMAT = "steerc.derive/1"
-METADATA_KEY = "steerc.derive"
+from steerc.io.provenance import FORMAT, METADATA_KEY, provenance  # noqa: F401  (provenance: the reader)
 
 
 def write(path: str, rows: dict[str, np.ndarray], info: dict) -> None:
@@ -41,19 +40,3 @@ def write(path: str, rows: dict[str, np.ndarray], info: dict) -> None:
     with os.fdopen(fd, "wb") as fh:
         fh.write(data)
     os.replace(tmp, path)
-
-
-def provenance(metadata: dict | None) -> dict | None:
-    """The recorded provenance of a safetensors file's metadata, or None (not written by derive, or
-    unreadable: provenance is advisory, never an error)."""
-    if not metadata or METADATA_KEY not in metadata:
-        return None
-    from steerc.core.jsonio import JSONError, loads
-
-    try:
-        value = loads(metadata[METADATA_KEY])
-    except (JSONError, TypeError):
-        return None
-    if not isinstance(value, dict) or value.get("format") != FORMAT:
-        return None
-    return value

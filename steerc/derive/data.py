@@ -167,7 +167,7 @@ def _key_span(src: Source, offset: int, line: str, keys):
 
 
 def _did_you_mean(unknown) -> str | None:
-    from steerc.passes.context import did_you_mean
+    from steerc.diagnostics.suggest import did_you_mean
 
     return did_you_mean(unknown[0], list(KEYS)) if unknown else None
 

@@ -383,7 +383,7 @@ _WORD = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 
 def _keyword_suggestion(tok: Token, expected: set[str]) -> str | None:
     """``did you mean `add`?`` for a word where keywords were expected (``ad`` in a block), as for names."""
-    from steerc.passes.context import did_you_mean
+    from steerc.diagnostics.suggest import did_you_mean
 
     value = str(tok.value)
     if tok.type in ("$END", "_NL") or not _WORD.match(value):

@@ -146,12 +146,6 @@ class Intervention:
     # it at the param's default). Roles: bias (add, set), scale, target (clamp), angle (rotate).
     bindings: tuple[tuple[str, str, object], ...] = field(default=(), eq=False)
 
-    @property
-    def scope_text(self) -> str:
-        from steerc.frontend.fmt import scope
-
-        return ", ".join(scope(s) for s in self.scopes)
-
 
 # -------------------------------------------------------------- constraint
 

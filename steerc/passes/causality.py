@@ -16,11 +16,12 @@ selectors name layers outright, and the layout pass checks the rest.
 from __future__ import annotations
 
 from steerc.diagnostics import Note
+from steerc.diagnostics.codes import CAUSALITY
+from steerc.frontend.fmt import scope
 from steerc.ir import checked as ck
 from steerc.ir import nodes as ir
 from steerc.passes.context import CheckContext
 from steerc.passes.layers import static_layers
-from steerc.diagnostics.codes import CAUSALITY
 
 name = CAUSALITY
 
@@ -74,7 +75,7 @@ def _prompt_rule(ctx: CheckContext, iv: ck.Intervention, probe: ck.Probe) -> Non
         CAUSALITY,
         f"probe `{probe.name}` pools over the prompt ({probe.pool}), so it is decided only after the "
         f"prompt has passed; intervention `{iv.name}` would also steer prompt positions "
-        f"(tokens {iv.scope_text})",
+        f"(tokens {', '.join(scope(s) for s in iv.scopes)})",
         iv.gate_span,
         notes=(Note("pooled over the prompt here", probe.pool_span or probe.span),),
         help="add `tokens generated` (or `generated[a:b]`), or use `pool token` for a per-token decision",

@@ -2,16 +2,16 @@
 
 from __future__ import annotations
 
-import difflib
 import os
 
 from attrs import define, field
 
 from steerc.diagnostics import Diagnostics
 from steerc.ir import nodes as ir
-from steerc.core.limits import MAX_NAME_CHARS, MAX_REPEATS, MAX_SUGGESTION_CANDIDATES, MAX_VALUES
+from steerc.core.limits import MAX_REPEATS, MAX_VALUES
 from steerc.core.source import Source, Span
 from steerc.diagnostics.codes import LIMIT_EXCEEDED
+from steerc.diagnostics.suggest import did_you_mean
 
 
 class Fault(Exception):
@@ -129,24 +129,3 @@ class CheckContext:
 
     def warning(self, code, message, span, **kw) -> None:
         self.diagnostics.warning(code, message, span, **kw)
-
-
-def did_you_mean(name: str, candidates) -> str | None:
-    """A ``help`` line suggesting the closest candidate, if one is close.
-
-    Among more than MAX_SUGGESTION_CANDIDATES candidates only those of about the same
-    length and the same first letter are compared (each comparison costs time in both
-    lengths, and a program may ask for thousands of suggestions).
-    """
-    pool = list(candidates)
-    if len(pool) > MAX_SUGGESTION_CANDIDATES or len(name) > MAX_NAME_CHARS:
-        if len(name) > MAX_NAME_CHARS:
-            return None
-        pool = [c for c in pool if c[:1] == name[:1] and abs(len(c) - len(name)) <= 2][:MAX_SUGGESTION_CANDIDATES]
-    match = difflib.get_close_matches(name, pool, n=1, cutoff=0.6)
-    return f"did you mean `{match[0]}`?" if match else None
-
-
-def one_of(options) -> str:
-    items = [f"`{o}`" for o in options]
-    return items[0] if len(items) == 1 else ", ".join(items[:-1]) + " or " + items[-1]

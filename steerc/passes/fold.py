@@ -23,7 +23,8 @@ from steerc.ir import nodes as ir
 from steerc.ir.values import PerLayer
 from steerc.core.limits import FLOAT32_MAX
 from steerc.passes import types as ty
-from steerc.passes.context import CheckContext, Fault, did_you_mean
+from steerc.diagnostics.suggest import did_you_mean
+from steerc.passes.context import CheckContext, Fault
 from steerc.passes.layers import static_layers
 from steerc.diagnostics.codes import (
     INVALID_VALUE,

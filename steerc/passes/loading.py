@@ -19,6 +19,7 @@ from steerc.ir.values import PerLayer
 from steerc.core.limits import MAX_HIDDEN, MAX_LAYERS
 from steerc.passes.context import CheckContext, Fault
 from steerc.passes.files import resolve_path
+from steerc.io.provenance import provenance
 from steerc.io.vectorfile import VectorFile, VectorFileError
 from steerc.io.vectors import FORMATS, open_vector_file
 from steerc.diagnostics.codes import INVALID_VECTOR_FILE, MISSING_KEY, MODEL_MISMATCH, SHAPE_MISMATCH
@@ -89,8 +90,6 @@ def _record_origin(ctx: CheckContext, f: VectorFile, call: ir.Call) -> None:
         key = next((k.value.value for k in call.kwargs if k.name == "key"), None)
         ctx.origins[id(call)] = {"site": "resid_post", "per_layer": key in (None, cv.PREFIX)}
     elif getattr(f, "metadata", None):
-        from steerc.derive.bank import provenance
-
         origin = f.memo("provenance", lambda: provenance(f.metadata))
         if origin is not None:
             ctx.origins[id(call)] = origin

@@ -12,7 +12,8 @@ from __future__ import annotations
 from steerc.diagnostics import Note
 from steerc.ir import nodes as ir
 from steerc.ir.walk import walk
-from steerc.passes.context import CheckContext, Symbol, did_you_mean, one_of
+from steerc.diagnostics.suggest import did_you_mean, one_of
+from steerc.passes.context import CheckContext, Symbol
 from steerc.diagnostics.codes import DUPLICATE_NAME, UNDEFINED_NAME
 
 name = "names"

@@ -13,7 +13,8 @@ from steerc.diagnostics import Note
 from steerc.ir import nodes as ir
 from steerc.ir.checked import SITE_KINDS
 from steerc.core.limits import MAX_HEADS, MAX_LAYERS, MAX_POSITION
-from steerc.passes.context import CheckContext, did_you_mean, one_of
+from steerc.diagnostics.suggest import did_you_mean, one_of
+from steerc.passes.context import CheckContext
 from steerc.diagnostics.codes import (
     DUPLICATE_FIELD,
     HEAD_OUT_OF_RANGE,

@@ -13,7 +13,8 @@ where.
 from __future__ import annotations
 
 from steerc.ir import nodes as ir
-from steerc.passes.context import CheckContext, did_you_mean
+from steerc.diagnostics.suggest import did_you_mean
+from steerc.passes.context import CheckContext
 from steerc.diagnostics.codes import DUPLICATE_FIELD, INVALID_VALUE, TYPE_ERROR
 
 name = "types"

@@ -235,7 +235,7 @@ class _Reader:
 
     def fail(self, path: tuple[str, ...], message: str, value: bool = False, suggest=None, help=None) -> None:
         if suggest is not None:
-            from steerc.passes.context import did_you_mean
+            from steerc.diagnostics.suggest import did_you_mean
 
             help = did_you_mean(*suggest) or help
         self.diagnostics.append(_error(message, self.span(path, value), help=help))
