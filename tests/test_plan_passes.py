@@ -19,7 +19,8 @@ from steerc.api import check_source
 from steerc.ir.plan import Affine, Plan, Project, Rotate, Site
 from steerc.ir.values import Vec
 from steerc.passes import drop_noops, fuse_affine, fuse_projections, lower_plan
-from steerc.passes.plan_pipeline import PLAN_PASSES, PlanError, build_plan, verify
+from steerc.passes.plan_pipeline import PLAN_PASSES, build_plan, verify
+from steerc.passes.plan_pipeline import InvalidPlan as PlanError
 
 W = FACTS.hidden
 E = [fmt(unit(i, W)) for i in range(W)]  # unit basis vectors as literals

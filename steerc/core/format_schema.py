@@ -26,16 +26,16 @@ from __future__ import annotations
 import math
 import re
 
+from steerc.core.errors import FieldError
+
 MAX_DEPTH = 64
 
 
-class SchemaError(ValueError):
+class SchemaError(FieldError):
     """A document that does not match its schema; ``field`` is the path of the fault."""
 
     def __init__(self, field: str, message: str, depth: int = 0):
-        super().__init__(f"{field}: {message}")
-        self.field = field
-        self.message = message
+        super().__init__(field, message)
         self.depth = depth
 
 

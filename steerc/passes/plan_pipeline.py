@@ -11,11 +11,12 @@ import math
 
 import numpy as np
 
-from steerc.diagnostics import Diagnostics, Note
-from steerc.ir.plan import SUB_ORDER, Affine, Plan, Project, Rotate
+from steerc.core.errors import FieldError
 from steerc.core.limits import FLOAT32_MAX
-from steerc.passes import drop_dead, drop_noops, fuse_affine, fuse_projections, lower_plan
+from steerc.diagnostics import Diagnostics, Note
 from steerc.diagnostics.codes import DEAD_INTERVENTION, NO_EFFECT
+from steerc.ir.plan import SUB_ORDER, Affine, Plan, Project, Rotate
+from steerc.passes import drop_dead, drop_noops, fuse_affine, fuse_projections, lower_plan
 
 # Dead kernels go first so that fusion never hides them in a merged kernel.
 PLAN_PASSES = (drop_noops, drop_dead, fuse_affine, fuse_projections)
@@ -24,14 +25,9 @@ PLAN_PASSES = (drop_noops, drop_dead, fuse_affine, fuse_projections)
 FUSIONS = (fuse_affine, fuse_projections)
 
 
-class PlanError(AssertionError):
+class InvalidPlan(FieldError):
     """A plan broke an invariant: a compiler bug (or, for a plan that arrives as data, a tampered plan);
     ``field`` says where (``sites[0].kernels[1].op.basis``), empty when it is the plan as a whole."""
-
-    def __init__(self, message: str, field: str = ""):
-        super().__init__(message)
-        self.message = message
-        self.field = field
 
 
 def build_plan(checked, facts, *, optimize: bool = True, diagnostics: Diagnostics | None = None,
@@ -80,7 +76,7 @@ def report_changes(plan: Plan, checked, diagnostics: Diagnostics) -> None:
 
 def _check(cond: bool, message: str, field: str = "") -> None:
     if not cond:
-        raise PlanError(message, field)
+        raise InvalidPlan(field, message)
 
 
 def _f32(x) -> bool:
@@ -93,7 +89,7 @@ def verify(plan: Plan, facts) -> None:
 
     The compiler runs it between its plan passes (in the tests) and the serve
     plugin's admission runs it on every decoded request plan: a
-    :class:`PlanError` names the fault and, in ``field``, where it is
+    :class:`InvalidPlan` names the fault and, in ``field``, where it is
     (``sites[0].kernels[1].op.basis``, ``probes[0].bias``, ``params[0]``,
     the serve format's field names).
 
@@ -162,7 +158,7 @@ def verify(plan: Plan, facts) -> None:
             check_params(plan, None)
         except ParamError as exc:
             index = next((n for n, p in enumerate(plan.params) if p.name == exc.field), 0)
-            raise PlanError(f"param {exc.field}: {exc.message}", f"params[{index}].default") from None
+            raise InvalidPlan(f"params[{index}].default", f"param {exc.field}: {exc.message}") from None
         _check(rebind(plan) == plan, "the plan's values are not its coefficients times the params' defaults",
                "params")
 
@@ -235,7 +231,7 @@ def _verify_params(plan: Plan) -> set:
     rows = [{"name": p.name, "default": p.default, "min": p.low, "max": p.high} for p in plan.params]
     problem = declared_problem(rows)
     if problem is not None:
-        raise PlanError(problem[2], f"params[{problem[0]}].{problem[1]}")
+        raise InvalidPlan(f"params[{problem[0]}].{problem[1]}", problem[2])
     for n, p in enumerate(plan.params):
         for key, value in (("default", p.default), ("min", p.low), ("max", p.high)):
             _check(value is None and key != "default" or (value is not None and math.isfinite(value)),
@@ -312,4 +308,4 @@ def _verify_op(op, width: int, where: str, field: str = "") -> None:
         _check(op.mode in ("to", "by"), f"{where}: bad rotation mode", f"{field}.mode")
         _check(_f32(op.angle), f"{where}: the angle is not a finite float32 number", f"{field}.angle")
     else:
-        raise PlanError(f"{where}: unknown kernel {op!r}", field)
+        raise InvalidPlan(field, f"{where}: unknown kernel {op!r}")

@@ -285,11 +285,11 @@ def check_document(doc, facts, artifacts: dict[str, bytes], *, tp_size: int = 1,
         plan = from_serve(doc, artifacts.__getitem__)
     except Exception as exc:  # noqa: BLE001 - a document that passed every check above still did not build
         _fail("", f"does not build ({type(exc).__name__}: {exc})")
-    from steerc.passes.plan_pipeline import PlanError, verify
+    from steerc.passes.plan_pipeline import InvalidPlan, verify
 
     try:
         verify(plan, facts)  # the compiler's own verifier: every invariant a plan it produces holds
-    except PlanError as exc:
+    except InvalidPlan as exc:
         _fail(exc.field, exc.message)
     from steerc.runtime.vllm import prefix_cache_safe
     from steerc.targets.vllm.program import build
