@@ -31,6 +31,10 @@ from steerc.ir import nodes as ir
 from steerc.core.source import Source
 from steerc.passes.check_pipeline import CHECK_PASSES, run_checks
 from steerc.passes.context import CheckContext, Options
+from steerc.core.source import normalize_newlines
+from steerc.core.source import read_program
+from steerc.diagnostics import not_utf8
+from steerc.passes.plan_pipeline import build_plan
 
 __all__ = ["CheckResult", "Options", "check_file", "check_source", "CHECK_PASSES"]
 
@@ -78,7 +82,6 @@ def check_source(
     Relative paths in ``load(...)`` and ``from "..."`` resolve from ``options.base_dir`` when set, else
     from the folder of ``path`` (the file the text came from), else from the working folder.
     :func:`check_file` reads a file and passes its path."""
-    from steerc.core.source import normalize_newlines
 
     source = Source(name, normalize_newlines(text), path)
     return check(source, options or Options(), facts)
@@ -87,8 +90,6 @@ def check_source(
 def check_file(path: str, *, options: Options | None = None, facts=None, name: str | None = None) -> CheckResult:
     """Check a ``.steer`` file (raises OSError if it cannot be read). A file that is not UTF-8 gives a result
     with its ``invalid-encoding`` diagnostic, as ``steerc check`` does."""
-    from steerc.core.source import read_program
-    from steerc.diagnostics import not_utf8
 
     try:
         text = read_program(path)
@@ -125,8 +126,6 @@ def _check(source: Source, options: Options, facts, parser, fuse: bool) -> Check
     result.checked = ctx.checked if not ctx.stop else None
     result.values = ctx.values
     if facts is not None and result.checked is not None and not diagnostics.has_errors:
-        from steerc.passes.plan_pipeline import build_plan
-
         result.plan = build_plan(result.checked, facts, diagnostics=diagnostics, fuse=fuse)
     result.diagnostics = diagnostics.sorted()
     return result

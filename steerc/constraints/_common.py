@@ -15,6 +15,9 @@ import re
 from collections.abc import Callable, Iterable, Iterator
 
 from steerc.constraints import INVALID, Problem
+from steerc.core.cache import cache_root
+from steerc.core.cache import read_json
+from steerc.core.cache import write_json
 
 
 def closest(word: str, candidates: Iterable[str]) -> str | None:
@@ -137,8 +140,6 @@ def xgrammar_error(call: Callable[[object], object], key: str | None = None) -> 
         return None
     path = _verdict_path(version, key) if key is not None else None
     if path is not None:
-        from steerc.core.cache import read_json
-
         known = read_json(path, {})
         if "error" in known and (known["error"] is None or isinstance(known["error"], str)):
             return known["error"]
@@ -155,8 +156,6 @@ def xgrammar_error(call: Callable[[object], object], key: str | None = None) -> 
     else:
         message = None
     if path is not None:
-        from steerc.core.cache import write_json
-
         write_json(path, {"error": message})
     return message
 
@@ -174,7 +173,6 @@ def _xgrammar_version() -> str | None:
 def _verdict_path(version: str, key: str) -> str | None:
     import hashlib
 
-    from steerc.core.cache import cache_root
 
     try:
         digest = hashlib.sha256(key.encode("utf-8", "surrogatepass")).hexdigest()

@@ -21,6 +21,7 @@ from __future__ import annotations
 import numpy as np
 
 from steerc.io.provenance import FORMAT, METADATA_KEY, provenance  # noqa: F401  (provenance: the reader)
+from steerc.core.jsonio import dumps  # strict JSON, as provenance() reads it back (spec/json.md)
 
 
 def write(path: str, rows: dict[str, np.ndarray], info: dict) -> None:
@@ -30,7 +31,6 @@ def write(path: str, rows: dict[str, np.ndarray], info: dict) -> None:
 
     from safetensors.numpy import save
 
-    from steerc.core.jsonio import dumps  # strict JSON, as provenance() reads it back (spec/json.md)
 
     meta = {METADATA_KEY: dumps({"format": FORMAT, **info}, sort_keys=True, separators=(",", ":"))}
     data = save({k: np.ascontiguousarray(v, dtype=np.float32) for k, v in sorted(rows.items())}, metadata=meta)

@@ -34,6 +34,7 @@ from steerc.core.jsonio import JSONError, loads
 from steerc.core.limits import MAX_DATA_BYTES, MAX_EXAMPLE_CHARS, MAX_EXAMPLES, MAX_REPEATS, human
 from steerc.core.source import Source
 from steerc.diagnostics.codes import EMPTY_DATA, INVALID_DATA, UNBALANCED_DATA
+from steerc.diagnostics.suggest import did_you_mean
 
 KEYS = ("positive", "negative", "prompt")
 
@@ -167,8 +168,6 @@ def _key_span(src: Source, offset: int, line: str, keys):
 
 
 def _did_you_mean(unknown) -> str | None:
-    from steerc.diagnostics.suggest import did_you_mean
-
     return did_you_mean(unknown[0], list(KEYS)) if unknown else None
 
 

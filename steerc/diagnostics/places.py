@@ -20,6 +20,7 @@ from __future__ import annotations
 import os
 
 from steerc.core.source import Source, Span
+from steerc.diagnostics import omitted_line
 
 
 def is_pseudo(name: str) -> bool:
@@ -69,7 +70,6 @@ def text_lines(d, sources: dict[str, Source], related: bool) -> list[str]:
     """The lines of a diagnostic's text for a tool: the message (with its place when that is a pseudo-file),
     each note a tool cannot show at a place (``related``: one in a real file can be), the help, the count of
     those left out."""
-    from steerc.diagnostics import omitted_line
 
     head = d.message
     if d.span is not None and file_path(d.span, sources) is None:

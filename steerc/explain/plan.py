@@ -18,6 +18,8 @@ from steerc.frontend.fmt import scope as scope_text
 from steerc.ir import checked as ck
 from steerc.ir import nodes as ir
 from steerc.ir.plan import Affine, Kernel, Plan, Project, Rotate, Site
+from steerc.facts.sites import site_table
+from steerc.ir.interpret import schedule_factor
 
 FORMAT = "steerc.explain/1"
 BACKEND_OF = {"hf": "hf", "vllm": "vllm", "serve": "vllm"}
@@ -108,7 +110,6 @@ def schedule_text(schedule) -> str:
 def describe_schedule(schedule) -> dict:
     """The schedule as written and its value at the first steps (step 0 is the prompt's last position,
     whose output predicts the first generated token; step 1 is the first generated token's position)."""
-    from steerc.ir.interpret import schedule_factor
 
     values = schedule_factor(schedule, list(range(SCHEDULE_STEPS)))
     return {"factors": schedule_text(schedule), "steps": [round(float(v), 6) for v in values]}
@@ -201,7 +202,6 @@ def _aliases(site: Site, layers: int) -> list[str]:
 
 def explain(result, target: str = "hf") -> dict:
     """The explain document of a CheckResult that has a plan."""
-    from steerc.facts.sites import site_table
 
     plan: Plan = result.plan
     facts = result.facts

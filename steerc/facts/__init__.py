@@ -24,6 +24,8 @@ from steerc.core.jsonio import JSONError
 from steerc.core.jsonio import read_file as read_json_file
 from steerc.core.limits import MAX_HEAD_DIM, MAX_HEADS, MAX_HIDDEN, MAX_INTERMEDIATE, MAX_LAYERS, MAX_VOCAB
 from steerc.diagnostics.codes import INVALID_MODEL, UNKNOWN_FAMILY
+from steerc.facts.named import named_config, names
+from steerc.facts.sites import site_table
 
 FORMAT = "steerc.facts/1"
 FACT_FIELDS = (
@@ -214,7 +216,6 @@ def facts_from_config(config: dict, origin: str = "config") -> ModelFacts:
 
 def load_facts(path: str) -> ModelFacts:
     """Facts from a model folder, a ``config.json``, a facts JSON or a model name (``smollm2``)."""
-    from steerc.facts.named import named_config, names
 
     path = named_config(path)
     file = os.path.join(path, "config.json") if os.path.isdir(path) else path
@@ -278,7 +279,6 @@ def _from_facts_json(data: dict, file: str) -> ModelFacts:
 
 def facts_document(facts: ModelFacts, backend: str) -> dict:
     """The JSON ``steerc facts`` prints: facts, then the site table for ``backend``."""
-    from steerc.facts.sites import site_table
 
     table = site_table(facts.family, backend)
     return {

@@ -12,6 +12,8 @@ from steerc.diagnostics import Diagnostics
 from steerc.frontend.parser import SyntaxDiagnostic, parse_tree
 from steerc.ir import nodes as ir
 from steerc.core.source import Source
+from steerc.core.source import normalize_newlines
+from steerc.frontend.lower import ToIR
 
 __all__ = ["parse", "parse_source"]
 
@@ -21,7 +23,6 @@ def parse(source: Source, diagnostics: Diagnostics | None = None) -> ir.Program 
 
     Returns ``None`` when the text is not a program at all (a syntax error).
     """
-    from steerc.frontend.lower import ToIR
 
     if diagnostics is None:
         diagnostics = Diagnostics()
@@ -48,7 +49,6 @@ def _with_comments(program: ir.Program, source: Source, comments) -> ir.Program:
 
 def parse_source(text: str, name: str = "<string>") -> tuple[ir.Program | None, Diagnostics]:
     """Parse text held in memory (no file needed), its line ends read as a file's are."""
-    from steerc.core.source import normalize_newlines
 
     diagnostics = Diagnostics()
     return parse(Source(name, normalize_newlines(text)), diagnostics), diagnostics

@@ -31,6 +31,8 @@ import bisect
 
 from steerc.ir import nodes as ir
 from steerc.core.source import Source
+from steerc.diagnostics import Diagnostics
+from steerc.frontend import parse
 
 WIDTH = 100
 _PREC = {"+": 1, "-": 1, "*": 2, "/": 2}
@@ -511,8 +513,6 @@ def format_source(source: Source) -> tuple[str | None, list]:
     >>> text, [d.code for d in diagnostics]
     (None, ['syntax-error'])
     """
-    from steerc.diagnostics import Diagnostics
-    from steerc.frontend import parse
 
     diagnostics = Diagnostics()
     program = parse(source, diagnostics)

@@ -34,6 +34,9 @@ from steerc.core.limits import (
 )
 from steerc.core.source import Source
 from steerc.diagnostics.codes import LIMIT_EXCEEDED, SYNTAX_ERROR
+from steerc.diagnostics.suggest import did_you_mean
+from steerc.frontend.syntax_help import block_line_help
+from steerc.frontend.tables import load
 
 GRAMMAR_PATH = os.path.join(os.path.dirname(__file__), "steer.lark")
 
@@ -129,7 +132,6 @@ class _Layout(PostLex):
 @functools.lru_cache(maxsize=1)
 def get_parser() -> Lark:
     """The one parser instance, from the precomputed tables (see :mod:`steerc.frontend.tables`)."""
-    from steerc.frontend.tables import load
 
     return load(_Layout())
 
@@ -352,8 +354,6 @@ def syntax_diagnostic(exc: UnexpectedInput, source: Source, state: _ParseState) 
     starts_statement = tok.type in _STATEMENT_STARTS
     same_line = state.last_token is not None and state.last_token.line == tok.line
     if state.braces and same_line and not starts_statement and tok.type != "$END":
-        from steerc.frontend.syntax_help import block_line_help
-
         found = block_line_help(source.text, state.braces[-1].end_pos, tok, expected, state.last_token)
         if found is not None:
             needs, help_line = found
@@ -383,7 +383,6 @@ _WORD = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 
 def _keyword_suggestion(tok: Token, expected: set[str]) -> str | None:
     """``did you mean `add`?`` for a word where keywords were expected (``ad`` in a block), as for names."""
-    from steerc.diagnostics.suggest import did_you_mean
 
     value = str(tok.value)
     if tok.type in ("$END", "_NL") or not _WORD.match(value):

@@ -35,6 +35,7 @@ from steerc.ir.checked import Constraint, Gate
 from steerc.ir.param_values import ParamError, check_values  # noqa: F401 (re-exported)
 from steerc.ir.values import Vec
 from steerc.core.source import Span
+from steerc.ir import checked as ck
 
 SUB_ORDER = {"resid_pre": 0, "head": 1, "attn_out": 2, "mlp_out": 3, "resid_post": 4}
 
@@ -189,8 +190,6 @@ class Plan:
 
 
 def _gate_bound(g) -> bool:
-    from steerc.ir import checked as ck
-
     if g is None:
         return False
     if isinstance(g, ck.GateCompare):
@@ -203,7 +202,6 @@ def _gate_bound(g) -> bool:
 def coefficient_bounds(plan: Plan):
     """(param, |coefficient| max) for every binding and bound threshold of the plan: what
     :func:`check_values` needs to refuse a value that would overflow float32."""
-    from steerc.ir import checked as ck
 
     def gate(g):
         if isinstance(g, ck.GateCompare):
@@ -273,8 +271,6 @@ def _rebind_op(op: Op, bindings, values) -> Op:
 
 
 def _rebind_gate(g, values):
-    from steerc.ir import checked as ck
-
     if g is None:
         return None
     if isinstance(g, ck.GateCompare):

@@ -25,6 +25,11 @@ import attrs
 
 from steerc.ir.nodes import NODE_CLASSES
 from steerc.core.source import Span
+from steerc.core.jsonio import decode_float
+from steerc.core.jsonio import dumps as dumps_json
+from steerc.core.jsonio import finite
+from steerc.core.jsonio import loads as loads_json
+from steerc.core.limits import MAX_IR_JSON_BYTES
 
 FORMAT = "steerc.ir/1"
 
@@ -60,7 +65,6 @@ def _to_json(value, file: list[str]):
 
 def to_json(program) -> dict:
     """The document as JSON values (a float that is not finite as ``{"float": ...}``: steerc.core.jsonio)."""
-    from steerc.core.jsonio import finite
 
     file: list[str] = []
     body = finite(_to_json(program, file))
@@ -68,15 +72,11 @@ def to_json(program) -> dict:
 
 
 def dumps(program) -> str:
-    from steerc.core.jsonio import dumps as dumps_json
-
     return dumps_json(to_json(program), indent=1, ensure_ascii=False) + "\n"
 
 
 def _from_json(value, file: str | None):
     if isinstance(value, dict) and "node" not in value:
-        from steerc.core.jsonio import decode_float
-
         return decode_float(value)
     if isinstance(value, dict):
         cls = NODE_CLASSES[value["node"]]
@@ -103,7 +103,5 @@ def from_json(data: dict):
 
 def loads(text: str):
     """The program of an IR JSON text (read under steerc's JSON limits: :mod:`steerc.core.jsonio`)."""
-    from steerc.core.jsonio import loads as loads_json
-    from steerc.core.limits import MAX_IR_JSON_BYTES
 
     return from_json(loads_json(text, max_bytes=MAX_IR_JSON_BYTES))

@@ -22,6 +22,8 @@ from steerc.passes.files import resolve_path
 from steerc.passes.fold import with_constraint
 from steerc.core.source import Source
 from steerc.diagnostics.codes import INVALID_CONSTRAINT, LIMIT_EXCEEDED
+from steerc import constraints as cons
+from steerc.frontend.lower import _is_hex, _low_surrogate
 
 name = "constraints"
 
@@ -39,8 +41,6 @@ def run(ctx: CheckContext) -> None:
 
 
 def _check(ctx: CheckContext, stmt) -> ck.Constraint | None:
-    from steerc import constraints as cons
-
     use_xgr = ctx.options.use_xgrammar
     if isinstance(stmt, ir.ConstrainChoice):
         options = [o.value for o in stmt.options]
@@ -118,7 +118,6 @@ def _text_of(ctx: CheckContext, stmt: ir.ConstrainText):
 
 def _unescape_index(raw: str) -> list[int]:
     """For each character of the unescaped string, its offset in ``raw``."""
-    from steerc.frontend.lower import _is_hex, _low_surrogate
 
     index = []
     i = 0

@@ -12,6 +12,7 @@ from steerc.core.limits import MAX_REPEATS, MAX_VALUES
 from steerc.core.source import Source, Span
 from steerc.diagnostics.codes import LIMIT_EXCEEDED
 from steerc.diagnostics.suggest import did_you_mean
+from steerc.core.paths import find_root
 
 
 class Fault(Exception):
@@ -98,7 +99,6 @@ class CheckContext:
     def root(self) -> str:
         if self.options.root:
             return os.path.realpath(self.options.root)
-        from steerc.core.paths import find_root
 
         return find_root(self.base_dir)
 

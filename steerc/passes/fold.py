@@ -34,6 +34,10 @@ from steerc.diagnostics.codes import (
     SHAPE_MISMATCH,
     UNDEFINED_NAME,
 )
+from steerc.core.limits import MAX_SCHEDULE_STEP as MAX_POSITION
+from steerc.io.controlvector import PREFIX
+from steerc.passes.foldvec import VectorFolder
+from steerc.passes.structure import MODEL_FIELDS, model_value_ok
 
 name = "fold"
 
@@ -110,7 +114,6 @@ def _param_bounds(ev: Evaluator, stmt: ir.ParamDecl, value: float, overridden: b
 
 def _assertions(block: ir.ModelBlock, already: list) -> list[ck.ModelAssertion]:
     """The block's well-formed facts (the structure pass reported the others)."""
-    from steerc.passes.structure import MODEL_FIELDS, model_value_ok
 
     if already:  # a second block was reported as a duplicate
         return []
@@ -386,8 +389,6 @@ class Evaluator:
         return out, tuple(sorted(f1 + f2))
 
     def _factor(self, e: ir.Call) -> tuple[str, float, float]:
-        from steerc.core.limits import MAX_SCHEDULE_STEP as MAX_POSITION
-
         args = [self.operand(a) for a in e.args]
         if e.func == "decay":
             (r,) = args
@@ -415,8 +416,6 @@ class Evaluator:
 
     def _vectors(self):
         if self._folder is None:
-            from steerc.passes.foldvec import VectorFolder
-
             self._folder = VectorFolder(self)
         return self._folder
 
@@ -457,7 +456,6 @@ def report_missing_row(ctx: CheckContext, bank: PerLayer, layer: int, span) -> N
         )
     else:
         have = ", ".join(str(i) for i in sorted(bank.rows))
-        from steerc.io.controlvector import PREFIX
 
         # A llama.cpp control vector has no row 0: llama.cpp never steers layer 0's output.
         llamacpp = "; llama.cpp control vectors start at layer 1: steer resid_post[1:]" \

@@ -17,6 +17,12 @@ from steerc.diagnostics import Diagnostics, Note
 from steerc.diagnostics.codes import DEAD_INTERVENTION, NO_EFFECT
 from steerc.ir.plan import SUB_ORDER, Affine, Plan, Project, Rotate
 from steerc.passes import drop_dead, drop_noops, fuse_affine, fuse_projections, lower_plan
+from steerc.core.limits import MAX_SCHEDULE_STEP
+from steerc.ir import checked as ck
+from steerc.ir import nodes as ir
+from steerc.ir.plan import ParamError, check_params, rebind
+from steerc.ir.plan import declared_problem
+from steerc.passes.fold import step_scope
 
 # Dead kernels go first so that fusion never hides them in a merged kernel.
 PLAN_PASSES = (drop_noops, drop_dead, fuse_affine, fuse_projections)
@@ -141,8 +147,6 @@ def verify(plan: Plan, facts) -> None:
             _check(len(k.scope) > 0, f"{s.text}: kernel without scope", f"{where}.scope")
             _verify_op(k.op, width, s.text, f"{where}.op")
             if isinstance(k.op, Affine) and k.op.schedule:
-                from steerc.passes.fold import step_scope
-
                 for n, item in enumerate(k.scope):
                     _check(step_scope(item), f"{s.text}: a scheduled kernel steers only from the prompt's last "
                                              "position on (generated, generated[a:b], prompt[-1:])",
@@ -152,8 +156,6 @@ def verify(plan: Plan, facts) -> None:
                 _verify_causality(k, s, probes, where)
             _verify_bindings(k, params, width, s.text, where)
     if plan.params:
-        from steerc.ir.plan import ParamError, check_params, rebind
-
         try:
             check_params(plan, None)
         except ParamError as exc:
@@ -186,8 +188,6 @@ def _verify_site(s, facts, field: str) -> int:
 
 
 def _verify_gate(g, probes: dict, params: set, where: str, field: str) -> None:
-    from steerc.ir import checked as ck
-
     if isinstance(g, ck.GateCompare):
         _check(g.probe in probes, f"no probe named {g.probe[:40]!r} in the plan", f"{field}.probe")
         _check(g.op in GATE_OPS, f"{where}: unknown comparison {g.op!r}", f"{field}.op")
@@ -209,8 +209,6 @@ def _verify_gate(g, probes: dict, params: set, where: str, field: str) -> None:
 
 def _verify_causality(k, site, probes: dict, where: str) -> None:
     """LANGUAGE.md section 12, on the plan: the gate is decided before the positions it steers pass."""
-    from steerc.ir import checked as ck
-    from steerc.ir import nodes as ir
 
     for name in ck.gate_probes(k.gate):
         probe = probes[name]
@@ -226,8 +224,6 @@ def _verify_causality(k, site, probes: dict, where: str) -> None:
 
 
 def _verify_params(plan: Plan) -> set:
-    from steerc.ir.plan import declared_problem
-
     rows = [{"name": p.name, "default": p.default, "min": p.low, "max": p.high} for p in plan.params]
     problem = declared_problem(rows)
     if problem is not None:
@@ -274,8 +270,6 @@ def _unit_rows(vectors, width: int, where: str, field: str = "") -> None:
 
 
 def _verify_op(op, width: int, where: str, field: str = "") -> None:
-    from steerc.core.limits import MAX_SCHEDULE_STEP
-
     if isinstance(op, Affine):
         _check(not op.schedule or op.bias is not None, f"{where}: a schedule without a bias", f"{field}.schedule")
         for n, (kind, a, b) in enumerate(op.schedule):

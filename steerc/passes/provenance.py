@@ -23,6 +23,7 @@ from steerc.ir import nodes as ir
 from steerc.ir.walk import walk
 from steerc.passes.context import CheckContext
 from steerc.diagnostics.codes import VECTOR_MODEL_MISMATCH, VECTOR_SITE_MISMATCH
+from steerc.passes.layers import expand
 
 name = "provenance"
 
@@ -101,8 +102,6 @@ def _site(ctx: CheckContext, call: ir.Call, site, stmt, warned: set) -> None:
         why = (f"its rows are {derived}[l], and `{stmt.name}` uses the bank at {used}[l], so row l lands "
                f"{lands} in the forward pass than it was read ({same} is the point {derived}[l] is)")
     elif derived == "head" and used == "head" and site.heads is not None:
-        from steerc.passes.layers import expand
-
         head = origin.get("head")
         heads = set(expand(site.heads, ctx.facts.heads).indices)
         if head is not None and heads and heads != {head}:

@@ -32,6 +32,7 @@ from steerc.ir.walk import children, walk
 from steerc.passes import types as ty
 from steerc.passes.context import CheckContext, Fault
 from steerc.diagnostics.codes import PER_REQUEST_PARAM
+from steerc.passes.fold import Evaluator
 
 name = "request"
 
@@ -170,7 +171,6 @@ def _why(operand, node: ir.Name, parents: _Parents) -> str:
 
 def _bind(ctx: CheckContext, iv: ck.Intervention, uses) -> ck.Intervention:
     """The intervention with each use's coefficient (the operand with its param at 1) recorded."""
-    from steerc.passes.fold import Evaluator
 
     bindings = []
     gate = iv.gate

@@ -29,6 +29,7 @@ from steerc.diagnostics.codes import (
     UNKNOWN_SITE,
     UNSUPPORTED_VERSION,
 )
+from steerc.frontend.fmt import _sel
 
 name = "structure"
 
@@ -258,8 +259,6 @@ def check_site(ctx: CheckContext, site: ir.SiteRef) -> bool:
 
 
 def _sel_text(atom) -> str:
-    from steerc.frontend.fmt import _sel
-
     return _sel(atom)
 
 

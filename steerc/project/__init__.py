@@ -45,6 +45,11 @@ from steerc.project.locate import locate, long_number, scan, too_deep
 from steerc.project.toml import tomllib
 from steerc.core.source import Source, Span
 from steerc.diagnostics.codes import INVALID_CONFIG, LIMIT_EXCEEDED
+from steerc.core.limits import FLOAT32_MAX
+from steerc.core.limits import MAX_NESTING, MAX_NUMBER_CHARS, MAX_SOURCE_BYTES
+from steerc.core.source import read_program
+from steerc.diagnostics.suggest import did_you_mean
+from steerc.facts.named import lookup, names
 
 __all__ = ["TARGET_NAMES", "Project", "display_name", "project_at", "project_of"]
 
@@ -90,8 +95,6 @@ def project_of(path: str | None, root: str | None = None) -> Project:
 
 def project_at(root: str) -> Project:
     """The project whose root is ``root``, its ``steer.toml`` read and checked."""
-    from steerc.core.limits import MAX_NESTING, MAX_NUMBER_CHARS, MAX_SOURCE_BYTES
-    from steerc.core.source import read_program
 
     root = os.path.realpath(root)
     file = os.path.join(root, MARKER)
@@ -191,8 +194,6 @@ class _Reader:
                 self._model(path, value)
 
     def _model(self, path: tuple[str, ...], value: str) -> None:
-        from steerc.facts.named import lookup, names
-
         resolved = os.path.normpath(os.path.join(self.root, value))
         if lookup(value, self.root) is not None:  # a folder that holds no model does not hide the name
             self.keep(path, "model", value)
@@ -206,7 +207,6 @@ class _Reader:
     def _params(self, table: dict) -> None:
         import math
 
-        from steerc.core.limits import FLOAT32_MAX
 
         for key, value in table.items():
             path = ("params", key)
@@ -235,8 +235,6 @@ class _Reader:
 
     def fail(self, path: tuple[str, ...], message: str, value: bool = False, suggest=None, help=None) -> None:
         if suggest is not None:
-            from steerc.diagnostics.suggest import did_you_mean
-
             help = did_you_mean(*suggest) or help
         self.diagnostics.append(_error(message, self.span(path, value), help=help))
 

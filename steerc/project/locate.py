@@ -17,6 +17,7 @@ then answers for the nearest enclosing key it knows.
 from __future__ import annotations
 
 import re
+from steerc.project.toml import tomllib
 
 _BARE = r"[A-Za-z0-9_-]+"
 _BASIC = r'"(?:[^"\\\n]|\\.)*"'
@@ -68,8 +69,6 @@ def _unquote(key: str) -> str:
     if key.startswith("'"):
         return key[1:-1]
     if key.startswith('"'):
-        from steerc.project.toml import tomllib
-
         return tomllib.loads(f"k = {key}")["k"]
     return key
 
