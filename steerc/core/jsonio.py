@@ -191,6 +191,17 @@ def dumps(value, **kw) -> str:
     return json.dumps(finite(value), **kw)
 
 
+def canonical(value) -> str:
+    """The one canonical JSON text, which hashes, salts, fingerprints and stored documents are taken over:
+    sorted keys, no spaces, strict (:func:`dumps`), ASCII only (every other character escaped, so any text,
+    a lone surrogate too, has bytes).
+
+    >>> print(canonical({"b": [1.5, float("inf")], "a": "caf\u00e9"}))
+    {"a":"caf\\u00e9","b":[1.5,{"float":"inf"}]}
+    """
+    return dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
+
+
 def decode_float(value):
     """The float a ``{"float": "inf" | "-inf" | "nan"}`` object stands for; any other value as it is."""
     if isinstance(value, dict) and len(value) == 1 and value.get(FLOAT_KEY) in _NON_FINITE:

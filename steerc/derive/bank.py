@@ -20,8 +20,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from steerc.core.jsonio import canonical  # strict JSON, as provenance() reads it back (spec/json.md)
 from steerc.io.provenance import FORMAT, METADATA_KEY, provenance  # noqa: F401  (provenance: the reader)
-from steerc.core.jsonio import dumps  # strict JSON, as provenance() reads it back (spec/json.md)
 
 
 def write(path: str, rows: dict[str, np.ndarray], info: dict) -> None:
@@ -31,8 +31,7 @@ def write(path: str, rows: dict[str, np.ndarray], info: dict) -> None:
 
     from safetensors.numpy import save
 
-
-    meta = {METADATA_KEY: dumps({"format": FORMAT, **info}, sort_keys=True, separators=(",", ":"))}
+    meta = {METADATA_KEY: canonical({"format": FORMAT, **info})}
     data = save({k: np.ascontiguousarray(v, dtype=np.float32) for k, v in sorted(rows.items())}, metadata=meta)
     folder = os.path.dirname(os.path.abspath(path))
     os.makedirs(folder, exist_ok=True)

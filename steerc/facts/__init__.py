@@ -19,6 +19,7 @@ import os
 
 from attrs import field, frozen
 
+from steerc.core.jsonio import canonical
 from steerc.facts.families import FAMILIES, MODEL_TYPES, Family
 from steerc.core.jsonio import JSONError
 from steerc.core.jsonio import read_file as read_json_file
@@ -70,7 +71,7 @@ class ModelFacts:
     def fingerprint(self) -> str:
         """sha256 of the layout facts in canonical JSON (what steering depends on)."""
         core = {k: getattr(self, k) for k in FACT_FIELDS}
-        blob = json.dumps(core, sort_keys=True, separators=(",", ":")).encode()
+        blob = canonical(core).encode()
         return hashlib.sha256(blob).hexdigest()
 
     @property

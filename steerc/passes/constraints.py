@@ -11,8 +11,8 @@ consulted only when ``Options.use_xgrammar`` is set (it imports torch).
 
 from __future__ import annotations
 
-import json
 
+from steerc.core.jsonio import canonical
 from steerc.diagnostics import Note
 from steerc.ir import checked as ck
 from steerc.ir import nodes as ir
@@ -62,7 +62,7 @@ def _check(ctx: CheckContext, stmt) -> ck.Constraint | None:
     if _has_errors(problems):
         return None
     if stmt.kind == "json_schema":
-        text = json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+        text = canonical(value)
     return ck.Constraint(stmt.kind, value, text=text, origin=origin, span=stmt.span)
 
 
