@@ -27,7 +27,7 @@ from hypothesis import strategies as st
 from fuzzing import RAN, fuzz
 from steerc.serve_client import extra_args
 from steerc.targets.serve.format import artifact_bytes, artifact_id, cache_salt, dumps, read_artifact, to_serve
-from strategies_plan import FACTS, plan_programs
+from strategies_plan import FACTS, plan_programs, relist
 
 REFUSE, ANY, ACCEPT = "refuse", "any", "accept"
 
@@ -46,31 +46,11 @@ def _gate_probes(g) -> set:
     return set().union(*(_gate_probes(p) for p in g.get("all", g.get("any", []))))
 
 
-def _relist(doc, arts):
-    used = set()
-
-    def walk(o):
-        if isinstance(o, dict):
-            if set(o) == {"artifact"}:
-                used.add(o["artifact"])
-            for v in o.values():
-                walk(v)
-        elif isinstance(o, list):
-            for v in o:
-                walk(v)
-
-    walk({k: v for k, v in doc.items() if k != "artifacts"})
-    doc["artifacts"] = sorted(used)
-    for k in list(arts):
-        if k not in used:
-            arts.pop(k)
-
-
 def _retensor(doc, arts, ref, fn):
     data = artifact_bytes(np.asarray(fn(read_artifact(arts[ref["artifact"]])), dtype=np.float32))
     ref["artifact"] = artifact_id(data)
     arts[ref["artifact"]] = data
-    _relist(doc, arts)
+    relist(doc, arts)
 
 
 def _scalars(doc):

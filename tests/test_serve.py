@@ -14,6 +14,7 @@ from steerc.facts import load_facts
 from steerc.serve_client import ARTIFACTS_KEY, PLAN_KEY, extra_args, offline_request, request_fields
 from steerc.targets.serve.emit import emit
 from steerc.targets.serve.format import artifact_id, dumps, from_serve, read_artifact, to_serve
+from strategies_plan import relist
 from support import examples_path
 
 EXAMPLES = examples_path()
@@ -345,22 +346,7 @@ def _tamper_artifact(doc, arts, ref: dict, fn):
     new = artifact_id(data)
     ref["artifact"] = new
     arts[new] = data
-    used = set()
-
-    def walk(o):
-        if isinstance(o, dict):
-            if set(o) == {"artifact"}:
-                used.add(o["artifact"])
-            for v in o.values():
-                walk(v)
-        elif isinstance(o, list):
-            for v in o:
-                walk(v)
-    walk({k: v for k, v in doc.items() if k != "artifacts"})
-    doc["artifacts"] = sorted(used)
-    for k in list(arts):
-        if k not in used:
-            arts.pop(k)
+    relist(doc, arts)
 
 
 def _probe_after(d, a):

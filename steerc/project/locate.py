@@ -101,24 +101,14 @@ def too_deep(text: str, limit: int) -> int | None:
     """
     depth, i, quote = 0, 0, None
     while i < len(text):
-        ch = text[i]
-        if quote is not None:
-            if ch == "\\" and quote == '"':
-                i += 1
-            elif text.startswith(quote, i) or (ch == "\n" and len(quote) == 1):
-                i += len(quote) - 1
-                quote = None
-        elif ch == "#":
-            end = text.find("\n", i)
-            i = len(text) if end < 0 else end
-        elif ch in "\"'":
-            quote = ch * 3 if text.startswith(ch * 3, i) else ch
-            i += len(quote) - 1
-        elif ch in "[{":
+        i, quote, bare = _scan(text, i, quote)
+        if not bare:
+            continue
+        if text[i] in "[{":
             depth += 1
             if depth > limit:
                 return i
-        elif ch in "]}":
+        elif text[i] in "]}":
             depth = max(depth - 1, 0)
         i += 1
     return None
@@ -141,24 +131,34 @@ def long_number(text: str, limit: int) -> tuple[int, int] | None:
     """
     i, quote = 0, None
     while i < len(text):
+        i, quote, bare = _scan(text, i, quote)
+        if not bare:
+            continue
         ch = text[i]
-        if quote is not None:
-            if ch == "\\" and quote[0] == '"':
-                i += 1
-            elif text.startswith(quote, i) or (ch == "\n" and len(quote) == 1):
-                i += len(quote) - 1
-                quote = None
-        elif ch == "#":
-            end = text.find("\n", i)
-            i = len(text) if end < 0 else end
-        elif ch in "\"'":
-            quote = ch * 3 if text.startswith(ch * 3, i) else ch
-            i += len(quote) - 1
-        else:
-            m = _WORD.match(text, i)  # a number, or a key or word skipped whole (`a1111 = 1` is a key)
-            if m is not None:
-                if (ch.isdigit() or ch in "+-.") and m.end() - i > limit:
-                    return i, m.end()
-                i = m.end() - 1
+        m = _WORD.match(text, i)  # a number, or a key or word skipped whole (`a1111 = 1` is a key)
+        if m is not None:
+            if (ch.isdigit() or ch in "+-.") and m.end() - i > limit:
+                return i, m.end()
+            i = m.end() - 1
         i += 1
     return None
+
+
+def _scan(text: str, i: int, quote: str | None) -> tuple[int, str | None, bool]:
+    """One step through TOML text at ``i`` inside the string opened by ``quote`` (None: outside any):
+    ``(where to go on, the string still open, whether text[i] is bare TOML)``. Strings and comments are
+    stepped over; at a bare character nothing moves, and the caller reads it and steps on."""
+    ch = text[i]
+    if quote is not None:
+        if ch == "\\" and quote[0] == '"':
+            return i + 2, quote, False
+        if text.startswith(quote, i) or (ch == "\n" and len(quote) == 1):
+            return i + len(quote), None, False
+        return i + 1, quote, False
+    if ch == "#":
+        end = text.find("\n", i)
+        return (len(text) if end < 0 else end), None, False
+    if ch in "\"'":
+        quote = ch * 3 if text.startswith(ch * 3, i) else ch
+        return i + len(quote), quote, False
+    return i, None, True
