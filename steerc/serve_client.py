@@ -24,13 +24,9 @@ per request``) takes values: ``request_fields("out/", params={"strength":
 from __future__ import annotations
 
 import base64
-import hashlib
-import json
 import os
 
-PLAN_KEY = "steerc_plan"
-ARTIFACTS_KEY = "steerc_artifacts"
-PARAMS_KEY = "steerc_params"
+from steerc.targets.serve.request import ARTIFACTS_KEY, PARAMS_KEY, PLAN_KEY, compact, request_salt, unique_salt
 
 
 def read_compiled(folder: str) -> tuple[dict, dict[str, bytes]]:
@@ -45,33 +41,14 @@ def read_compiled(folder: str) -> tuple[dict, dict[str, bytes]]:
     return plan, artifacts
 
 
-def _compact(value) -> str:
-    return json.dumps(value, sort_keys=True, separators=(",", ":"))
-
-
-def _number(v):
-    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else v
-
-
-def request_salt(plan: dict, params: dict | None) -> str:
-    """The ``cache_salt`` of a request: the plan's, or — when ``params`` move a per-request param off its
-    default — a hash of the plan's salt and every param's value (KV under other values is never shared)."""
-    defaults = {p["name"]: float(p["default"]) for p in plan.get("params") or ()}
-    values = dict(defaults, **{k: _number(v) for k, v in (params or {}).items()})
-    if values == defaults:
-        return plan["cache_salt"]
-    digest = hashlib.sha256((plan["cache_salt"] + _compact(values)).encode("utf-8")).hexdigest()
-    return "steerc-" + digest[:32]
-
-
 def extra_args(plan: dict, artifacts: dict[str, bytes], *, inline: bool = True, params: dict | None = None) -> dict:
     """``SamplingParams.extra_args`` for a steered request (strings only: ``vllm_xargs`` takes no maps)."""
-    out = {PLAN_KEY: _compact(plan)}
+    out = {PLAN_KEY: compact(plan)}
     if params:
-        out[PARAMS_KEY] = _compact(params)
+        out[PARAMS_KEY] = compact(params)
     if inline:
         encoded = {k: base64.b64encode(v).decode("ascii") for k, v in sorted(artifacts.items())}
-        out[ARTIFACTS_KEY] = json.dumps(encoded, sort_keys=True, separators=(",", ":"))
+        out[ARTIFACTS_KEY] = compact(encoded)
     return out
 
 
@@ -95,7 +72,7 @@ def offline_request(folder: str, prompt, *, inline: bool = True, params: dict | 
     A plan whose steering depends on every prompt token (a prompt-pooled probe, a scope relative to the
     prompt's length) gets a salt of its own per call, so vLLM never serves it cached KV; the HTTP
     front end does the same for :func:`request_fields`."""
-    from steerc.targets.serve.admission import cacheable, unique_salt
+    from steerc.targets.serve.admission import cacheable
 
     plan, artifacts = read_compiled(folder)
     prompt_dict = {"prompt": prompt} if isinstance(prompt, str) else {"prompt_token_ids": list(prompt)}

@@ -36,8 +36,8 @@ import base64
 import json
 import zlib
 
-from steerc.serve_client import ARTIFACTS_KEY, PARAMS_KEY, PLAN_KEY
-from steerc.targets.serve.admission import MAX_INLINE_CHARS, MAX_PLAN_CHARS, RequestError, admit, unique_salt
+from steerc.targets.serve.admission import MAX_INLINE_CHARS, MAX_PLAN_CHARS, RequestError, admit
+from steerc.targets.serve.request import ARTIFACTS_KEY, PARAMS_KEY, PLAN_KEY, unique_salt
 
 MAX_BODY = MAX_PLAN_CHARS + MAX_INLINE_CHARS + (1 << 20)
 

@@ -46,11 +46,8 @@ import os
 from collections.abc import Mapping
 
 from steerc.core.format_schema import SchemaError, check
-from steerc.serve_client import ARTIFACTS_KEY, PARAMS_KEY, PLAN_KEY, request_salt
-
-PREFIX = "steerc_"
-KEYS = (PLAN_KEY, ARTIFACTS_KEY, PARAMS_KEY)  # every steerc_ field a request may carry
 from steerc.targets.serve.format import FORMAT, artifact_id, cache_salt, from_serve, read_artifact
+from steerc.targets.serve.request import ARTIFACTS_KEY, KEYS, PARAMS_KEY, PLAN_KEY, PREFIX, request_salt
 
 MAX_PLAN_CHARS = 4 * 1024 * 1024
 MAX_ARTIFACT_BYTES = 64 * 1024 * 1024
@@ -128,7 +125,7 @@ class Admitted:
     and prefix (:func:`steerc.runtime.vllm.prefix_cache_safe`, the vllm
     target's predicate, on the plan's boot section): only then may the request
     share prefix-cached KV with others of the same plan; otherwise the front end
-    gives it a salt of its own (:func:`unique_salt`).
+    gives it a salt of its own (:func:`~steerc.targets.serve.request.unique_salt`).
     """
 
     __slots__ = ("plan", "doc", "artifacts", "salt", "cacheable")
@@ -147,13 +144,6 @@ def cacheable(doc: dict, artifacts: dict[str, bytes]) -> bool:
 
     boot, _ = build(from_serve(doc, artifacts.__getitem__), ModelFacts(**doc["model"]["facts"]))
     return prefix_cache_safe(boot)
-
-
-def unique_salt(salt: str) -> str:
-    """A ``cache_salt`` no other request has: its KV is never served from, nor to, another request."""
-    import secrets
-
-    return f"{salt}-once-{secrets.token_hex(16)}"
 
 
 def _fail(field: str, message: str):
