@@ -114,7 +114,7 @@ def test_vllm_hook_help_for_preserve_norm_on_add_does_not_talk_about_rotation(tm
 
 
 def test_the_vllm_hook_lowering_names_layer_runs_as_a_slice(tiny_facts):
-    from steerc.targets.serve.vllm_hook import lower_vllm_hook
+    from steerc.targets.vllm_hook.lower import lower_vllm_hook
 
     facts = tiny_facts("tiny-llama")
     v = "[" + ", ".join(["1.0"] + ["0.0"] * (facts.hidden - 1)) + "]"

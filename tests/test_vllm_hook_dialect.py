@@ -30,17 +30,16 @@ from steerc.api import check_file
 from steerc.facts import facts_from_config, load_facts
 from steerc.ir.interpret import apply_kernel
 from steerc.targets.hooks import scope_item
-from steerc.targets.serve.vllm_hook import (
+from steerc.targets.vllm_hook.emit import emit_vllm_hook
+from steerc.targets.vllm_hook.format import (
     MAX_SPEC_BYTES,
     artifact_bytes,
-    artifact_id,
     canonical_bytes,
-    check_vllm_hook,
-    emit_vllm_hook,
-    lower_vllm_hook,
-    request_salt,
     spec_hash,
 )
+from steerc.targets.vllm_hook.format import registry_id as artifact_id
+from steerc.targets.vllm_hook.format import spec_salt as request_salt
+from steerc.targets.vllm_hook.lower import check_vllm_hook, lower_vllm_hook
 
 SCHEMA_PATH = os.path.join(REPO, "spec", "vllm_hook.schema.json")
 SUPPORTED, REFUSED = "lowers", "unsupported-by-target"

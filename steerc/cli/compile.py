@@ -61,7 +61,7 @@ def run(args) -> int:
     target_caps = "vllm-hook" if args.dialect == "vllm-hook" else args.target
     check_target(result, target_caps)
     if args.dialect == "vllm-hook":
-        from steerc.targets.serve.vllm_hook import check_vllm_hook
+        from steerc.targets.vllm_hook.lower import check_vllm_hook
 
         check_vllm_hook(result)
     if result.diagnostics:
@@ -99,8 +99,12 @@ def _emit(result, args, command: str, key: bytes | None = None) -> list[str]:
             from steerc.targets.llamacpp.emit import emit
 
             return emit(result.plan, result.facts, args.output, command)
+        if args.dialect == "vllm-hook":
+            from steerc.targets.vllm_hook.emit import emit_vllm_hook
+
+            return emit_vllm_hook(result.plan, result.facts, args.output)
         from steerc.targets.serve.emit import emit
 
-        return emit(result.plan, result.facts, args.output, dialect=args.dialect, key=key)
+        return emit(result.plan, result.facts, args.output, key=key)
     except OSError as exc:
         raise UsageError(f"cannot write {args.output}: {exc}") from None

@@ -1,4 +1,4 @@
-"""IBM vLLM-Hook's declarative intervention spec ("G3") from a site plan.
+"""IBM vLLM-Hook's declarative intervention spec ("G3") from a site plan: the lowering and its checks.
 
 vLLM-Hook (https://github.com/IBM/vLLM-Hook, package
 ``vllm_hook_plugins/vllm_hook_plugins/core``, read at commits
@@ -52,10 +52,7 @@ below separates specs, not requests of one spec). For exact
 
 from __future__ import annotations
 
-import hashlib
-import json
 import math
-import os
 
 import numpy as np
 
@@ -63,71 +60,11 @@ from steerc.diagnostics import Diagnostic, Note
 from steerc.ir import checked as ck
 from steerc.ir.plan import Affine, Kernel, Plan, Project, Rotate, Site
 from steerc.targets.hooks import scope_item
+from steerc.targets.vllm_hook.format import MAX_SPEC_BYTES, NAME, artifact_bytes, canonical_bytes, registry_id
 
-__all__ = [
-    "MAX_SPEC_BYTES",
-    "SOURCE_COMMITS",
-    "VllmHookError",
-    "artifact_bytes",
-    "artifact_id",
-    "canonical_bytes",
-    "check_vllm_hook",
-    "emit_vllm_hook",
-    "lower_vllm_hook",
-    "request_salt",
-    "spec_hash",
-]
+__all__ = ["VllmHookError", "check_vllm_hook", "compact_sites", "lower_vllm_hook"]
 
-SOURCE_REPOSITORY = "IBM/vLLM-Hook"
-SOURCE_COMMITS = ("15a7c602b3bdf54aa5bd7cf93ac11df815591683", "e8f81462a6034a80164f87a9dc78c1ab07a491d4")
-
-# vLLM-Hook's core/schema.py MAX_SPEC_BYTES: a larger canonical spec is E_SPEC_TOO_LARGE.
-MAX_SPEC_BYTES = 64 * 1024
-
-TARGET = "vllm-hook"
 _SERVE = "compile with --target serve (steerc's own format), which carries it"
-
-
-# ------------------------------------------------------------ canonical forms
-
-
-def canonical_bytes(obj) -> bytes:
-    """vLLM-Hook's ``core.canonical.canonical_bytes``: sorted keys, compact, ASCII-escaped, UTF-8."""
-    return json.dumps(obj, sort_keys=True, separators=(",", ":")).encode("utf-8")
-
-
-def spec_hash(obj) -> str:
-    """vLLM-Hook's ``core.canonical.spec_hash``."""
-    return "sha256:" + hashlib.sha256(canonical_bytes(obj)).hexdigest()
-
-
-def request_salt(spec, artifact_ids) -> str:
-    """vLLM-Hook's ``core.canonical.request_salt``: 64 lowercase hex digits, no prefix.
-
-    sha256 over the canonical spec, then each artifact id (sorted, UTF-8,
-    no separator).
-    """
-    h = hashlib.sha256(canonical_bytes(spec))
-    for aid in sorted(artifact_ids):
-        h.update(aid.encode("utf-8"))
-    return h.hexdigest()
-
-
-def artifact_bytes(tensors: dict) -> bytes:
-    """The canonical safetensors bytes of an artifact: float32 little-endian,
-    C-contiguous, names sorted, no metadata (what aisteer360's
-    ``artifact_id_for`` and vLLM-Hook's registry ``write`` produce)."""
-    from safetensors.numpy import save
-
-    return save({name: np.ascontiguousarray(np.asarray(tensors[name], dtype="<f4")) for name in sorted(tensors)})
-
-
-def artifact_id(data: bytes) -> str:
-    """``"sha256:" + hex``, the id vLLM-Hook's registry files an artifact under."""
-    return "sha256:" + hashlib.sha256(data).hexdigest()
-
-
-# ------------------------------------------------------------------ lowering
 
 
 class VllmHookError(ValueError):
@@ -182,14 +119,14 @@ class _Lowering:
             if names:
                 where += f" (intervention {', '.join(f'`{n}`' for n in names)})"
             self.diagnostics.append(Diagnostic.error(
-                "unsupported-by-target", f"the {TARGET} target cannot express {what}{where}: {why}", span,
+                "unsupported-by-target", f"the {NAME} target cannot express {what}{where}: {why}", span,
                 help=help, notes=notes))
         self._refusals.clear()
         self.diagnostics.sort(key=Diagnostic.sort_key)
 
     def put(self, tensors: dict) -> str:
         data = artifact_bytes(tensors)
-        aid = artifact_id(data)
+        aid = registry_id(data)
         self.artifacts[aid] = data
         return aid
 
@@ -485,7 +422,7 @@ def _affine_reason(op: Affine) -> str:
 
 
 def lower_vllm_hook(plan: Plan, facts) -> tuple[dict | None, dict[str, bytes], list[Diagnostic]]:
-    """(intervention_spec ``{"ops": [...]}``, {artifact id ``sha256:<hex>``: canonical safetensors bytes},
+    """(intervention_spec ``{"ops": [...]}``, {registry id ``sha256:<hex>``: canonical safetensors bytes},
     diagnostics). With any error the spec is None and the artifacts are empty."""
     lowering = _Lowering(plan, facts)
     spec = lowering.lower()
@@ -548,47 +485,3 @@ def compact_sites(texts) -> list[str]:
             out.append(text)
     flush()
     return out
-
-
-# ------------------------------------------------------------------ emitting
-
-
-def _write(path: str, data: bytes) -> None:
-    tmp = os.path.join(os.path.dirname(path), f".{os.path.basename(path)}.tmp")
-    with open(tmp, "wb") as fh:
-        fh.write(data)
-    os.replace(tmp, path)
-
-
-def request_body(spec: dict, artifact_ids) -> dict:
-    """What to send: ``extra_args`` (offline ``SamplingParams``), ``vllm_xargs`` (``vllm serve``,
-    the spec as its canonical JSON string) and the ``cache_salt`` both need."""
-    return {
-        "extra_args": {"intervention_spec": spec},
-        "vllm_xargs": {"intervention_spec": canonical_bytes(spec).decode("utf-8")},
-        "cache_salt": request_salt(spec, set(artifact_ids)),
-    }
-
-
-def emit_vllm_hook(plan: Plan, facts, out_dir: str) -> list[str]:
-    """Write ``intervention_spec.json`` (canonical bytes), ``request.json`` and
-    ``artifacts/<hex>.safetensors``; returns the paths written, relative to ``out_dir``.
-
-    Raises :class:`VllmHookError` (a ValueError, with ``.diagnostics``) if the
-    plan has anything vLLM-Hook cannot express.
-    """
-    spec, artifacts, diagnostics = lower_vllm_hook(plan, facts)
-    errors = [d for d in diagnostics if d.is_error]
-    if errors or spec is None:
-        raise VllmHookError(errors)
-    os.makedirs(os.path.join(out_dir, "artifacts"), exist_ok=True)
-    _write(os.path.join(out_dir, "intervention_spec.json"), canonical_bytes(spec))
-    request = request_body(spec, artifacts)
-    _write(os.path.join(out_dir, "request.json"),
-           (json.dumps(request, sort_keys=True, indent=2) + "\n").encode("utf-8"))
-    written = ["intervention_spec.json", "request.json"]
-    for aid in sorted(artifacts):
-        name = os.path.join("artifacts", aid.split(":", 1)[1] + ".safetensors")
-        _write(os.path.join(out_dir, name), artifacts[aid])
-        written.append(name)
-    return written
