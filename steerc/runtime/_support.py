@@ -1,0 +1,614 @@
+"""Steering support for transformers models: positions, scopes, gates, kernels, hooks.
+
+This module imports only torch. steerc's in-process runtime imports it, and
+``steerc compile --target hf`` copies it verbatim next to the generated hook
+code, so an emitted package runs without steerc installed and both compute
+with the very same functions.
+
+Positions count per sequence from its first real token (left padding is
+never a position and is never modified). ``P`` is a row's prompt length: the
+real tokens of the first forward inside ``generate``; outside generation,
+every real token of the forward. Positions come from the attention mask, so
+they are the same with and without a KV cache and in any batch.
+"""
+
+from __future__ import annotations
+
+import inspect
+import math
+
+import torch
+
+# ----------------------------------------------------------------- kernels
+# h is [..., width]; parameters are already on h's device in the compute dtype.
+
+
+def compute_dtype(dtype: torch.dtype) -> torch.dtype:
+    """Half-precision activations are steered in float32, then cast back."""
+    return torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
+
+
+def affine(h, scale, bias, factor=None):
+    """``scale * h + factor * bias`` (scale: a number or a vector; bias: a vector or None; factor: the
+    schedule's value per position, ``h`` without its last axis, or None for 1)."""
+    out = h * scale if not (isinstance(scale, float) and scale == 1.0) else h
+    if bias is None:
+        return out
+    return out + (bias if factor is None else factor.unsqueeze(-1) * bias)
+
+
+def schedule_factor(kinds, params, pos, plen):
+    """A schedule's value at each position: the product of its factors at step ``n = pos - (plen - 1)``.
+
+    ``kinds`` names the factors; ``params`` ([m, 2], the compute dtype) holds their numbers:
+    ramp (n, -): min(1, (step + 1) / n); decay (r, -): r ** step; window (a, b): 1 for a <= step < b.
+    Steps before 0 count as 0 (a schedule never steers them: the checker makes sure).
+    """
+    steps = (pos - plen + 1).clamp_min(0).to(params.dtype)
+    out = torch.ones_like(steps)
+    for i, kind in enumerate(kinds):
+        a, b = params[i, 0], params[i, 1]
+        if kind == "ramp":
+            out = out * torch.clamp((steps + 1.0) / a, max=1.0)
+        elif kind == "decay":
+            out = out * torch.pow(a, steps)
+        else:
+            out = out * ((steps >= a) & (steps < b)).to(params.dtype)
+    return out
+
+
+def project(h, basis, target):
+    """``h - Q (Q^T h) + Q t`` with ``Q`` the rows of ``basis`` ([k, d])."""
+    coeff = h @ basis.T
+    if target is not None:
+        coeff = coeff - target
+    return h - coeff @ basis
+
+
+def rotate(h, e1, e2, angle, mode: str):
+    """Angular steering in the plane (e1, e2); the rest of ``h`` and its norm are kept.
+
+    ``angle`` in radians: a number, or a one-element tensor (a buffer that can
+    change without re-tracing a compiled graph).
+    """
+    a = h @ e1
+    b = h @ e2
+    if torch.is_tensor(angle):
+        c, s = torch.cos(angle), torch.sin(angle)
+    else:
+        c, s = math.cos(angle), math.sin(angle)
+    if mode == "to":
+        rho = torch.sqrt(a * a + b * b)
+        a2, b2 = rho * c, rho * s
+    else:
+        a2, b2 = a * c - b * s, a * s + b * c
+    return h + (a2 - a).unsqueeze(-1) * e1 + (b2 - b).unsqueeze(-1) * e2
+
+
+def preserve_norm(before, after):
+    """Rescale ``after`` to the norm of ``before`` at each position (zero stays zero)."""
+    n_after = after.norm(dim=-1, keepdim=True)
+    n_before = before.norm(dim=-1, keepdim=True)
+    factor = torch.where(n_after > 0, n_before / torch.where(n_after > 0, n_after, 1.0), 1.0)
+    return after * factor
+
+
+class Tensors:
+    """Named float32 tensors, cast on first use to each device and dtype they meet."""
+
+    def __init__(self, tensors: dict):
+        self._base = {k: v.float() for k, v in tensors.items()}
+        self._cache: dict = {}
+
+    def get(self, name: str, like):
+        key = (name, like.device, like.dtype)
+        t = self._cache.get(key)
+        if t is None:
+            t = self._base[name].to(device=like.device, dtype=like.dtype)
+            self._cache[key] = t
+        return t
+
+    def names(self):
+        return sorted(self._base)
+
+    def raw(self, name: str):
+        """The tensor as stored (float32, on the CPU)."""
+        return self._base[name]
+
+
+def bind(tensors: Tensors, rows, values) -> tuple[dict, Tensors]:
+    """The emitted package's per-request operands at ``values`` (``install(params=...)``): per row
+    ``(slot, param, coefficient, shape)``, ``coefficient * value`` as ``steerc.ir.plan.rebind`` computes it:
+    a number times the value (a scalar slot when ``shape`` is None, else a float32 tensor of that shape),
+    or a stored float32 coefficient tensor (``coefficient`` its name) times the value in float64, then
+    float32. Returns (scalars by slot, the tensors by slot)."""
+    scalars, bound = {}, {}
+    for slot, param, coefficient, shape in rows:
+        value = values[param]
+        if isinstance(coefficient, str):
+            bound[slot] = (tensors.raw(coefficient).double() * value).float()
+        elif shape is None:
+            scalars[slot] = coefficient * value
+        else:
+            bound[slot] = torch.full(shape, coefficient * value, dtype=torch.float32)
+    return scalars, Tensors(bound)
+
+
+def select(mask, new, old):
+    """``new`` where ``mask`` ([B, T]) is set, else ``old``."""
+    return torch.where(mask.unsqueeze(-1), new, old)
+
+
+# ------------------------------------------------------------------ readouts
+
+
+def readout(kind: str, h, vector, bias: float):
+    """A probe's value for each row of ``h`` ([..., d] -> [...]).
+
+    ``vector`` is the probe's vector ([d]) for ``dot`` and ``cosine``, the
+    orthonormal basis ``Q`` ([k, d]) for ``projected_cosine`` and
+    ``subspace_cosine``, None for ``norm``. With ``P = Qᵀ Q`` the projector
+    onto the basis' span: ``projected_cosine`` is CAST's condition,
+    ``cos(h, tanh(P h))``; ``subspace_cosine`` is ``cos(h, P h)``.
+    """
+    if kind == "norm":
+        return h.norm(dim=-1)
+    if kind == "dot":
+        return h @ vector + bias
+    if kind == "cosine":
+        return (h @ vector) / (h.norm(dim=-1) * vector.norm()).clamp_min(1e-30)
+    ph = (h @ vector.T) @ vector
+    if kind == "projected_cosine":
+        ph = torch.tanh(ph)
+    return (h * ph).sum(-1) / (h.norm(dim=-1) * ph.norm(dim=-1)).clamp_min(1e-30)
+
+
+# ------------------------------------------------------------------ positions
+
+
+def position_mask(item: tuple, pos, plen):
+    """Which positions a scope item selects: ``pos`` and ``plen`` broadcast together.
+
+    Items: ("all",), ("prompt", start, stop), ("generated", start, stop) with
+    Python slice rules over the prompt and over the generated positions,
+    ("positions", (i, ...)). ``plen`` is each position's prompt length.
+    """
+    kind = item[0]
+    if kind == "all":
+        return torch.ones_like(pos, dtype=torch.bool)
+    if kind == "prompt":
+        start, stop = item[1], item[2]
+        if start is None:
+            lo = torch.zeros_like(plen)
+        elif start < 0:
+            lo = (plen + start).clamp_min(0)
+        else:
+            lo = torch.full_like(plen, start)
+        if stop is None:
+            hi = plen
+        elif stop < 0:
+            hi = (plen + stop).clamp_min(0)
+        else:
+            hi = torch.minimum(torch.full_like(plen, stop), plen)
+        return (pos >= lo) & (pos < hi)
+    if kind == "generated":
+        g = pos - plen
+        start, stop = item[1] or 0, item[2]
+        inside = g >= start
+        return inside if stop is None else inside & (g < stop)
+    if kind == "positions":
+        return torch.isin(pos, torch.tensor(item[1], device=pos.device))
+    raise ValueError(f"unknown scope {kind}")
+
+
+def compare(values, op: str, threshold):
+    """``values OP threshold``; NaN (a probe not decided yet) compares false."""
+    if op == "<":
+        out = values < threshold
+    elif op == "<=":
+        out = values <= threshold
+    elif op == ">":
+        out = values > threshold
+    else:
+        out = values >= threshold
+    return out & ~torch.isnan(values)
+
+
+# -------------------------------------------------------------------- context
+
+
+class Context:
+    """What one forward pass knows about its tokens, plus state held across a generation."""
+
+    def __init__(self, tokenizer=None, after_texts=(), constraint=None):
+        self.tokenizer = tokenizer
+        self.after_texts = tuple(after_texts)
+        self.constraint = constraint  # a factory of logits processors, or None
+        self.generating = False
+        self.expect_prompt = False
+        self.prompt_len = None  # [B] held during generate
+        self.after_start: dict[str, torch.Tensor] = {}
+        self.held: dict[str, torch.Tensor] = {}  # pooled probe values, [B]
+        self.values: dict[str, torch.Tensor] = {}  # per-token probe values this forward, [B, T]
+        self.pos = self.real = self.plen = None
+        self._masks: dict = {}
+        # the emitted package's per-request operands (S.bind) and gates with bound thresholds, by name
+        self.bound: dict = {}
+        self.bound_tensors = Tensors({})
+
+    # called by the base model's pre-hook
+    def begin_forward(self, input_ids, embeds, attention_mask, past_len: int) -> None:
+        ref = input_ids if input_ids is not None else embeds
+        batch, length = ref.shape[0], ref.shape[1]
+        device = ref.device
+        if attention_mask is None:
+            mask = torch.ones(batch, past_len + length, dtype=torch.long, device=device)
+        else:
+            mask = attention_mask.to(device=device, dtype=torch.long)
+            if mask.dim() != 2:
+                raise ValueError("steerc needs a 2-D attention mask [batch, length] to count positions")
+            if mask.shape[1] < past_len + length:
+                pad = torch.ones(batch, past_len + length - mask.shape[1], dtype=torch.long, device=device)
+                mask = torch.cat([pad, mask], dim=1)
+        counts = mask.cumsum(dim=1)
+        self.pos = (counts[:, -length:] - 1).clamp_min(0)
+        self.real = mask[:, -length:].bool()
+        new_prompt = not self.generating or self.expect_prompt or self.prompt_len is None
+        if new_prompt:
+            self.prompt_len = counts[:, -1].clone()
+            self.held = {}
+            self._find_after(input_ids, mask[:, -length:])
+            self.expect_prompt = False
+        elif self.prompt_len.shape[0] != batch:
+            raise ValueError("the batch changed size during generation; steerc cannot follow rows")
+        self.plen = self.prompt_len.unsqueeze(1)
+        self.values = {}
+        self._masks = {}
+
+    def _find_after(self, input_ids, mask) -> None:
+        self.after_start = {}
+        if not self.after_texts:
+            return
+        if self.tokenizer is None or input_ids is None:
+            raise ValueError("`tokens after \"...\"` needs the tokenizer: install(model, tokenizer)")
+        for text in self.after_texts:
+            starts = [_after_position(self.tokenizer, row[m.bool()].tolist(), text)
+                      for row, m in zip(input_ids, mask)]
+            self.after_start[text] = torch.tensor(starts, device=input_ids.device).unsqueeze(1)
+
+    # scopes ---------------------------------------------------------------
+    def scope_mask(self, scope: tuple):
+        """[B, T] bool mask of a scope: a tuple of items (see steerc.runtime.hf.scope_data)."""
+        mask = self._masks.get(scope)
+        if mask is None:
+            mask = torch.zeros_like(self.real)
+            for item in scope:
+                mask = mask | self._item_mask(item)
+            mask = mask & self.real
+            self._masks[scope] = mask
+        return mask
+
+    def _item_mask(self, item):
+        if item[0] == "after":
+            return self.pos >= self.after_start[item[1]]
+        return position_mask(item, self.pos, self.plen)
+
+    # probes and gates -----------------------------------------------------
+    def record_probe(self, name: str, pool: str, kind: str, h, vector, bias: float) -> None:
+        """Read a probe at its site: per token, or on the hidden state pooled over the prompt.
+
+        A pooled probe is decided by the forward pass whose chunk holds the
+        prompt's last position (HF processes the whole prompt in that pass),
+        then held for the rest of the sequence.
+        """
+        if pool == "token":
+            self.values[name] = readout(kind, h, vector, bias)
+            return
+        in_prompt = self.real & (self.pos < self.plen)
+        last = in_prompt & (self.pos == self.plen - 1)
+        if pool == "prompt.last":
+            pooled = (h * last.unsqueeze(-1)).sum(dim=1)
+        else:
+            count = in_prompt.sum(dim=1, keepdim=True).clamp_min(1)
+            pooled = (h * in_prompt.unsqueeze(-1)).sum(dim=1) / count
+        value = readout(kind, pooled, vector, bias)
+        prev = self.held.get(name)
+        if prev is None:
+            prev = torch.full_like(value, float("nan"))
+        self.held[name] = torch.where(last.any(dim=1), value, prev)
+
+    def probe_value(self, name: str):
+        """[B, T] values of a probe for gating: per token, or the held pooled value."""
+        if name in self.values:
+            return self.values[name]
+        held = self.held.get(name)
+        if held is None:
+            return torch.full(self.pos.shape, float("nan"), device=self.pos.device)
+        return held.unsqueeze(1).expand(self.pos.shape)
+
+    def gate_mask(self, gate):
+        """[B, T] bool of a gate expression: ("cmp", probe, op, x), ("and"|"or", parts), ("not", g)."""
+        kind = gate[0]
+        if kind == "cmp":
+            return compare(self.probe_value(gate[1]), gate[2], gate[3])
+        if kind == "not":
+            return ~self.gate_mask(gate[1])
+        parts = [self.gate_mask(g) for g in gate[1]]
+        out = parts[0]
+        for p in parts[1:]:
+            out = out & p if kind == "and" else out | p
+        return out
+
+
+def _after_position(tokenizer, ids: list[int], text: str) -> int:
+    """First position after the token where the first occurrence of ``text`` ends."""
+    if text not in tokenizer.decode(ids):
+        return 1 << 60
+    lo, hi = 1, len(ids)
+    while lo < hi:  # smallest k with text in decode(ids[:k])
+        mid = (lo + hi) // 2
+        if text in tokenizer.decode(ids[:mid]):
+            hi = mid
+        else:
+            lo = mid + 1
+    return lo
+
+
+# ----------------------------------------------------------------------- facts
+
+_CONFIG_KEYS = {
+    "layers": ("num_hidden_layers", "n_layer"),
+    "hidden": ("hidden_size", "n_embd"),
+    "heads": ("num_attention_heads", "n_head"),
+    "vocab": ("vocab_size",),
+}
+
+
+def check_facts(model, facts: dict, model_types: tuple) -> None:
+    """Refuse a model whose layout differs from the one the hooks were compiled for."""
+    config = model.config
+    if getattr(config, "model_type", None) not in model_types and getattr(config, "text_config", None) is not None:
+        config = config.text_config
+    problems = []
+    model_type = getattr(config, "model_type", None)
+    if model_type not in model_types:
+        problems.append(f"family {model_type!r}, expected one of {model_types}")
+    for fact, keys in _CONFIG_KEYS.items():
+        value = next((getattr(config, k) for k in keys if getattr(config, k, None) is not None), None)
+        if value != facts[fact]:
+            problems.append(f"{fact} {value}, expected {facts[fact]}")
+    if problems:
+        raise RuntimeError("these steering hooks were compiled for another model: " + "; ".join(problems))
+
+
+# ----------------------------------------------------------------------- hooks
+
+
+def _past_length(kwargs) -> int:
+    for key in ("cache", "past_key_values"):
+        cache = kwargs.get(key)
+        if cache is not None and hasattr(cache, "get_seq_length"):
+            return int(cache.get_seq_length())
+        if isinstance(cache, (tuple, list)) and cache and cache[0] is not None:
+            return int(cache[0][0].shape[-2])
+    cache_position = kwargs.get("cache_position")
+    if cache_position is not None and cache_position.numel():
+        return int(cache_position.reshape(-1)[0])
+    return 0
+
+
+def _site_tensor(kind: str, tensor: str, args, kwargs, output):
+    if kind == "pre":
+        if tensor == "input1":
+            return args[1] if len(args) > 1 else kwargs["hidden_states"]
+        return args[0] if args else kwargs["hidden_states"]
+    return output[0] if isinstance(output, tuple) else output
+
+
+def _replace(kind: str, tensor: str, args, kwargs, output, new):
+    if kind == "pre":
+        key = 1 if tensor == "input1" else 0
+        if len(args) > key:
+            args = args[:key] + (new,) + args[key + 1 :]
+        else:
+            kwargs = dict(kwargs, hidden_states=new)
+        return args, kwargs
+    if isinstance(output, tuple):
+        return (new,) + tuple(output[1:])
+    return new
+
+
+class Handle:
+    """Installed steering: ``remove()`` it (idempotent) or use it as a context manager."""
+
+    def __init__(self, model, context: Context):
+        self.model = model
+        self.context = context
+        self._hooks = []
+        self._generate = None
+        self.removed = False
+        self.verified = False  # True once a forward has run every planned hook
+
+    def remove(self) -> None:
+        for h in self._hooks:
+            h.remove()
+        self._hooks = []
+        if self._generate is not None and "generate" in vars(self.model):
+            del self.model.generate
+        self._generate = None
+        self.context.generating = False
+        self.removed = True
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.remove()
+        return False
+
+
+class HookNeverRan(RuntimeError):
+    """A forward after ``install`` did not go through a module the plan hooks: steering would silently not
+    apply, so the forward is refused instead."""
+
+
+def install(model, base_path: str, hooks, context: Context, family: str = "?") -> Handle:
+    """Register ``hooks`` ([(module path, kind, tensor, fn(h, ctx) -> h)]) and the context hook.
+
+    Steering hooks are prepended so transformers' own output capturing (and
+    ``output_hidden_states``) sees the steered values.
+
+    No silent no-op: until one forward of the model has run every hook, each
+    forward checks at its end that all of them ran, and raises
+    :class:`HookNeverRan` naming the modules that were skipped, the family and
+    the transformers version (a module the model's forward no longer goes
+    through, as when a transformers release reroutes a layer). Once a forward
+    has run them all, the check is removed.
+    """
+    handle = Handle(model, context)
+    ran = [False] * len(hooks)
+    try:
+        base = model.get_submodule(base_path)
+        params = list(inspect.signature(base.forward).parameters)
+
+        def begin(module, args, kwargs):
+            bound = dict(zip(params, args))
+            bound.update(kwargs)
+            context.begin_forward(bound.get("input_ids"), bound.get("inputs_embeds"),
+                                  bound.get("attention_mask"), _past_length(bound))
+            if not handle.verified:
+                ran[:] = [False] * len(ran)
+
+        handle._hooks.append(base.register_forward_pre_hook(begin, with_kwargs=True, prepend=True))
+        for i, (path, kind, tensor, fn) in enumerate(hooks):
+            module = model.get_submodule(path)
+            handle._hooks.append(_register(module, kind, tensor, _counted(fn, ran, i), context))
+        outer = base if all(_inside(path, base_path) for path, *_ in hooks) else model
+        checker = []
+
+        def end(module, args, output):
+            missing = [(path, kind) for (path, kind, *_), done in zip(hooks, ran) if not done]
+            if missing:
+                raise HookNeverRan(_never_ran(missing, family))
+            handle.verified = True
+            checker[0].remove()
+
+        checker.append(outer.register_forward_hook(end))
+        handle._hooks.append(checker[0])
+        _wrap_generate(model, handle)
+    except Exception:
+        handle.remove()
+        raise
+    return handle
+
+
+def _counted(fn, ran: list, i: int):
+    def counted(h, ctx):
+        ran[i] = True
+        return fn(h, ctx)
+
+    return counted
+
+
+def _inside(path: str, base_path: str) -> bool:
+    return not base_path or path == base_path or path.startswith(base_path + ".")
+
+
+def _never_ran(missing, family: str) -> str:
+    try:
+        import transformers
+
+        version = transformers.__version__
+    except ImportError:
+        version = "?"
+    where = ", ".join(f"{path} ({'forward pre-hook' if kind == 'pre' else 'forward hook'})"
+                      for path, kind in missing[:6])
+    more = f" and {len(missing) - 6} more" if len(missing) > 6 else ""
+    return (f"steerc: {len(missing)} planned hook(s) never ran in this forward of the {family!r} model "
+            f"(transformers {version}): {where}{more}. The model's forward does not go through these modules, "
+            "so the steering would silently not apply; nothing was generated with it. Check the module paths "
+            "with `steerc facts MODEL --backend hf` against the model (print(model)), and report the family and "
+            "the transformers version")
+
+
+def _register(module, kind: str, tensor: str, fn, context: Context):
+    if kind == "pre":
+        def pre(mod, args, kwargs):
+            h = _site_tensor(kind, tensor, args, kwargs, None)
+            return _replace(kind, tensor, args, kwargs, None, fn(h, context))
+
+        return module.register_forward_pre_hook(pre, with_kwargs=True, prepend=True)
+
+    def post(mod, args, output):
+        h = _site_tensor(kind, tensor, args, None, output)
+        return _replace(kind, tensor, args, None, output, fn(h, context))
+
+    return module.register_forward_hook(post, prepend=True)
+
+
+# ---------------------------------------------------------------- constraints
+
+
+def choice_grammar(options) -> str:
+    import json
+
+    return "root ::= " + " | ".join(json.dumps(o, ensure_ascii=False) for o in options) + "\n"
+
+
+def constraint_factory(tokenizer, vocab_size: int, constraint: tuple):
+    """A function making a fresh xgrammar logits processor for each ``generate`` call.
+
+    ``constraint`` is (kind, value): ("json_schema", schema JSON text), ("regex",
+    pattern), ("grammar", EBNF) or ("choice", options). JSON comes out compact
+    (no free whitespace), as on every steerc target.
+    """
+    try:
+        import xgrammar as xgr
+        from xgrammar.contrib.hf import LogitsProcessor
+    except ImportError:
+        raise ImportError("this steering constrains its output: install xgrammar (pip install 'steerc[guided]')") \
+            from None
+    if tokenizer is None:
+        raise ValueError("an output constraint needs the tokenizer: install(model, tokenizer)")
+    info = xgr.TokenizerInfo.from_huggingface(tokenizer, vocab_size=vocab_size)
+    compiler = xgr.GrammarCompiler(info)
+    kind, value = constraint
+    if kind == "json_schema":
+        compiled = compiler.compile_json_schema(value, any_whitespace=False, separators=(",", ":"))
+    elif kind == "regex":
+        compiled = compiler.compile_regex(value)
+    elif kind == "grammar":
+        compiled = compiler.compile_grammar(value)
+    else:
+        compiled = compiler.compile_grammar(choice_grammar(value))
+    return lambda: LogitsProcessor(compiled)
+
+
+def _with_processor(kwargs: dict, processor) -> dict:
+    existing = kwargs.get("logits_processor")
+    if existing is None:
+        from transformers import LogitsProcessorList
+
+        existing = LogitsProcessorList()
+    merged = type(existing)(list(existing) + [processor])
+    return dict(kwargs, logits_processor=merged)
+
+
+def _wrap_generate(model, handle: Handle) -> None:
+    original = model.generate
+    context = handle.context
+
+    def generate(*args, **kwargs):
+        if context.constraint is not None:
+            kwargs = _with_processor(kwargs, context.constraint())
+        context.generating = True
+        context.expect_prompt = True
+        try:
+            return original(*args, **kwargs)
+        finally:
+            context.generating = False
+            context.prompt_len = None
+
+    generate.__doc__ = original.__doc__
+    handle._generate = original
+    model.generate = generate
