@@ -10,9 +10,8 @@ that only the plan's meaning is wrong. For every input:
 * admission either admits it or raises ``RequestError`` (never another exception), and a tampering
   mutation is always refused;
 * an admitted plan passes the compiler's verifier, the worker builds it (``_RequestSteer``: the vllm
-  buffers and site functions, on torch), and it re-encodes to the very document admitted (decode ->
-  encode is the identity: the worker runs what the document says); an unmutated one is the compiler's
-  plan exactly.
+  buffers and site functions, on torch), and it re-encodes to the document admitted: the same meaning
+  (a client may write 0 for 0.0), and the same text for the compiler's own plan, which it equals.
 """
 
 from __future__ import annotations
@@ -82,6 +81,8 @@ def m_none(doc, arts, rng):
 
 
 def m_duplicate_site(doc, arts, rng):
+    if not doc["sites"]:  # a program of identity kernels only: no site to list twice
+        return ANY
     i = rng.randrange(len(doc["sites"]))
     doc["sites"].insert(i + 1, json.loads(json.dumps(doc["sites"][i])))
     return REFUSE
@@ -158,6 +159,21 @@ def m_random_edit(doc, arts, rng):
     return ANY
 
 
+def _meaning(doc):
+    """The document as JSON means it: a number is a number (a client may write 0 for 0.0), a boolean is not
+    a number; the cache salt, which hashes the text, is left out."""
+    def norm(o):
+        if isinstance(o, bool) or o is None or isinstance(o, str):
+            return o
+        if isinstance(o, (int, float)):
+            return ("number", float(o))
+        if isinstance(o, list):
+            return [norm(v) for v in o]
+        return {k: norm(v) for k, v in o.items()}
+
+    return norm({k: v for k, v in doc.items() if k != "cache_salt"})
+
+
 MUTATIONS = (m_none, m_duplicate_site, m_probe_later, m_widen_pooled, m_scale_basis, m_past_float32, m_resid_pre,
              m_nudge, m_random_edit)
 
@@ -192,7 +208,9 @@ def test_whatever_admission_accepts_the_worker_builds_and_it_means_the_document(
                           tp_size=1)
     assert steer.fns or not admitted.plan.sites
     again, again_arts = to_serve(admitted.plan, FACTS.to_json())
-    assert dumps(again) == dumps(doc), f"{mutation.__name__}: the admitted plan is not the document"
+    assert _meaning(again) == _meaning(doc), f"{mutation.__name__}: the admitted plan is not the document"
+    if mutation is m_none:
+        assert dumps(again) == dumps(doc)
     assert again_arts == {k: arts[k] for k in doc["artifacts"]}
     if mutation is m_none:
         assert admitted.plan == result.plan

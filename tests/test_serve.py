@@ -173,6 +173,13 @@ FAULTS = {
     "tampered inline": ("steerc_artifacts", None),
     "missing artifact": ("does not carry", None),
     "another model": ("model.fingerprint", lambda d, a: d["model"].__setitem__("fingerprint", "0" * 64)),
+    "facts beside the fingerprint": ("model.facts.tied_embeddings", lambda d, a: (
+        d["model"]["facts"].__setitem__("tied_embeddings", not d["model"]["facts"]["tied_embeddings"]),
+        _resalted(d))),
+    "1 for true": ("model.facts.tied_embeddings", lambda d, a: (
+        d["model"]["facts"].__setitem__("tied_embeddings", int(d["model"]["facts"]["tied_embeddings"])),
+        _resalted(d))),
+    "another family": ("model.family", lambda d, a: (d["model"].__setitem__("family", "qwen2"), _resalted(d))),
     "not json": ("steerc_plan", None),
     "deep json": ("steerc_plan", None),
     "wrong format": ("steerc_plan.format", lambda d, a: d.__setitem__("format", "steerc.serve/0")),

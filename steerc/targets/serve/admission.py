@@ -224,6 +224,12 @@ def check_document(doc, facts, artifacts: dict[str, bytes], *, tp_size: int = 1,
                           "(steerc compile --hmac-key-file)")
     if doc["model"]["fingerprint"] != facts.fingerprint:
         _fail("model.fingerprint", "compiled for another model than this server's (its layout facts differ)")
+    mine = facts.to_json()
+    stated = {"family": doc["model"]["family"], **{f"facts.{k}": v for k, v in doc["model"]["facts"].items()}}
+    for name, value in stated.items():  # the facts the fingerprint stands for (the schema names them all)
+        have = mine[name.removeprefix("facts.")]
+        if have != value or type(have) is not type(value):
+            _fail(f"model.{name}", f"is {value!r}, this server's model has {have!r}, which the fingerprint names")
     refs = _Refs(artifacts)
     for i, p in enumerate(doc["probes"]):
         field = f"probes[{i}]"
