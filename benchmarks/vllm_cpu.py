@@ -133,7 +133,7 @@ def vllm_target(folder: str, args) -> list[tuple[str, str, float]]:
 def serve_plugin(folder: str, args) -> list[tuple[str, str, float]]:
     import vllm
 
-    from steerc.runtime.vllm_engine import register_loader
+    from steerc.runtime.vllm.loader import register_loader
     from steerc.serve_client import extra_args, read_compiled
     from steerc.targets.serve.emit import emit
 

@@ -16,7 +16,7 @@ from steerc.core.paths import CACHE_NAME, importable, temp_folder
 WRITE = """
 import os, sys
 from steerc.runtime.vllm import plan_file
-from steerc.runtime.serve import ArtifactStore
+from steerc.runtime.vllm.serve import ArtifactStore
 from steerc.core.cache import file_sha256
 print(plan_file(b"a plan"))
 print(ArtifactStore().root)

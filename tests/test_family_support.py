@@ -71,7 +71,7 @@ def _cohere_hooks(site: str):
 
 @pytest.mark.parametrize("site", ["attn_out[1]", "mlp_out[2]"])
 def test_cohere_attn_and_mlp_outputs_are_refused_under_tensor_parallelism(site):
-    from steerc.runtime.vllm import _localise
+    from steerc.runtime.vllm.parallel import localise as _localise
     from steerc.targets.vllm.wire import PlanError
 
     (hook,), facts = _cohere_hooks(site)
@@ -81,7 +81,7 @@ def test_cohere_attn_and_mlp_outputs_are_refused_under_tensor_parallelism(site):
 
 
 def test_cohere_residual_sites_are_fine_under_tensor_parallelism():
-    from steerc.runtime.vllm import _localise
+    from steerc.runtime.vllm.parallel import localise as _localise
 
     (hook,), facts = _cohere_hooks("resid_post[1]")
     assert _localise(hook, facts.heads, 1, 2, facts.head_dim, "cohere") is not None

@@ -185,7 +185,7 @@ def test_whatever_admission_accepts_the_worker_builds_and_it_means_the_document(
 
     from steerc.api import check_source
     from steerc.passes.plan_pipeline import verify
-    from steerc.runtime.serve import _RequestSteer
+    from steerc.runtime.vllm.serve import _RequestSteer
     from steerc.targets.serve.admission import RequestError, admit
 
     result = check_source(text, facts=FACTS)

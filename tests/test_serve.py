@@ -127,7 +127,7 @@ def _admission_inputs(facts, tmp_path, name="12_per_token_gate.steer"):
 
 
 def test_admission_checks_and_stages_artifacts(facts, tmp_path):
-    from steerc.runtime.serve import ArtifactStore
+    from steerc.runtime.vllm.serve import ArtifactStore
     from steerc.targets.serve.admission import admit
 
     doc, arts = _admission_inputs(facts, tmp_path)
@@ -250,7 +250,7 @@ def test_non_finite_numbers_in_a_decoded_plan_are_refused_at_their_field(facts, 
 
 
 def test_admission_refuses_a_stored_artifact_tampered_on_disk(facts, tmp_path):
-    from steerc.runtime.serve import ArtifactStore
+    from steerc.runtime.vllm.serve import ArtifactStore
     from steerc.targets.serve.admission import RequestError, admit
 
     doc, arts = _admission_inputs(facts, tmp_path)
@@ -296,7 +296,7 @@ def test_every_example_plan_is_admitted(facts, tmp_path):
 def test_store_caps_size_with_lru_eviction(tmp_path):
     import numpy as np
 
-    from steerc.runtime.serve import ArtifactStore
+    from steerc.runtime.vllm.serve import ArtifactStore
     from steerc.targets.serve.format import artifact_bytes
 
     blobs = [artifact_bytes(np.full(1024, i, dtype=np.float32)) for i in range(5)]
@@ -457,7 +457,7 @@ MALFORMED = ["binding coefficient past float32", "binding coefficient past float
 
 @pytest.mark.parametrize("case", MALFORMED)
 def test_malformed_requests_are_refused_naming_the_field(facts, tmp_path, case):
-    from steerc.runtime.serve import ArtifactStore
+    from steerc.runtime.vllm.serve import ArtifactStore
     from steerc.targets.serve.admission import RequestError, admit
 
     args, field = _malformed(facts, tmp_path, case)
@@ -490,7 +490,7 @@ class _App:
 def _vllm_config(prefix_caching=True):
     from types import SimpleNamespace
 
-    from steerc.runtime.vllm_engine import CONFIG_KEY, LOAD_FORMAT
+    from steerc.runtime.vllm.engine import CONFIG_KEY, LOAD_FORMAT
 
     with open(os.path.join(EXAMPLES, "models", "tiny-llama", "config.json")) as fh:
         hf = json.load(fh)

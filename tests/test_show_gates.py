@@ -2,7 +2,7 @@
 
 On the tiny Llama the values are computed directly (the hidden states of an
 unsteered forward pass, pooled and read in float64) and compared with what
-:class:`~steerc.runtime.gates.GateTrace` read from the runtime: a pooled
+:class:`~steerc.runtime.hf.gates.GateTrace` read from the runtime: a pooled
 probe on a left-padded batch of two prompts (one opens the gate, one does
 not), and a per-token probe over a whole generation. The CLI runs a saved
 tiny model; the real-model test derives the joy bank into a temporary
@@ -27,7 +27,7 @@ from support import REPO, joy_project, run_cli  # noqa: E402
 from tiny_models import tiny_model  # noqa: E402
 from tokenizer_util import byte_bpe  # noqa: E402
 
-from steerc.runtime.gates import GateTrace  # noqa: E402
+from steerc.runtime.hf.gates import GateTrace  # noqa: E402
 from steerc.runtime.hf import install  # noqa: E402
 
 V = vec(64, 21)

@@ -48,10 +48,10 @@ def smol():
     import io
     import time
 
-    from steerc.runtime.models import _cache_complete, gguf_cache_folder
+    from steerc.runtime.models import cache_complete, gguf_cache_folder
 
     torch.set_num_threads(2)
-    FIRST_LOAD["cached_before"] = _cache_complete(gguf_cache_folder(smollm2_path()))
+    FIRST_LOAD["cached_before"] = cache_complete(gguf_cache_folder(smollm2_path()))
     err = io.StringIO()
     start = time.monotonic()
     with contextlib.redirect_stderr(err):

@@ -120,10 +120,10 @@ def _facts(args):
 
     if args.model.endswith(".gguf") and os.path.isfile(args.model):
         from steerc.facts import load_facts
-        from steerc.runtime.models import _cache_complete, gguf_cache_folder
+        from steerc.runtime.models import cache_complete, gguf_cache_folder
 
         folder = gguf_cache_folder(args.model)
-        if not _cache_complete(folder):
+        if not cache_complete(folder):
             from steerc.runtime.hf import facts_from_model
 
             model, tokenizer = _load_unchecked(args.model)

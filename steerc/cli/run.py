@@ -97,7 +97,7 @@ def run(args) -> int:
             if not as_json:
                 print(f"--- unsteered ---\n{record['unsteered']}\n--- steered ---")
         with install(model, result.plan, tokenizer) as handle:
-            from steerc.runtime.gates import GateTrace
+            from steerc.runtime.hf.gates import GateTrace
 
             traced = args.show_gates or (args.compare and not as_json)
             with GateTrace(model, handle, result.plan) if traced else contextlib.nullcontext() as trace:

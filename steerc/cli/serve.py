@@ -34,7 +34,7 @@ def add_arguments(cmd) -> None:
 
 def command(model: str, host: str, port: int, extra: list[str], hmac_key_file: str | None = None) -> list[str]:
     """The argv of vLLM's OpenAI-compatible server with the steerc serve plugin."""
-    from steerc.runtime.vllm_engine import CONFIG_KEY, LOAD_FORMAT
+    from steerc.runtime.vllm.engine import CONFIG_KEY, LOAD_FORMAT
 
     extra = list(extra)
     inner = "auto"

@@ -195,7 +195,7 @@ def read(model, tokenizer, facts, items: list[tuple[list[int], int, int]], sites
 
     from steerc.facts.sites import site_table
     from steerc.passes.lower_plan import canonical_site
-    from steerc.runtime._support import _site_tensor
+    from steerc.runtime.kernels import site_tensor
 
     table = site_table(facts.family, "hf")
     hooks: dict[tuple, list] = {}
@@ -212,10 +212,10 @@ def read(model, tokenizer, facts, items: list[tuple[list[int], int, int]], sites
         module, kind, tensor = key
 
         def pre(mod, args, kwargs):
-            captured[key] = _site_tensor(kind, tensor, args, kwargs, None)
+            captured[key] = site_tensor(kind, tensor, args, kwargs, None)
 
         def post(mod, args, output):
-            captured[key] = _site_tensor(kind, tensor, args, None, output)
+            captured[key] = site_tensor(kind, tensor, args, None, output)
 
         return pre, post
 

@@ -111,7 +111,7 @@ def sites_of(at: str, facts, label: str = "at") -> list:
     """The concrete sites of a selector such as ``resid_post[25%:75%]`` (raises DeriveError whose
     diagnostics point into the selector, shown as a one-line program named ``label``)."""
     from steerc.api import check_source
-    from steerc.passes.lower_plan import _concrete
+    from steerc.passes.lower_plan import concrete_sites
 
     if not isinstance(at, str) or not at.strip() or any(c in at for c in "\n\r{}#"):
         raise _error(INVALID_VALUE, f"{label} takes one site selector, e.g. resid_post[4:8], got {at!r}")
@@ -120,7 +120,7 @@ def sites_of(at: str, facts, label: str = "at") -> list:
     if errors:
         raise DeriveError(errors, result.sources)
     site = result.checked.interventions[0].site
-    pairs = list(_concrete(site, facts))
+    pairs = list(concrete_sites(site, facts))
     layers = [layer for layer, _ in pairs]
     if len(set(layers)) != len(layers):
         raise _error(INVALID_VALUE, f"{label}: one head per layer (a bank holds one row per layer), "

@@ -2,7 +2,7 @@
 
 :func:`tokens_doc` tokenizes the prompt as ``steerc run`` does
 (:func:`steerc.runtime.models.encode_prompt`) and asks the HF runtime's own
-position code (:func:`steerc.runtime.tokens.selected`) which prompt positions
+position code (:func:`steerc.runtime.hf.tokens.selected`) which prompt positions
 and which of the first generated positions each intervention's scope selects;
 :func:`render_tokens` prints that as a table, one row a position, one column
 an intervention. ``steerc.explain.html`` draws the same document as a page.
@@ -33,7 +33,7 @@ def prompt_ids(tokenizer, prompt: str, chat: bool) -> tuple[list[int], bool]:
 def tokens_doc(plan, tokenizer, prompt: str, ids: list[int], templated: bool, generated: int) -> dict:
     """The ``tokens`` member of an explain document for ``prompt``, tokenized to ``ids`` by
     :func:`prompt_ids` (see spec/explain.md)."""
-    from steerc.runtime.tokens import selected
+    from steerc.runtime.hf.tokens import selected
 
     interventions = _interventions(plan)
     chosen = selected([s for i in interventions for s in i["data"]], tokenizer, ids, generated)

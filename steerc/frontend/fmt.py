@@ -152,18 +152,18 @@ def _bound(b) -> str:
     return str(b.index)
 
 
-def _sel(item) -> str:
+def selector_source(item) -> str:
     if isinstance(item, ir.SelAll):
         return "*"
     if isinstance(item, ir.SelSlice):
         return f"{_bound(item.start)}:{_bound(item.stop)}"
     if isinstance(item, ir.SelGroup):
-        return "(" + ", ".join(_sel(i) for i in item.items) + ")"
+        return "(" + ", ".join(selector_source(i) for i in item.items) + ")"
     return _bound(item)
 
 
 def site(s: ir.SiteRef) -> str:
-    return f"{s.name}[{', '.join(_sel(i) for i in s.items)}]"
+    return f"{s.name}[{', '.join(selector_source(i) for i in s.items)}]"
 
 
 # -------------------------------------------------------------------- scopes

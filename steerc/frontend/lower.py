@@ -69,9 +69,9 @@ class ToIR:
             if nxt in _ESCAPES:
                 out.append(_ESCAPES[nxt])
                 i += 2
-            elif nxt == "u" and len(body) >= i + 6 and _is_hex(body[i + 2 : i + 6]):
+            elif nxt == "u" and len(body) >= i + 6 and is_hex(body[i + 2 : i + 6]):
                 code = int(body[i + 2 : i + 6], 16)
-                low = _low_surrogate(body, i + 6) if 0xD800 <= code <= 0xDBFF else None
+                low = low_surrogate(body, i + 6) if 0xD800 <= code <= 0xDBFF else None
                 if low is not None:  # a surrogate pair is one character, as in JSON
                     out.append(chr(0x10000 + ((code - 0xD800) << 10) + (low - 0xDC00)))
                     i += 12
@@ -428,13 +428,13 @@ class ToIR:
         return ir.ConstrainChoice(tuple(c for c in children if c is not None), span=self._span(meta))
 
 
-def _is_hex(text: str) -> bool:
+def is_hex(text: str) -> bool:
     return len(text) == 4 and all(c in "0123456789abcdefABCDEF" for c in text)
 
 
-def _low_surrogate(body: str, i: int) -> int | None:
+def low_surrogate(body: str, i: int) -> int | None:
     """The low surrogate written as ``\\uXXXX`` at ``body[i:]``, if there is one."""
-    if body[i : i + 2] == "\\u" and _is_hex(body[i + 2 : i + 6]):
+    if body[i : i + 2] == "\\u" and is_hex(body[i + 2 : i + 6]):
         code = int(body[i + 2 : i + 6], 16)
         if 0xDC00 <= code <= 0xDFFF:
             return code

@@ -160,7 +160,7 @@ def _list(indices) -> str:
 
 def selector_text(atom, site: ir.SiteRef, axis: int, facts) -> str:
     what, n = ("head", facts.heads if facts else None) if axis else ("layer", facts.layers if facts else None)
-    written = fmt._sel(atom)
+    written = fmt.selector_source(atom)
     if n is None:
         static = static_layers((atom,))
         if static is None:

@@ -23,7 +23,7 @@ from steerc.passes.fold import with_constraint
 from steerc.core.source import Source
 from steerc.diagnostics.codes import INVALID_CONSTRAINT, LIMIT_EXCEEDED
 from steerc import constraints as cons
-from steerc.frontend.lower import _is_hex, _low_surrogate
+from steerc.frontend.lower import is_hex, low_surrogate
 
 name = "constraints"
 
@@ -126,7 +126,7 @@ def _unescape_index(raw: str) -> list[int]:
         if raw[i] == "\\":
             if raw[i + 1 : i + 2] == "u":
                 high = raw[i + 2 : i + 6]
-                pair = _is_hex(high) and 0xD800 <= int(high, 16) <= 0xDBFF and _low_surrogate(raw, i + 6)
+                pair = is_hex(high) and 0xD800 <= int(high, 16) <= 0xDBFF and low_surrogate(raw, i + 6)
                 i += 12 if pair else 6
             else:
                 i += 2

@@ -62,7 +62,7 @@ def canonical_scope(scopes) -> tuple:
     return tuple(dict.fromkeys(scopes))
 
 
-def _concrete(pattern: ck.SitePattern, facts):
+def concrete_sites(pattern: ck.SitePattern, facts):
     layers = expand(pattern.layers, facts.layers).indices
     heads = expand(pattern.heads, facts.heads).indices if pattern.heads is not None else (None,)
     for layer in layers:
@@ -75,7 +75,7 @@ def lower(checked: ck.CheckedProgram, facts) -> Plan:
     for iv in checked.interventions:
         prov = (Provenance(iv.name, iv.span, iv.op.text),)
         scope = canonical_scope(iv.scopes)
-        for layer, head in _concrete(iv.site, facts):
+        for layer, head in concrete_sites(iv.site, facts):
             site = canonical_site(iv.site.kind, layer, head)
             kernel = Kernel(lower_op(iv.op, layer), scope, iv.gate, iv.preserve_norm, prov,
                             tuple(_binding(role, param, c, layer) for role, param, c in iv.bindings))
@@ -106,7 +106,7 @@ BASIS_READOUTS = ("projected_cosine", "subspace_cosine")
 
 
 def _probe(p: ck.Probe, facts) -> ProbePlan:
-    (layer, head), = _concrete(p.site, facts)
+    (layer, head), = concrete_sites(p.site, facts)
     site = canonical_site(p.site.kind, layer, head)
     rows = [_row(v, layer) for v in p.readout.vectors]
     kind = p.readout.kind

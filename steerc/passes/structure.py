@@ -29,7 +29,7 @@ from steerc.diagnostics.codes import (
     UNKNOWN_SITE,
     UNSUPPORTED_VERSION,
 )
-from steerc.frontend.fmt import _sel
+from steerc.frontend.fmt import selector_source
 
 name = "structure"
 
@@ -259,7 +259,7 @@ def check_site(ctx: CheckContext, site: ir.SiteRef) -> bool:
 
 
 def _sel_text(atom) -> str:
-    return _sel(atom)
+    return selector_source(atom)
 
 
 def _percent_ok(ctx: CheckContext, atom, code: str = LAYER_OUT_OF_RANGE) -> bool:

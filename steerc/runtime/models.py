@@ -80,7 +80,7 @@ def config_source(path: str) -> str | None:
         return path if os.path.isfile(os.path.join(path, "config.json")) else None
     if os.path.isfile(path) and path.endswith(".gguf"):
         folder = gguf_cache_folder(path)
-        return folder if _cache_complete(folder) else None
+        return folder if cache_complete(folder) else None
     return None
 
 
@@ -194,7 +194,7 @@ def gguf_cache_folder(gguf_path: str) -> str:
     return os.path.join(cache_root(), "gguf", file_sha256(gguf_path))
 
 
-def _cache_complete(folder: str) -> bool:
+def cache_complete(folder: str) -> bool:
     from steerc.core.cache import read_json
 
     marker = read_json(os.path.join(folder, "steerc-cache.json"), {})
@@ -232,7 +232,7 @@ def _dequantize_into(gguf_path: str, folder: str) -> None:
         try:
             os.replace(tmp, folder)
         except OSError:
-            if not _cache_complete(folder):  # not another process finishing the same copy first
+            if not cache_complete(folder):  # not another process finishing the same copy first
                 raise
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -252,11 +252,11 @@ def load_model(path: str, dtype: str = "auto"):
     source, folder = path, None
     if path.endswith(".gguf"):
         source = folder = gguf_cache_folder(path)
-        if not _cache_complete(folder):
+        if not cache_complete(folder):
             label += f" (first use: dequantizing into {display(folder)})"
     unwritable = None
     with _Progress(f"loading {label}"), _quiet():
-        if folder is not None and not _cache_complete(folder):
+        if folder is not None and not cache_complete(folder):
             try:
                 _dequantize_into(path, folder)
             except OSError as exc:  # a read-only or full cache: load the file itself
@@ -337,7 +337,7 @@ def load_tokenizer(path: str):
         path = found
     if os.path.isfile(path) and path.endswith(".gguf"):
         cached = gguf_cache_folder(path)
-        folder, name = (cached, None) if _cache_complete(cached) else os.path.split(os.path.abspath(path))
+        folder, name = (cached, None) if cache_complete(cached) else os.path.split(os.path.abspath(path))
         return _tokenizer(folder, name, path)
     folder = path if os.path.isdir(path) else os.path.dirname(os.path.abspath(path))
     if not os.path.isdir(folder) or not any(os.path.isfile(os.path.join(folder, f)) for f in TOKENIZER_FILES):

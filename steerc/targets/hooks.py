@@ -3,7 +3,7 @@
 For the ``hf`` backend, both the emitter (:mod:`steerc.targets.hf.emit`,
 which writes Python) and the in-process runtime (:mod:`steerc.runtime.hf`,
 which interprets) start from the same :class:`HookProgram` and compute with
-:mod:`steerc.runtime._support`, so their outputs are identical. The ``vllm``
+:mod:`steerc.runtime.kernels`, so their outputs are identical. The ``vllm``
 backend (:mod:`steerc.targets.vllm`) serialises the same structure, with
 vLLM's module names, into ``plan.msgpack``.
 

@@ -36,7 +36,7 @@ def _serve_plan(folder: str, text: str, out) -> tuple[object, str]:
 def llm(tmp_path_factory):
     import vllm
 
-    from steerc.runtime.vllm_engine import register_loader
+    from steerc.runtime.vllm.loader import register_loader
 
     register_loader()
     folder = model_folder("tiny-llama")

@@ -84,7 +84,7 @@ def test_serve_plugin_under_tensor_parallel(folder, tmp_path):
 
     from harness import PROMPTS, hf_model
     from steerc.runtime.hf import facts_from_model
-    from steerc.runtime.vllm_engine import register_loader
+    from steerc.runtime.vllm.loader import register_loader
     from steerc.serve_client import offline_request
     from steerc.targets.serve.emit import emit
 

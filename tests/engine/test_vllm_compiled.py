@@ -138,7 +138,7 @@ from steerc.facts import sites
 sites.TABLES["vllm"]["llama"] = evolve(sites.TABLES["vllm"]["llama"], mlp_out=sites.Hook("lm_head", "post", "output"))
 from harness import checked_plan, program, vllm_bytes
 from steerc.runtime.vllm import load
-from steerc.runtime.vllm_engine import EngineError
+from steerc.runtime.vllm.engine import EngineError
 folder = {folder!r}
 data = vllm_bytes(folder, checked_plan(folder, program("mlp_out[2]", "scale 2.0")))
 try:

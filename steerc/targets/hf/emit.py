@@ -2,7 +2,7 @@
 
 The package holds ``__init__.py`` (generated: one function per hooked
 module, written out kernel by kernel, plus ``install(model, tokenizer=None)``),
-``_support.py`` (copied verbatim from :mod:`steerc.runtime._support`) and
+``_support.py`` (copied verbatim from :mod:`steerc.runtime.kernels`) and
 ``tensors.safetensors``. It imports torch and safetensors only.
 
 Why not torch.fx: fx would make the compiler import torch and tie the
@@ -30,7 +30,7 @@ from steerc.facts.families import FAMILIES
 from steerc.targets.hf.pysource import comment, docstring, identifier, literal
 from steerc.targets.hooks import HookProgram, HookCode, KernelCall, SiteCode
 
-SUPPORT = os.path.join(os.path.dirname(__file__), "..", "..", "runtime", "_support.py")
+SUPPORT = os.path.join(os.path.dirname(__file__), "..", "..", "runtime", "kernels.py")
 PARAMS = os.path.join(os.path.dirname(__file__), "..", "..", "ir", "param_values.py")
 
 

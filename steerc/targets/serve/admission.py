@@ -28,7 +28,7 @@ It checks, with the field at fault in every refusal:
   causality, orthonormal bases and planes, numbers float32 holds, probes,
   gates and params as the compiler writes them) and builds as the worker
   builds it; whether it may share prefix-cached KV is the vllm target's
-  :func:`~steerc.runtime.vllm.prefix_cache_safe` on that build;
+  :func:`~steerc.targets.vllm.program.prefix_cache_safe` on that build;
 * the request: ``extra_args`` a map, no ``steerc_`` key steerc does not read,
   a decoded (dict) plan only what JSON text could carry.
 
@@ -46,8 +46,16 @@ import os
 from collections.abc import Mapping
 
 from steerc.core.format_schema import SchemaError, check
-from steerc.targets.serve.format import FORMAT, artifact_id, cache_salt, from_serve, read_artifact
+from steerc.core.jsonio import JSONError, loads
+from steerc.facts import ModelFacts
+from steerc.facts.sites import site_table
+from steerc.ir.plan import ParamError, check_params, rebind
+from steerc.passes.plan_pipeline import PROBE_ROWS, InvalidPlan, verify
+from steerc.targets import signing
+from steerc.targets.constraints import constraint_from_json
+from steerc.targets.serve.format import FORMAT, artifact_id, cache_salt, from_serve, read_artifact, signed_bytes
 from steerc.targets.serve.request import ARTIFACTS_KEY, KEYS, PARAMS_KEY, PLAN_KEY, PREFIX, request_salt
+from steerc.targets.vllm.program import build, prefix_cache_safe
 
 MAX_PLAN_CHARS = 4 * 1024 * 1024
 MAX_ARTIFACT_BYTES = 64 * 1024 * 1024
@@ -73,8 +81,6 @@ def schema() -> dict:
 def decode_json(field: str, value, limit: int):
     """A JSON value from a request field (a string, or already decoded), bounded in size and depth
     (steerc's one JSON reader, :mod:`steerc.core.jsonio`: no NaN, no huge integers, no lone surrogates)."""
-    from steerc.core.jsonio import JSONError, loads
-
     if isinstance(value, (bytes, bytearray)):
         value = bytes(value).decode("utf-8", errors="replace")
     if not isinstance(value, str):
@@ -122,7 +128,7 @@ class Admitted:
     """An admitted request: its plan (steerc IR), its JSON document, artifacts and cache salt.
 
     ``cacheable``: whether a token's steering depends only on its own position
-    and prefix (:func:`steerc.runtime.vllm.prefix_cache_safe`, the vllm
+    and prefix (:func:`steerc.targets.vllm.program.prefix_cache_safe`, the vllm
     target's predicate, on the plan's boot section): only then may the request
     share prefix-cached KV with others of the same plan; otherwise the front end
     gives it a salt of its own (:func:`~steerc.targets.serve.request.unique_salt`).
@@ -138,10 +144,6 @@ class Admitted:
 def cacheable(doc: dict, artifacts: dict[str, bytes]) -> bool:
     """Whether requests of a compiled plan may share prefix-cached KV (:attr:`Admitted.cacheable`), on the
     facts the plan was compiled for."""
-    from steerc.facts import ModelFacts
-    from steerc.runtime.vllm import prefix_cache_safe
-    from steerc.targets.vllm.program import build
-
     boot, _ = build(from_serve(doc, artifacts.__getitem__), ModelFacts(**doc["model"]["facts"]))
     return prefix_cache_safe(boot)
 
@@ -152,8 +154,6 @@ def _fail(field: str, message: str):
 
 def _check_site(field: str, site: dict, facts, tp_size: int) -> int:
     """The site's width on this model (refusing layers and heads it lacks, and sites the ranks only hold in part)."""
-    from steerc.facts.sites import site_table
-
     refusal = site_table(facts.family, "vllm").tensor_parallel_refusal(site["kind"], tp_size)
     if refusal is not None:
         _fail(f"{field}.kind", refusal)
@@ -216,10 +216,7 @@ def check_document(doc, facts, artifacts: dict[str, bytes], *, tp_size: int = 1,
     except SchemaError as exc:
         raise RequestError(exc.field, exc.message) from None
     if key is not None:
-        from steerc.targets.serve.format import signed_bytes
-        from steerc.targets.signing import verify
-
-        if not verify(key, signed_bytes(doc), doc.get("hmac")):
+        if not signing.verify(key, signed_bytes(doc), doc.get("hmac")):
             _fail("hmac", "missing or wrong: this server accepts only plans signed with its key "
                           "(steerc compile --hmac-key-file)")
     if doc["model"]["fingerprint"] != facts.fingerprint:
@@ -236,8 +233,6 @@ def check_document(doc, facts, artifacts: dict[str, bytes], *, tp_size: int = 1,
         width = _check_site(f"{field}.site", p["site"], facts, tp_size)
         if p["site"]["kind"] == "head" and tp_size > 1:
             _fail(f"{field}.site", "a head probe cannot be shared across tensor-parallel ranks")
-        from steerc.passes.plan_pipeline import PROBE_ROWS
-
         lo, hi = PROBE_ROWS[p["readout"]]
         if hi == 0:
             if p["vectors"] is not None:
@@ -272,8 +267,6 @@ def check_document(doc, facts, artifacts: dict[str, bytes], *, tp_size: int = 1,
         _fail("artifacts", f"lists {extra[0][:16]}..., which the plan does not use" if extra
               else "is not the sorted list of the artifacts the plan uses")
     try:
-        from steerc.targets.constraints import constraint_from_json
-
         constraint_from_json(doc["constraint"])
     except Exception as exc:  # noqa: BLE001 - any malformed constraint
         _fail("constraint", f"not a constraint steerc reads ({exc})")
@@ -281,17 +274,12 @@ def check_document(doc, facts, artifacts: dict[str, bytes], *, tp_size: int = 1,
         plan = from_serve(doc, artifacts.__getitem__)
     except Exception as exc:  # noqa: BLE001 - a document that passed every check above still did not build
         _fail("", f"does not build ({type(exc).__name__}: {exc})")
-    from steerc.passes.plan_pipeline import InvalidPlan, verify
-
     try:
         verify(plan, facts)  # the compiler's own verifier: every invariant a plan it produces holds
     except InvalidPlan as exc:
         _fail(exc.field, exc.message)
-    from steerc.runtime.vllm import prefix_cache_safe
-    from steerc.targets.vllm.program import build
-
     try:
-        boot, _ = build(plan, facts)  # what the worker builds (steerc.runtime.serve._RequestSteer)
+        boot, _ = build(plan, facts)  # what the worker builds (steerc.runtime.vllm.serve._RequestSteer)
     except Exception as exc:  # noqa: BLE001 - a verified plan that still does not lower is refused, not run
         _fail("", f"does not build ({type(exc).__name__}: {exc})")
     salt = cache_salt(doc)
@@ -303,8 +291,6 @@ def check_document(doc, facts, artifacts: dict[str, bytes], *, tp_size: int = 1,
 
 def bind_request(admitted: Admitted, raw) -> Admitted:
     """The admitted plan at the request's ``steerc_params`` (a JSON object of numbers), with their salt."""
-    from steerc.ir.plan import ParamError, check_params, rebind
-
     values = decode_json(PARAMS_KEY, raw, 64 * 1024)
     if not isinstance(values, dict):
         raise RequestError(PARAMS_KEY, "expected a JSON object of param name to number")
@@ -320,7 +306,7 @@ def admit(extra_args, facts, *, store=None, tp_size: int = 1, salt=None,
           key: bytes | None = None) -> Admitted | None:
     """A request's steering from its ``extra_args`` (None when it asks for none).
 
-    ``store`` (an :class:`~steerc.runtime.serve.ArtifactStore`) supplies
+    ``store`` (an :class:`~steerc.runtime.vllm.serve.ArtifactStore`) supplies
     artifacts the request references without carrying them; ``salt`` is the
     request's ``cache_salt`` where the caller sees it (the HTTP front end):
     it must be the plan's; ``key``: the HMAC key every plan must be signed with.

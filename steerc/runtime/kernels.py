@@ -1,9 +1,10 @@
 """Steering support for transformers models: positions, scopes, gates, kernels, hooks.
 
-This module imports only torch. steerc's in-process runtime imports it, and
-``steerc compile --target hf`` copies it verbatim next to the generated hook
-code, so an emitted package runs without steerc installed and both compute
-with the very same functions.
+This module imports only torch. It is the bottom of both runtimes: the HF
+runtime (:mod:`steerc.runtime.hf`) and the vLLM one (:mod:`steerc.runtime.vllm.steer`)
+compute with it, and ``steerc compile --target hf`` copies it verbatim next to
+the generated hook code as ``_support.py``, so an emitted package runs without
+steerc installed and computes with the very same functions.
 
 Positions count per sequence from its first real token (left padding is
 never a position and is never modified). ``P`` is a row's prompt length: the
@@ -278,7 +279,7 @@ class Context:
 
     # scopes ---------------------------------------------------------------
     def scope_mask(self, scope: tuple):
-        """[B, T] bool mask of a scope: a tuple of items (see steerc.runtime.hf.scope_data)."""
+        """[B, T] bool mask of a scope: a tuple of items (see steerc.targets.hooks.scope_data)."""
         mask = self._masks.get(scope)
         if mask is None:
             mask = torch.zeros_like(self.real)
@@ -397,7 +398,7 @@ def _past_length(kwargs) -> int:
     return 0
 
 
-def _site_tensor(kind: str, tensor: str, args, kwargs, output):
+def site_tensor(kind: str, tensor: str, args, kwargs, output):
     if kind == "pre":
         if tensor == "input1":
             return args[1] if len(args) > 1 else kwargs["hidden_states"]
@@ -534,13 +535,13 @@ def _never_ran(missing, family: str) -> str:
 def _register(module, kind: str, tensor: str, fn, context: Context):
     if kind == "pre":
         def pre(mod, args, kwargs):
-            h = _site_tensor(kind, tensor, args, kwargs, None)
+            h = site_tensor(kind, tensor, args, kwargs, None)
             return _replace(kind, tensor, args, kwargs, None, fn(h, context))
 
         return module.register_forward_pre_hook(pre, with_kwargs=True, prepend=True)
 
     def post(mod, args, output):
-        h = _site_tensor(kind, tensor, args, None, output)
+        h = site_tensor(kind, tensor, args, None, output)
         return _replace(kind, tensor, args, None, output, fn(h, context))
 
     return module.register_forward_hook(post, prepend=True)

@@ -16,7 +16,7 @@ branch on data), reading:
 * per-token probe values, written by a probe's hook and read by the gated
   kernels after it in the same forward.
 
-Kernels are those of :mod:`steerc.runtime._support`, shared with the HF
+Kernels are those of :mod:`steerc.runtime.kernels`, shared with the HF
 target, so the two compute the same values.
 """
 
@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import torch
 
-from steerc.runtime import _support as S
+from steerc.runtime import kernels as S
 
 
 def buffer_name(name: str) -> str:

@@ -2,7 +2,7 @@
 
 ``steerc explain --tokens`` shows, per intervention, the prompt tokens and
 the first generated positions it steers. Those positions come from
-:class:`steerc.runtime._support.Context` exactly as a steered ``generate``
+:class:`steerc.runtime.kernels.Context` exactly as a steered ``generate``
 call makes them: one forward pass over the prompt (where ``P`` and the
 ``after "..."`` starts are fixed), then one pass per generated token; each
 pass asks the context for the scope's mask, as every kernel does.
@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import torch
 
-from steerc.runtime import _support as S
+from steerc.runtime import kernels as S
 
 
 def selected(scopes, tokenizer, ids: list[int], generated: int) -> dict:

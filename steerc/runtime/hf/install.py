@@ -1,22 +1,12 @@
-"""Steer a live transformers model with a compiled plan, in process.
+"""The HF runtime's hooks: a plan's kernels on a transformers model's modules, and its layout facts.
 
-Use::
-
-    from steerc.runtime.hf import compile_for, install
-    plan = compile_for("cheer.steer", model)      # checked against the live model's facts
-    with install(model, plan, tokenizer):
-        out = model.generate(**inputs, max_new_tokens=20)
-
-Semantics are those of :mod:`steerc.runtime._support`, shared with the
-emitted package (``steerc compile --target hf``): the two give identical
-outputs. torch and transformers are imported only here, on use.
-"""
+The API is :mod:`steerc.runtime.hf` (this folder's ``__init__``)."""
 
 from __future__ import annotations
 
 import torch
 
-from steerc.runtime import _support as S
+from steerc.runtime import kernels as S
 from steerc.targets.hooks import HookProgram, HookCode, KernelCall, lower_hf
 
 

@@ -1,0 +1,33 @@
+"""steerc on vLLM: one seat for the engine, in layers that import only downward.
+
+* :mod:`.engine` — engine access: the configuration steerc reads, the runner's batch layout (V1 and V2
+  runners), request slots, the per-step token metadata and the step hooks;
+* :mod:`.parallel` — a worker's share: its tensor-parallel rank, the layers its pipeline stage holds;
+* :mod:`.steer` — steering state: fixed-shape buffers and the site functions (the shared kernels of
+  :mod:`steerc.runtime.kernels`);
+* the two modes, side by side: :mod:`.plan` (one plan for every request: the vllm target) and
+  :mod:`.serve` (each request's own plan: the serve plugin, with its HTTP front end :mod:`.http`);
+* :mod:`.loader` — steerc's model loader, choosing the mode from a table, and the vLLM plugin;
+* :mod:`.api` — the offline API on top: :func:`load`, :func:`swap`, :func:`install`,
+  :func:`set_params`, :func:`enable`, :func:`status`, :func:`call`, :func:`sampling_params`.
+
+The API's names are read from :mod:`.api` when first used, so that importing a lower layer (the
+``steerc serve`` command reads :mod:`.engine`'s constants) does not import torch.
+"""
+
+from __future__ import annotations
+
+API = ("load", "swap", "install", "set_params", "enable", "status", "call", "sampling_params", "read_plan",
+       "plan_file", "check_coverage")
+
+
+def __getattr__(name: str):
+    if name in API:
+        from steerc.runtime.vllm import api
+
+        return getattr(api, name)
+    raise AttributeError(f"module 'steerc.runtime.vllm' has no attribute {name!r}")
+
+
+def __dir__():
+    return sorted((*globals(), *API))

@@ -1,0 +1,203 @@
+"""The vllm target's driver: start a steered ``vllm.LLM`` and change its steering while it runs.
+
+Use::
+
+    from steerc.runtime.vllm import load, swap
+    llm = load("path/to/model", "out/plan.msgpack")   # a steered vllm.LLM
+    llm.generate(prompts, params)
+    swap(llm, "out2/plan.msgpack")   # same structure, new values: written in place
+
+:func:`load` starts the engine with ``load_format="steerc"`` (:mod:`.loader`), mode ``"plan"``
+(:mod:`.plan`); the other functions call the workers' ``steerc_*`` RPCs on every rank (:func:`call`).
+Pipeline parallel: each rank hooks only the layers it owns, and :func:`check_coverage` checks that every
+hook of the plan landed on some rank, and that each one ran in the compile warm-up.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import os
+import tempfile
+
+from steerc.core.paths import temp_folder
+from steerc.runtime.vllm.engine import CONFIG_KEY, LOAD_FORMAT, EngineError, hooks_never_ran
+from steerc.runtime.vllm.loader import register_loader
+from steerc.targets.constraints import constraint_from_json, structured_outputs
+from steerc.targets.vllm.program import prefix_cache_safe
+from steerc.targets.vllm.wire import PlanError, boot_sha256, unpack, validate_plan
+
+EXTENSION = "steerc.runtime.vllm.plan.SteercWorkerExtension"
+
+
+def _vllm():
+    try:
+        import vllm
+    except ImportError:
+        raise ImportError("steerc's vLLM runtime needs vLLM: pip install 'steerc[vllm]' (a CUDA machine)") from None
+    return vllm
+
+
+def read_plan(plan) -> bytes:
+    """Plan bytes from a path, a compile output folder, or bytes."""
+    if isinstance(plan, (bytes, bytearray)):
+        return bytes(plan)
+    path = os.path.join(plan, "plan.msgpack") if os.path.isdir(plan) else plan
+    with open(path, "rb") as fh:
+        return fh.read()
+
+
+def check_coverage(statuses: list[dict], boot: dict) -> None:
+    """Every hook of the plan landed on some rank (pipeline stages split the layers), and — where the
+    engine already ran a forward (compile warm-up) — every registered hook ran in it."""
+    landed = {name for s in statuses for name in s.get("hooks", [])}
+    missing = [h["name"] for h in boot["hooks"] if h["name"] not in landed]
+    if missing:
+        raise PlanError("plan.boot.hooks", f"hooks not installed on any rank: {', '.join(missing[:8])}")
+    modules = {h["name"]: h["module"] for h in boot["hooks"]}
+    silent = [f"{name} ({modules[name]})" for s in statuses if s.get("forwards")
+              for name, count in (s.get("fired") or {}).items() if count == 0]
+    if silent:
+        raise EngineError(hooks_never_ran(sorted(set(silent)), statuses[0].get("family", "?")))
+
+
+def plan_file(data: bytes) -> str:
+    """A content-addressed copy of the plan for the workers (same plan, same path: vLLM's compile cache
+    is keyed on it)."""
+    explicit = os.environ.get("STEERC_CACHE")
+    folder = os.path.join(explicit, "plans") if explicit else temp_folder("plans")
+    os.makedirs(folder, exist_ok=True)
+    path = os.path.join(folder, hashlib.sha256(data).hexdigest() + ".msgpack")
+    if not os.path.exists(path):
+        fd, tmp = tempfile.mkstemp(dir=folder, prefix=".incoming-")
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+        os.replace(tmp, path)
+    return path
+
+
+def load(model: str, plan, *, hmac_key_file: str | None = None, **engine_kwargs):
+    """A ``vllm.LLM`` for ``model`` with ``plan`` installed on every worker before compilation.
+
+    ``engine_kwargs`` go to ``vllm.LLM``; a ``load_format`` is the one steerc's
+    loader delegates to. With ``hmac_key_file``, the workers accept only plans
+    signed with that key (this one, and every later ``swap``). Prefix caching is on only for plans it cannot
+    change (see :func:`prefix_cache_safe`); FULL CUDA graphs become
+    PIECEWISE (full graphs replay without the step metadata steerc writes);
+    JSON-schema constraints come out compact (``structured_outputs_config``
+    ``disable_any_whitespace``, which vLLM's xgrammar backend reads per engine).
+    """
+    vllm = _vllm()
+    register_loader()
+    data = read_plan(plan)
+    obj = unpack(data)
+    validate_plan(obj)
+    safe = prefix_cache_safe(obj["boot"])
+    if engine_kwargs.get("enable_prefix_caching") and not safe:
+        raise PlanError("enable_prefix_caching", "this plan steers a prefix differently depending on the "
+                                                 "prompt's length or on prompt-pooled probes; cached KV from "
+                                                 "another request would be wrong (leave prefix caching off)")
+    engine_kwargs.setdefault("enable_prefix_caching", safe)
+    if not engine_kwargs.get("enforce_eager") and "compilation_config" not in engine_kwargs and _has_cuda():
+        engine_kwargs["compilation_config"] = {"cudagraph_mode": "PIECEWISE"}
+    # JSON comes out compact on every backend; vLLM's xgrammar backend reads this per engine, not per request.
+    engine_kwargs.setdefault("structured_outputs_config", {"backend": "xgrammar", "disable_any_whitespace": True})
+    extra = dict(engine_kwargs.pop("additional_config", None) or {})
+    extra[CONFIG_KEY] = {"mode": "plan", "plan": plan_file(data), "boot_sha256": boot_sha256(obj["boot"]),
+                         "load_format": engine_kwargs.pop("load_format", "auto")}
+    if hmac_key_file:
+        extra[CONFIG_KEY]["hmac_key_file"] = os.path.abspath(hmac_key_file)
+    llm = vllm.LLM(model=model, load_format=LOAD_FORMAT, worker_extension_cls=EXTENSION, additional_config=extra,
+                   **engine_kwargs)
+    try:
+        statuses = call(llm, "steerc_status")
+        for s in statuses:
+            s.setdefault("family", obj["header"]["family"])
+        check_coverage(statuses, obj["boot"])
+    except Exception:
+        llm.llm_engine.engine_core.shutdown()  # a plan that would not apply: no engine is left running
+        raise
+    return llm
+
+
+def _has_cuda() -> bool:
+    try:
+        import torch
+
+        return bool(torch.cuda.is_available())
+    except ImportError:
+        return False
+
+
+def sampling_params(plan, **kwargs):
+    """``vllm.SamplingParams`` carrying the plan's output constraint (compact JSON for schemas).
+
+    Uses ``StructuredOutputsParams`` (vLLM >= 0.11), or the older
+    ``GuidedDecodingParams`` where that is what the installed vLLM has.
+    """
+    vllm = _vllm()
+    constraint = unpack(read_plan(plan))["header"].get("constraint")
+    if constraint is None:
+        return vllm.SamplingParams(**kwargs)
+    fields = structured_outputs(constraint_from_json(constraint))
+    try:
+        from vllm.sampling_params import StructuredOutputsParams
+
+        return vllm.SamplingParams(structured_outputs=StructuredOutputsParams(**fields), **kwargs)
+    except ImportError:
+        from vllm.sampling_params import GuidedDecodingParams
+
+        known = {f.name for f in dataclasses.fields(GuidedDecodingParams)}
+        return vllm.SamplingParams(guided_decoding=GuidedDecodingParams(
+            **{k: v for k, v in fields.items() if k in known}), **kwargs)
+
+
+def call(llm, method: str, *args) -> list[dict]:
+    """Call a ``steerc_*`` RPC on every rank: their statuses, or PlanError if any rank refused."""
+    statuses = llm.collective_rpc(method, args=args)
+    for rank, s in enumerate(statuses):
+        if not s.get("ok", False):
+            err = s.get("error") or {}
+            raise PlanError(err.get("field", "plan"), f"rank {rank}: {err.get('message', 'refused')}")
+    return statuses
+
+
+def _changed(llm, statuses: list[dict]) -> list[dict]:
+    """After the steering changed: cached prefixes were computed under the old steering, so they go."""
+    reset = getattr(llm, "reset_prefix_cache", None)
+    config = getattr(getattr(llm, "llm_engine", None), "vllm_config", None)
+    caching = getattr(getattr(config, "cache_config", None), "enable_prefix_caching", True)
+    if reset is not None and caching:
+        reset()
+    return statuses
+
+
+def swap(llm, plan) -> list[dict]:
+    """Write a new plan's values into a running engine (same structure), in place (and drop cached
+    prefixes, which hold KV steered by the old values)."""
+    return _changed(llm, call(llm, "steerc_update", read_plan(plan)))
+
+
+def install(llm, plan) -> list[dict]:
+    """Replace the installed plan's structure (eager engines only; a refused plan changes nothing)."""
+    return _changed(llm, call(llm, "steerc_install", read_plan(plan)))
+
+
+def set_params(llm, values: dict) -> list[dict]:
+    """Give the installed plan's per-request params these values (the others: their defaults), in place.
+
+    The same kernels as a plan compiled with ``--set`` to those values; no
+    recompilation. A name the plan does not declare, or a value outside its
+    range, is refused by every rank (PlanError naming ``params.<name>``) and
+    changes nothing.
+    """
+    return _changed(llm, call(llm, "steerc_set_params", dict(values)))
+
+
+def enable(llm, flag: bool) -> list[dict]:
+    """Turn steering on or off for every request (the buffers and graph stay as they are)."""
+    return _changed(llm, call(llm, "steerc_enable", flag))
+
+
+def status(llm) -> list[dict]:
+    return call(llm, "steerc_status")

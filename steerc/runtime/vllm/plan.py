@@ -1,0 +1,299 @@
+"""The vllm target's mode: one plan for every request of an engine, its buffers traced into the graph.
+
+steerc's loader (:mod:`.loader`) calls :func:`attach` right after the weights load, before torch.compile
+traces the model and before any CUDA graph is captured: :class:`InstalledPlan` registers the plan's
+hooks (:mod:`.steer`) on the modules this worker holds (:mod:`.parallel`), and :class:`PlanFeeder`, a
+forward pre-hook on the top-level model, writes each step's per-token metadata (position, prompt length,
+request slot) into fixed buffers outside the graph. :class:`SteercWorkerExtension`
+(``worker_extension_cls``) adds the ``steerc_*`` methods the driver (:mod:`.api`) calls by name with
+``LLM.collective_rpc`` and msgpack-safe arguments (plan bytes): never pickle.
+
+No silent no-op: every installed hook counts its runs inside the graph; after the first real step the
+worker checks that each one ran.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+
+from steerc.runtime.kernels import compute_dtype
+from steerc.runtime.vllm.engine import (EngineError, Slots, attach_step_hooks, engine_key, facts_of,
+                                        hooks_never_ran, token_metadata, vllm_version)
+from steerc.runtime.vllm.parallel import layer_path, localise, owns, tensor_parallel
+from steerc.runtime.vllm.steer import SteerState, register, site_function
+from steerc.targets.vllm.program import prefix_cache_safe
+from steerc.targets.vllm.wire import PlanError, param_tensors, unpack, validate_plan
+
+
+class InstalledPlan:
+    """The hooks, buffers and structure installed on one worker's model."""
+
+    def __init__(self, model, obj: dict, tensors: dict, *, tp_rank: int, tp_size: int, max_tokens: int,
+                 max_slots: int):
+        facts = obj["header"]["facts"]
+        param = next(model.parameters())
+        self.obj, self.tensors = obj, tensors
+        self.boot = obj["boot"]
+        self.header = obj["header"]
+        self.state = SteerState(self.boot, tensors, max_tokens=max_tokens, max_slots=max_slots,
+                                width=max(facts["hidden"], facts["head_dim"]),
+                                dtype=compute_dtype(param.dtype), device=param.device)
+        if hasattr(model, "steerc"):
+            raise PlanError("plan", "this model already has steerc installed")
+        model.add_module("steerc", self.state)
+        self.handles = []
+        self.installed: list[str] = []
+        self.registered: dict[str, tuple[int, str]] = {}  # hook name -> (fired index, module)
+        self.skipped: list[str] = []
+        probe_layers = {p["name"]: p["layer"] for p in self.boot["probes"]}
+        try:
+            for index, hook in enumerate(self.boot["hooks"]):
+                if not owns(model, layer_path(hook["module"])):
+                    self.skipped.append(hook["name"])
+                    continue
+                local = localise(hook, facts["heads"], tp_rank, tp_size, facts["head_dim"], facts["family"])
+                if local is None:
+                    self.installed.append(hook["name"])  # no head of this rank: nothing to do here
+                    continue
+                self._check_probes_here(model, local, probe_layers)
+                module = model.get_submodule(hook["module"])
+                self.handles.append(register(module, hook, site_function(self.state, local["sites"], index)))
+                self.installed.append(hook["name"])
+                self.registered[hook["name"]] = (index, hook["module"])
+        except Exception:
+            self.remove(model)
+            raise
+
+    def _check_probes_here(self, model, hook: dict, probe_layers: dict) -> None:
+        """A gate's probes must run on this pipeline stage (their values do not cross stages)."""
+        gates = self.boot["gates"]
+        for site in hook["sites"]:
+            for k in site["kernels"]:
+                if k["gate"] is None:
+                    continue
+                root = layer_path(hook["module"]).rsplit(".", 1)[0]
+                for name in _gate_probes(gates[k["gate"]]):
+                    if not owns(model, f"{root}.{probe_layers[name]}"):
+                        raise PlanError("plan.boot.gates", f"probe `{name}` sits on another pipeline stage than "
+                                                           f"the kernel it gates at {site['site']}")
+
+    def fired(self) -> dict[str, int]:
+        counts = self.state.fired.tolist()
+        return {name: int(counts[i]) for name, (i, _) in self.registered.items()}
+
+    def silent(self, before: dict[str, int]) -> list[str]:
+        """Registered hooks that did not run since ``before`` (as 'name (module)')."""
+        now = self.fired()
+        return [f"{name} ({self.registered[name][1]})" for name in self.registered if now[name] <= before[name]]
+
+    def remove(self, model) -> None:
+        for h in self.handles:
+            h.remove()
+        self.handles = []
+        if getattr(model, "steerc", None) is self.state:
+            del model._modules["steerc"]
+
+
+def _gate_probes(gate) -> list[str]:
+    if gate[0] == "cmp":
+        return [gate[1]]
+    if gate[0] == "not":
+        return _gate_probes(gate[1])
+    return [n for g in gate[1] for n in _gate_probes(g)]
+
+
+class PlanFeeder:
+    """Before each forward: the step's token metadata into the plan's buffers; after the first real one:
+    the check that every hook ran."""
+
+    def __init__(self, installed: InstalledPlan, view, family: str):
+        self.installed = installed
+        self.view = view
+        self.family = family
+        self.slots = Slots(installed.state.max_slots)
+        self.forwards = 0
+        self.real_steps = 0
+        self._pending: dict | None = None
+        self.verified = False
+
+    def before(self, positions) -> None:
+        state = self.installed.state
+        self.forwards += 1
+        layout = self.view.layout()
+        if layout is None:  # a dummy run (profiling, warm-up, capture): nothing is steered
+            state.write_metadata(np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64),
+                                 np.zeros(0, dtype=np.int64), np.zeros(0, dtype=bool))
+            return
+        pos, plen, row = token_metadata(layout, positions, "vllm target")
+        slots, fresh = self.slots.assign(layout.req_ids, self.view.live())
+        restarted = [int(slots[i]) for i in range(len(layout.req_ids)) if layout.first[i] == 0]
+        state.reset_slots(sorted(set(fresh) | set(restarted)))
+        state.write_metadata(pos, plen, slots[row], np.ones(len(pos), dtype=bool))
+        self.real_steps += 1
+        if not self.verified:
+            self._pending = self.installed.fired()
+
+    def after(self) -> None:
+        if self._pending is None:
+            return
+        before, self._pending = self._pending, None
+        silent = self.installed.silent(before)
+        self.verified = True
+        if silent:
+            raise EngineError(hooks_never_ran(silent, self.family))
+
+
+def attach(model, runner, view, vllm_config, cfg: dict) -> InstalledPlan:
+    """Install the plan named by ``cfg`` on a freshly loaded model (called by steerc's model loader)."""
+    with open(cfg["plan"], "rb") as fh:
+        obj = unpack(fh.read())
+    tensors = validate_plan(obj, fingerprint=facts_of(vllm_config).fingerprint, key=engine_key(vllm_config))
+    return _install(model, view, vllm_config, obj, tensors)
+
+
+def _install(model, view, vllm_config, obj, tensors) -> InstalledPlan:
+    if getattr(vllm_config.cache_config, "enable_prefix_caching", False) and not prefix_cache_safe(obj["boot"]):
+        raise PlanError("enable_prefix_caching", "this engine caches prefixes, and this plan steers a prefix "
+                                                 "differently depending on the prompt's length or on "
+                                                 "prompt-pooled probes (start the engine with prefix caching off)")
+    tp_rank, tp_size = tensor_parallel()
+    sched = vllm_config.scheduler_config
+    installed = InstalledPlan(model, obj, tensors, tp_rank=tp_rank, tp_size=tp_size,
+                              max_tokens=int(sched.max_num_batched_tokens), max_slots=int(sched.max_num_seqs))
+    installed.feeder = PlanFeeder(installed, view, obj["header"]["family"])
+    installed.handles += attach_step_hooks(model, installed.feeder.before, installed.feeder.after)
+    installed.view = view
+    object.__setattr__(model, "_steerc_plan", installed)
+    return installed
+
+
+def _compile_counts() -> dict:
+    """How much this worker has compiled: Dynamo frames traced and vLLM's compilation counters."""
+    out = {}
+    try:
+        from torch._dynamo.utils import counters
+
+        out["dynamo_frames"] = int(counters["frames"]["ok"])
+        out["dynamo_graphs"] = int(counters["stats"]["unique_graphs"])
+    except ImportError:
+        pass
+    try:
+        from vllm.compilation.counter import compilation_counter as c
+
+        out.update({k: v for k, v in vars(c).items() if isinstance(v, int) and not isinstance(v, bool)})
+    except ImportError:
+        pass
+    return out
+
+
+def _rpc(method):
+    """A worker RPC that reports a refusal as data instead of raising.
+
+    vLLM's ``collective_rpc`` raises the first rank's error and leaves the
+    other ranks' replies queued for the next call; a refused payload must
+    leave the engine as it was, so every rank answers, and the driver
+    (:func:`call`) raises once it has all the answers.
+    """
+    @functools.wraps(method)
+    def wrapper(self, *args):
+        try:
+            return dict(method(self, *args), ok=True)
+        except (PlanError, EngineError) as exc:
+            return {"ok": False, "error": {"field": getattr(exc, "field", "engine"), "message": str(exc)}}
+        except Exception as exc:  # noqa: BLE001 - whatever else, the engine keeps serving and says why
+            return {"ok": False, "error": {"field": "payload", "message": f"{type(exc).__name__}: {exc}"}}
+
+    return wrapper
+
+
+class SteercWorkerExtension:
+    """Mixed into vLLM's Worker (``worker_extension_cls``); methods are reached by name.
+
+    RPCs (``llm.collective_rpc("steerc_...", args=(...))``, msgpack-safe arguments; each rank
+    answers a status map, ``{"ok": false, "error": {"field", "message"}}`` when it refuses —
+    :func:`call` turns that into a :class:`PlanError`): ``steerc_update(plan_bytes)`` (new values
+    for the installed structure, in place), ``steerc_set_params(values)`` (per-request params,
+    in place), ``steerc_enable(flag)``, ``steerc_status()``, and
+    ``steerc_install(plan_bytes)``, which replaces the structure on an eager engine (compiled
+    graphs would keep the old one).
+    """
+
+    def _steerc_model(self):
+        return self.model_runner.get_model()
+
+    def _steerc_installed(self) -> InstalledPlan:
+        installed = getattr(self._steerc_model(), "_steerc_plan", None)
+        if installed is None:
+            raise PlanError("plan", "no plan is installed on this worker (start the engine with "
+                                    "steerc.runtime.vllm.load)")
+        return installed
+
+    @_rpc
+    def steerc_install(self, payload: bytes) -> dict:
+        cfg = self.vllm_config.compilation_config
+        if not self.vllm_config.model_config.enforce_eager and int(getattr(cfg, "mode", 0) or 0) != 0:
+            raise PlanError("plan", "this engine compiled its graph with the installed plan's structure; a new "
+                                    "structure needs a new engine (or enforce_eager=True); for new values of "
+                                    "the same structure use steerc_update")
+        old = self._steerc_installed()
+        obj = unpack(payload)
+        tensors = validate_plan(obj, fingerprint=facts_of(self.vllm_config).fingerprint, key=engine_key(self.vllm_config))
+        model = self._steerc_model()
+        old.remove(model)
+        try:
+            _install(model, old.view, self.vllm_config, obj, tensors)
+        except Exception:
+            _install(model, old.view, self.vllm_config, old.obj, old.tensors)  # a refused plan changes nothing
+            raise
+        return self.steerc_status()
+
+    @_rpc
+    def steerc_update(self, payload: bytes) -> dict:
+        installed = self._steerc_installed()
+        obj = unpack(payload)
+        tensors = validate_plan(obj, fingerprint=facts_of(self.vllm_config).fingerprint, boot=installed.boot,
+                                key=engine_key(self.vllm_config))
+        installed.state.write_state(tensors)
+        installed.header = obj["header"]
+        installed.obj, installed.tensors = obj, tensors
+        return self.steerc_status()
+
+    @_rpc
+    def steerc_set_params(self, values) -> dict:
+        """Per-request params of the installed plan at ``values`` (a map; the others at their defaults),
+        written into its buffers in place."""
+        installed = self._steerc_installed()
+        if not installed.header.get("params"):
+            raise PlanError("params", "the installed plan declares no per-request params")
+        installed.state.write_state(param_tensors(installed.header, installed.boot, installed.tensors, values))
+        return self.steerc_status()
+
+    @_rpc
+    def steerc_enable(self, flag: bool) -> dict:
+        if not isinstance(flag, bool):
+            raise PlanError("flag", f"expected true or false, got {type(flag).__name__}")
+        self._steerc_installed().state.enabled.fill_(flag)
+        return self.steerc_status()
+
+    @_rpc
+    def steerc_status(self) -> dict:
+        installed = getattr(self._steerc_model(), "_steerc_plan", None)
+        base = {"vllm": vllm_version(), "compile": _compile_counts()}
+        if installed is None:
+            return dict(base, installed=False, hooks=[], skipped=[])
+        feeder = installed.feeder
+        return dict(
+            base,
+            installed=True,
+            source_sha256=installed.header["source_sha256"],
+            boot_sha256=installed.header["boot_sha256"],
+            hooks=list(installed.installed),
+            skipped=list(installed.skipped),
+            fired=installed.fired(),
+            enabled=bool(installed.state.enabled.item()),
+            runner=installed.view.runner_kind,
+            forwards=feeder.forwards,
+            real_steps=feeder.real_steps,
+        )

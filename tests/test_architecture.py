@@ -1,0 +1,137 @@
+"""spec/architecture.md's layers, held against the code: every import inside steerc (at module level or
+inside a function) points down the layers or stays in its own, and no modules import each other in a
+circle. Read from the source with ``ast``: nothing is imported."""
+
+from __future__ import annotations
+
+import ast
+import os
+
+from support import REPO
+
+PACKAGE = os.path.join(REPO, "steerc")
+
+# spec/architecture.md, "Layers, from the bottom".
+LAYERS = {
+    "core": 1,
+    "diagnostics": 2, "facts": 2, "ir": 2, "constraints": 2,
+    "frontend": 3, "io": 3, "highlight": 3,
+    "passes": 4,
+    "targets": 5, "project": 5, "api": 5, "serve_client": 5,
+    "runtime": 6,
+    "derive": 7, "explain": 7,
+    "cli": 8, "lsp": 8,
+    "__main__": 9,
+}
+
+
+def _modules() -> dict[str, str]:
+    """steerc's modules: dotted name -> path."""
+    out = {}
+    for top, dirs, files in os.walk(PACKAGE):
+        dirs[:] = sorted(d for d in dirs if d != "__pycache__")
+        for name in sorted(files):
+            if name.endswith(".py"):
+                rel = os.path.relpath(os.path.join(top, name), REPO)[:-3].replace(os.sep, ".")
+                out[rel.removesuffix(".__init__")] = os.path.join(top, name)
+    return out
+
+
+def _imports(path: str, modules: dict[str, str], me: str) -> set[str]:
+    """The steerc modules ``path`` imports (a package's name for ``from steerc.x import y`` when y is no module)."""
+    with open(path, encoding="utf-8") as fh:
+        tree = ast.parse(fh.read())
+    found = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                base = ".".join(me.split(".")[:-node.level] + ([base] if base else []))
+            names = [f"{base}.{a.name}" if f"{base}.{a.name}" in modules else base for a in node.names]
+        else:
+            continue
+        found.update(n for n in names if n in modules and n != me)
+    return found
+
+
+def _layer(module: str) -> int:
+    parts = module.split(".")
+    return 0 if len(parts) == 1 else LAYERS[parts[1]]
+
+
+def _graph() -> dict[str, set[str]]:
+    modules = _modules()
+    return {m: _imports(p, modules, m) for m, p in modules.items()}
+
+
+def test_every_folder_has_a_layer():
+    assert {m.split(".")[1] for m in _modules() if "." in m} <= set(LAYERS)
+
+
+def test_imports_point_down_the_layers():
+    up = sorted(f"{a} -> {b}" for a, deps in _graph().items() for b in deps
+                if _layer(b) > _layer(a) and _layer(a) != 0)
+    assert not up, "imports that run up the layers (spec/architecture.md):\n" + "\n".join(up)
+
+
+def test_no_import_circles():
+    graph = _graph()
+    index, low, stack, on, circles, counter = {}, {}, [], set(), [], [0]
+
+    def visit(v: str) -> None:  # Tarjan's strongly connected components
+        index[v] = low[v] = counter[0]
+        counter[0] += 1
+        stack.append(v)
+        on.add(v)
+        for w in sorted(graph[v]):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            part = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                part.append(w)
+                if w == v:
+                    break
+            if len(part) > 1:
+                circles.append(sorted(part))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    # a package's __init__ that hands on its submodules' names is not a circle of meaning
+    real = [c for c in circles if not all(m == c[0] or m.startswith(c[0] + ".") for m in c)]
+    assert not real, "modules that import each other in a circle:\n" + "\n".join(" <-> ".join(c) for c in real)
+
+
+# The vLLM runtime's own layers (steerc/runtime/vllm/__init__.py): engine access, a worker's share,
+# steering state, the two modes side by side (serve's HTTP front end above serve), the loader, the API.
+VLLM_LAYERS = {"engine": 1, "parallel": 2, "steer": 3, "plan": 4, "serve": 4, "http": 5, "loader": 6, "api": 7}
+
+
+def test_the_vllm_runtime_imports_down_its_own_layers():
+    prefix = "steerc.runtime.vllm."
+    graph = _graph()
+    assert {m.removeprefix(prefix) for m in graph if m.startswith(prefix)} == set(VLLM_LAYERS)
+    wrong = sorted(f"{a} -> {b}" for a, deps in graph.items() if a.startswith(prefix) for b in deps
+                   if b.startswith(prefix) and VLLM_LAYERS[b.removeprefix(prefix)] >= VLLM_LAYERS[a.removeprefix(prefix)])
+    assert not wrong, "\n".join(wrong)
+
+
+def test_no_module_imports_another_modules_private_names():
+    modules = _modules()
+    found = []
+    for me, path in modules.items():
+        with open(path, encoding="utf-8") as fh:
+            tree = ast.parse(fh.read())
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("steerc") and not node.level:
+                found += [f"{me}: from {node.module} import {a.name}" for a in node.names
+                          if a.name.startswith("_") and not a.name.startswith("__")]
+    assert not found, "\n".join(found)
