@@ -23,7 +23,7 @@ from steerc.cli.common import (
     read_text,
 )
 from steerc.cli.report import FORMAT_HELP, FORMATS, Report, write
-from steerc.project import TARGET_NAMES
+from steerc.targets.registry import TARGET_NAMES
 
 
 def add_arguments(cmd) -> None:

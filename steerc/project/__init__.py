@@ -50,10 +50,10 @@ from steerc.core.limits import MAX_NESTING, MAX_NUMBER_CHARS, MAX_SOURCE_BYTES
 from steerc.core.source import read_program
 from steerc.diagnostics.suggest import did_you_mean
 from steerc.facts.named import lookup, names
+from steerc.targets.registry import TARGET_NAMES
 
 __all__ = ["TARGET_NAMES", "Project", "display_name", "project_at", "project_of"]
 
-TARGET_NAMES = ("hf", "vllm", "serve", "llamacpp")
 DEFAULT_KEYS = ("model", "target")
 TABLES = ("defaults", "params")
 _PARAM_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")

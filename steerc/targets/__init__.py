@@ -1,9 +1,8 @@
-"""Targets: what a plan is lowered to (``hf``, ``vllm``, ``serve``, ``llamacpp``).
-
-Each target declares its capabilities as data (:mod:`steerc.targets.capabilities`)
-and has an emitter module; emitters are imported only when used.
+"""Targets: what a plan is lowered to. Each target is one folder with a ``target.py`` exporting its
+``TARGET`` (name, help, capabilities, emit, checks), and one entry in :mod:`steerc.targets.registry`.
 """
 
 from steerc.targets.capabilities import TARGETS, check_target
+from steerc.targets.registry import REGISTRY, TARGET_NAMES
 
-__all__ = ["TARGETS", "check_target"]
+__all__ = ["REGISTRY", "TARGETS", "TARGET_NAMES", "check_target"]

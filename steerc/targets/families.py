@@ -19,10 +19,11 @@ from __future__ import annotations
 
 from attrs import frozen
 
+from steerc.diagnostics import Diagnostic
+from steerc.diagnostics.codes import UNSUPPORTED_BY_TARGET
 from steerc.facts.families import FAMILIES
 from steerc.facts.sites import TABLES
-
-BACKEND_OF_TARGET = {"hf": "hf", "vllm": "vllm", "serve": "vllm"}  # vllm-hook: the plugin places its hooks
+from steerc.targets.registry import REGISTRY
 
 # tests/test_hf_runtime.py: ops and sites on a tiny random model against steerc.ir.interpret.
 HF_INTERPRET = frozenset({"llama", "qwen2", "gemma2", "gpt2", "gpt_neox", "olmo2", "granite", "cohere", "mixtral",
@@ -92,13 +93,11 @@ def family_matrix() -> str:
 
 def check_family(result, target: str) -> None:
     """Add an ``unsupported-by-target`` diagnostic when ``target`` cannot place hooks on the model's family."""
-    backend = BACKEND_OF_TARGET.get(target)
+    backend = REGISTRY[target].backend  # None: the target does not place steerc's hooks (vllm-hook, llamacpp)
     if result.facts is None or backend is None:
         return
     s = family_support(result.facts.family, backend)
     if not s.supported:
-        from steerc.diagnostics import Diagnostic
-
         result.diagnostics.append(Diagnostic.error(
-            "unsupported-by-target", f"the {target} target cannot steer the `{s.family}` family: {s.note}", None,
+            UNSUPPORTED_BY_TARGET, f"the {target} target cannot steer the `{s.family}` family: {s.note}", None,
             help=s.instead))

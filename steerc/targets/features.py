@@ -1,4 +1,5 @@
-"""The features a checked program uses, each with the span to blame.
+"""Features: what a checked program uses, each with the span to blame, and the table of what a
+target supports (each target's own ``target.py`` writes its table with :func:`table`).
 
 >>> from steerc.api import check_source
 >>> r = check_source("steer 1\\nvector v = [1.0, 2.0]\\nintervention a {\\n  at resid_post[0]\\n  add v\\n  tokens prompt[-1:], generated\\n}\\n")
@@ -8,8 +9,72 @@
 
 from __future__ import annotations
 
+from attrs import frozen
+
 from steerc.ir import checked as ck
 from steerc.ir import nodes as ir
+
+@frozen
+class Feature:
+    key: str  # e.g. "op:ablate", "scope:after", "gate:prompt.mean"
+    supported: bool
+    note: str = ""  # how it is realised, or why it is not
+    instead: str = ""  # what to do when unsupported
+
+
+@frozen
+class Capabilities:
+    """What one target can express: a Feature for every key of :data:`ALL_KEYS`, in that order."""
+
+    name: str
+    summary: str
+    features: tuple[Feature, ...]
+
+    def get(self, key: str) -> Feature:
+        for f in self.features:
+            if f.key == key:
+                return f
+        raise KeyError(key)
+
+    def supports(self, key: str) -> bool:
+        return self.get(key).supported
+
+
+FEATURE_GROUPS = {
+    "op": ("add", "scale", "scale-vector", "set", "suppress", "ablate", "clamp", "rotate", "preserve-norm",
+           "schedule"),
+    "site": ("resid_pre", "resid_post", "attn_out", "mlp_out", "head"),
+    "scope": ("all", "prompt", "generated", "prompt-slice", "generated-slice", "positions", "after", "union"),
+    "gate": ("prompt.mean", "prompt.last", "token"),
+    "readout": ("cosine", "projected_cosine", "subspace_cosine", "dot", "norm"),
+    "constraint": ("json_schema", "regex", "grammar", "choice"),
+    "dtype": ("float32", "float16", "bfloat16", "float64"),
+    "parallel": ("tensor", "pipeline"),
+    "param": ("per-request",),
+}
+
+ALL_KEYS = tuple(f"{group}:{name}" for group, names in FEATURE_GROUPS.items() for name in names)
+
+
+def every(note: str = "") -> dict[str, Feature]:
+    """Every feature supported (the base a target's table overrides)."""
+    return {k: Feature(k, True, note) for k in ALL_KEYS}
+
+
+def table(name: str, summary: str, base: dict[str, Feature], **overrides: Feature) -> Capabilities:
+    """A target's capabilities: ``base`` with ``overrides`` (keyword names are for reading only)."""
+    rows = dict(base)
+    for f in overrides.values():
+        rows[f.key] = f
+    return Capabilities(name, summary, tuple(rows[k] for k in ALL_KEYS))
+
+
+def no(key: str, note: str, instead: str) -> Feature:
+    return Feature(key, False, note, instead)
+
+
+def yes(key: str, note: str) -> Feature:
+    return Feature(key, True, note)
 
 
 def scope_feature(scope) -> str:

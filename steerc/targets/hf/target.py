@@ -1,0 +1,30 @@
+"""The hf target's seat: a Python package of hooks for a transformers model (``--target hf``)."""
+
+from __future__ import annotations
+
+from steerc.targets.features import every, no, table, yes
+from steerc.targets.seat import Target
+
+
+def emit(plan, facts, out_dir: str, *, command: str = "", key: bytes | None = None) -> list[str]:
+    from steerc.targets.hf.emit import emit as write_package  # safetensors: on use only
+    from steerc.targets.hooks import lower_hf
+
+    return write_package(lower_hf(plan, facts), out_dir, command)
+
+
+CAPABILITIES = table(
+    "hf",
+    "Python hooks on a transformers model: an emitted package or the in-process runtime",
+    every(),
+    after=yes("scope:after", "needs the model's tokenizer at install time"),
+    tensor=no("parallel:tensor", "runs in one process on one device map",
+               "use the vllm target for tensor parallelism"),
+    pipeline=yes("parallel:pipeline", "works with accelerate device maps (hooks move tensors)"),
+    constraint=yes("constraint:json_schema", "an xgrammar logits processor in generate()"),
+    per_request=yes("param:per-request", "values at install time: `install(model, plan, tokenizer, "
+                                          "params={...})`, and the emitted package's `install(model, "
+                                          "tokenizer, params={...})` (logits equal, every bound role)"),
+)
+
+TARGET = Target("hf", "a Python package of hooks", CAPABILITIES, emit, backend="hf")
