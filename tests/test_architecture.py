@@ -135,3 +135,17 @@ def test_no_module_imports_another_modules_private_names():
                 found += [f"{me}: from {node.module} import {a.name}" for a in node.names
                           if a.name.startswith("_") and not a.name.startswith("__")]
     assert not found, "\n".join(found)
+
+
+def test_diagnostic_codes_are_constants_never_strings():
+    """A misspelt constant fails at import; a misspelt string would only fail when reported."""
+    found = []
+    for me, path in _modules().items():
+        with open(path, encoding="utf-8") as fh:
+            tree = ast.parse(fh.read())
+        for node in ast.walk(tree):
+            if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+                    and node.func.attr in ("error", "warning", "note") and isinstance(node.func.value, ast.Name)
+                    and node.func.value.id == "Diagnostic" and node.args and isinstance(node.args[0], ast.Constant)):
+                found.append(f"{me}:{node.lineno}: Diagnostic.{node.func.attr}({node.args[0].value!r}, ...)")
+    assert not found, "\n".join(found)

@@ -224,13 +224,14 @@ def render_gates(row: dict, length: int) -> str:
 def _report(args, problem, project) -> int:
     """A ``model-without-weights`` diagnostic pointing at the ``--model`` argument (or steer.toml's ``model``)."""
     from steerc.diagnostics import Diagnostic, Note, render_text
+    from steerc.diagnostics.codes import MODEL_WITHOUT_WEIGHTS
 
     if args.model:
         source, span = argument_source(args, "--model")
         sources = {source.name: source}
     else:
         sources, span = project.sources, project.spans["model"]
-    diagnostic = Diagnostic.error("model-without-weights", problem.message, span, help=problem.help,
+    diagnostic = Diagnostic.error(MODEL_WITHOUT_WEIGHTS, problem.message, span, help=problem.help,
                                   notes=tuple(Note(n) for n in problem.notes))
     print(render_text(diagnostic, sources), file=sys.stderr)
     return EXIT_ERRORS

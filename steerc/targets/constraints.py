@@ -12,7 +12,7 @@ constraint yields the same text on every backend.
 
 from __future__ import annotations
 
-import json
+from steerc.core.jsonio import canonical
 
 
 def structured_outputs(constraint) -> dict:
@@ -58,5 +58,5 @@ def constraint_from_json(d: dict | None):
         raise ValueError(f"a {kind} constraint is a string")
     if kind == "json_schema" and not isinstance(value, (dict, bool)):
         raise ValueError("a json_schema constraint is a JSON Schema (an object or a boolean)")
-    text = json.dumps(value, sort_keys=True, separators=(",", ":")) if kind == "json_schema" else value
+    text = canonical(value) if kind == "json_schema" else value
     return Constraint(kind, value, text=text)

@@ -19,6 +19,7 @@ import os
 import numpy as np
 from attrs import field, frozen
 
+from steerc.core.jsonio import canonical
 from steerc.facts.sites import site_table
 from steerc.ir import checked as ck
 from steerc.ir import nodes as ir
@@ -135,9 +136,7 @@ class HookProgram:
         if c is None:
             return None
         if c.kind == "json_schema":
-            import json
-
-            return ("json_schema", json.dumps(c.value, sort_keys=True, separators=(",", ":")))
+            return ("json_schema", canonical(c.value))
         return (c.kind, tuple(c.value) if c.kind == "choice" else c.value)
 
 

@@ -39,7 +39,7 @@ import zlib
 from steerc.runtime.vllm.engine import CONFIG_KEY, LOAD_FORMAT, EngineError, engine_key, facts_of
 from steerc.runtime.vllm.serve import ArtifactStore
 from steerc.targets.serve.admission import MAX_INLINE_CHARS, MAX_PLAN_CHARS, RequestError, admit
-from steerc.targets.serve.request import ARTIFACTS_KEY, PARAMS_KEY, PLAN_KEY, unique_salt
+from steerc.targets.serve.request import ARTIFACTS_KEY, PARAMS_KEY, PLAN_KEY, compact, unique_salt
 
 MAX_BODY = MAX_PLAN_CHARS + MAX_INLINE_CHARS + (1 << 20)
 
@@ -103,9 +103,9 @@ class SteercAdmission:
                                            for k, v in sorted(admitted.artifacts.items())},
                                           separators=(",", ":"))
         if not isinstance(xargs.get(PARAMS_KEY, ""), str):  # a JSON object is fine here; vLLM takes strings
-            xargs[PARAMS_KEY] = json.dumps(xargs[PARAMS_KEY], sort_keys=True, separators=(",", ":"))
+            xargs[PARAMS_KEY] = compact(xargs[PARAMS_KEY])
         if not isinstance(xargs[PLAN_KEY], str):
-            xargs[PLAN_KEY] = json.dumps(xargs[PLAN_KEY], sort_keys=True, separators=(",", ":"))
+            xargs[PLAN_KEY] = compact(xargs[PLAN_KEY])
         doc["vllm_xargs"] = xargs
         if prefix_caching and not admitted.cacheable:
             # Its steering depends on tokens a cache hit would skip (a prompt-pooled probe, a scope relative

@@ -41,6 +41,7 @@ from __future__ import annotations
 import numpy as np
 
 from steerc.diagnostics import Diagnostic
+from steerc.diagnostics.codes import UNSUPPORTED_BY_TARGET
 from steerc.ir import nodes as ir
 from steerc.ir.plan import Affine, Plan
 from steerc.core.limits import FLOAT32_MAX
@@ -72,7 +73,7 @@ def check_llamacpp(result) -> None:
                      else static_layers(iv.site.layers) or ())
         for what, why, help in _unreachable(iv.site.kind, layers):
             result.diagnostics.append(Diagnostic.error(
-                "unsupported-by-target", f"the {TARGET} target cannot express {what}, in intervention `{iv.name}`: "
+                UNSUPPORTED_BY_TARGET, f"the {TARGET} target cannot express {what}, in intervention `{iv.name}`: "
                                          f"{why}", iv.site.span, help=help))
     if result.ok and result.plan is not None:
         result.diagnostics.extend(_overflows(result.plan))
@@ -98,7 +99,7 @@ def _overflows(plan: Plan) -> list[Diagnostic]:
             prov = next((p for k in sp.kernels for p in k.provenance), None)
             names = ", ".join(f"`{n}`" for k in sp.kernels for n in k.names)
             out.append(Diagnostic.error(
-                "unsupported-by-target",
+                UNSUPPORTED_BY_TARGET,
                 f"the {TARGET} target cannot express the sum of the adds at {sp.site.text} ({names}): llama.cpp "
                 "sums them into one float32 vector, and this one does not fit float32",
                 prov.span if prov is not None else None, help="add smaller vectors"))

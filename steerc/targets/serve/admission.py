@@ -45,6 +45,7 @@ import json
 import os
 from collections.abc import Mapping
 
+from steerc.core.errors import FieldError
 from steerc.core.format_schema import SchemaError, check
 from steerc.core.jsonio import JSONError, loads
 from steerc.facts import ModelFacts
@@ -63,13 +64,10 @@ MAX_INLINE_CHARS = 4 * MAX_ARTIFACT_BYTES
 SCHEMA_PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "serve.schema.json")
 
 
-class RequestError(ValueError):
+class RequestError(FieldError):
     """A request whose steering is refused; ``field`` names the fault."""
 
-    def __init__(self, field: str, message: str):
-        super().__init__(f"steerc: {field}: {message}")
-        self.field = field
-        self.message = message
+    prefix = "steerc: "
 
 
 @functools.lru_cache(maxsize=1)

@@ -24,7 +24,6 @@ True
 from __future__ import annotations
 
 import hashlib
-import json
 import math
 
 from steerc import __version__
@@ -32,6 +31,7 @@ from steerc.ir import checked as ck
 from steerc.ir import nodes as ir
 from steerc.ir.plan import (Affine, Binding, Kernel, Param, Plan, ProbePlan, Project, Provenance, Rotate, Site,
                             SitePlan)
+from steerc.core.jsonio import canonical
 from steerc.core.source import Span
 from steerc.targets.constraints import constraint_from_json, constraint_json, request_fields
 
@@ -214,7 +214,8 @@ def cache_salt(doc: dict) -> str:
 
 
 def dumps(doc: dict) -> str:
-    return json.dumps(doc, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+    """The document's text: steerc's one canonical JSON (:func:`steerc.core.jsonio.canonical`)."""
+    return canonical(doc)
 
 
 def _check_floats(obj) -> None:

@@ -22,7 +22,9 @@ KEYS = (PLAN_KEY, ARTIFACTS_KEY, PARAMS_KEY)  # every steerc_ field a request ma
 
 
 def compact(value) -> str:
-    """A request field's JSON text: sorted keys, no spaces."""
+    """A request field's JSON text: sorted keys, no spaces; what the client sends is left as it is (a NaN
+    stays NaN, for the server's reader to refuse by name), where :func:`steerc.core.jsonio.canonical`, the
+    text steerc hashes and stores, would write it out as data."""
     return json.dumps(value, sort_keys=True, separators=(",", ":"))
 
 

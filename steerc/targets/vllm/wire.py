@@ -39,16 +39,14 @@ import json
 import math
 import os
 
+from steerc.core.errors import FieldError
+
 FORMAT = "steerc.vllm/1"
 MAX_BYTES = 256 * 1024 * 1024
 
 
-class PlanError(ValueError):
+class PlanError(FieldError):
     """A plan payload that a worker refuses; ``field`` is the path of the fault."""
-
-    def __init__(self, field: str, message: str):
-        super().__init__(f"{field}: {message}")
-        self.field = field
 
 
 def canonical(obj):

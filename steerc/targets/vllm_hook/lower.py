@@ -57,6 +57,7 @@ import math
 import numpy as np
 
 from steerc.diagnostics import Diagnostic, Note
+from steerc.diagnostics.codes import UNSUPPORTED_BY_TARGET
 from steerc.ir import checked as ck
 from steerc.ir.plan import Affine, Kernel, Plan, Project, Rotate, Site
 from steerc.targets.hooks import scope_item
@@ -119,7 +120,7 @@ class _Lowering:
             if names:
                 where += f" (intervention {', '.join(f'`{n}`' for n in names)})"
             self.diagnostics.append(Diagnostic.error(
-                "unsupported-by-target", f"the {NAME} target cannot express {what}{where}: {why}", span,
+                UNSUPPORTED_BY_TARGET, f"the {NAME} target cannot express {what}{where}: {why}", span,
                 help=help, notes=notes))
         self._refusals.clear()
         self.diagnostics.sort(key=Diagnostic.sort_key)
@@ -443,7 +444,7 @@ def check_vllm_hook(result) -> None:
         return
     _, _, diagnostics = lower_vllm_hook(result.plan, result.facts)
     known = {(d.code, d.message, d.span) for d in result.diagnostics}
-    reported = [d.span for d in result.diagnostics if d.code == "unsupported-by-target" and d.span is not None]
+    reported = [d.span for d in result.diagnostics if d.code == UNSUPPORTED_BY_TARGET and d.span is not None]
     result.diagnostics.extend(d for d in diagnostics if (d.code, d.message, d.span) not in known
                               and not any(_within(inner, d.span) for inner in reported))
 
