@@ -9,6 +9,8 @@ import sys
 from steerc.cli import NotAProgram, UsageError
 from steerc.cli.report import Report, print_json
 from steerc.diagnostics.codes import INVALID_CONFIG
+from steerc.facts.named import shadowing
+from steerc.project.session import UnusableModel, check_options, facts_or_diagnostic
 
 
 def read_text(path: str) -> str:
@@ -77,22 +79,16 @@ def parse_overrides(items: list[str]) -> dict[str, float]:
 
 def options_from(args, project=None, **extra):
     """The check Options of the command line, with the defaults of ``project`` (its ``steer.toml``)."""
-    from steerc.passes.context import Options
-
-    root = root_of(args)
     overrides = parse_overrides(getattr(args, "overrides", []))
     origins, sources = {}, {}
-    if project is not None:
-        origins.update(project.param_spans())
-        sources.update(project.sources)
     if overrides:
         src, spans = argument_spans(args, "--set")
         items = getattr(args, "overrides", [])
         if len(spans) == len(items):
             origins.update((item.partition("=")[0].strip(), span) for item, span in zip(items, spans))
             sources[src.name] = src
-    return Options(root=root, overrides=overrides, project_params=dict(project.params) if project else {},
-                   origins=origins, sources=sources, **extra)
+    return check_options(project, root=root_of(args), overrides=overrides, origins=origins, sources=sources,
+                         **extra)
 
 
 def facts_from(args, project=None):
@@ -177,52 +173,16 @@ def print_diagnostics(report, file=None) -> None:
 
 
 def load_facts_or_diagnostic(path: str, project=None):
-    """(facts, None, {}) or (None, an ``unknown-family`` or ``invalid-model`` diagnostic, its sources).
-
-    A model that cannot be read is a usage error, or for the ``model`` of a
-    ``project``'s steer.toml an ``invalid-config`` diagnostic at its value.
-    """
-    from steerc.diagnostics import Diagnostic
-    from steerc.facts import FactsError, load_facts
-    from steerc.facts.named import shadowing
-    from steerc.core.source import Source
-
+    """(facts, None, {}) or (None, the diagnostic why the model cannot be used, its sources)
+    (:func:`steerc.project.session.facts_or_diagnostic`); a bare path that cannot be read is a usage error,
+    and a bundled name a folder shadows gets a note on standard error."""
     taken = shadowing(path)
     if taken is not None:
         print(f"note: {taken}", file=sys.stderr)
     try:
-        return load_facts(path), None, {}
-    except FactsError as exc:
-        if exc.code is None and project is None:
-            raise UsageError(f"{path}: {exc}") from None
-        if exc.code is None:
-            return None, Diagnostic.error(INVALID_CONFIG, f"model {path}: {exc}", project.spans["model"],
-                                          help="give a model folder, its config.json or a facts JSON"), \
-                project.sources
-        sources, span = {}, None
-        if exc.file and exc.text is not None:
-            src = Source(exc.file, exc.text, exc.file)
-            sources[src.name] = src
-            span = _needle_span(src, exc.text, exc.needle)
-        return None, Diagnostic.error(exc.code, exc.message, span), sources
-
-
-def _needle_span(src, text: str, needle: str | None):
-    """The span of ``needle`` in a config: for a quoted key, of its value (the last occurrence of the
-    key, which is the one a JSON reader keeps)."""
-    import re
-
-    if not needle:
-        return None
-    if needle.startswith('"') and needle.endswith('"'):
-        value = r'("(?:[^"\\]|\\.)*"|-?[0-9][0-9.eE+-]*|true|false|null|\[|\{)'
-        matches = list(re.finditer(re.escape(needle) + r"\s*:\s*" + value, text))
-        if matches:
-            m = matches[-1]
-            end = m.end(1) if m.group(1) not in ("[", "{") else m.start(1) + 1
-            return src.span(m.start(1), end)
-    at = text.find(needle)
-    return src.span(at, at + len(needle)) if at >= 0 else None
+        return facts_or_diagnostic(path, project)
+    except UnusableModel as exc:
+        raise UsageError(str(exc)) from None
 
 
 def argument_source(args, flag: str):

@@ -52,13 +52,12 @@ class FactsCache:
 
 
 def _load(model: str) -> tuple:
-    from steerc.cli import UsageError
-    from steerc.cli.common import load_facts_or_diagnostic
     from steerc.diagnostics import Diagnostic
+    from steerc.project.session import UnusableModel, facts_or_diagnostic
 
     try:
-        return load_facts_or_diagnostic(model)
-    except UsageError as exc:
+        return facts_or_diagnostic(model)
+    except UnusableModel as exc:
         return None, Diagnostic.error(INVALID_MODEL, str(exc), None), {}
 
 

@@ -124,17 +124,15 @@ class SteerServer(LanguageServer):
     def _check(self, od: OpenDocument):
         """The document checked as ``steerc check`` checks a file: its project's steer.toml (params, target,
         model; its diagnostics first), then the model's problem if it cannot be used, then the program's."""
-        from types import SimpleNamespace
-
         from steerc.api import check
-        from steerc.cli.common import options_from
         from steerc.core.source import Source
+        from steerc.project.session import check_options
 
         path = to_fs_path(od.uri) if od.uri.startswith("file:") else None
         source = Source(path or od.uri, normalize(od.doc.text), path)
         project = project_setting(os.path.dirname(path) if path else self.model_base)
         facts, problem, sources = self._facts(project)
-        options = options_from(SimpleNamespace(), project)
+        options = check_options(project)
         target = project.target if project is not None else None
         # A target's checks read the plan as compiled, so fusion stays on where one is set.
         result = check(source, options, facts, parser=od.reparser, fuse=target is not None)
