@@ -9,6 +9,14 @@ from lsprotocol import types as lsp
 from steerc.lsp import wire
 from steerc.lsp.positions import Document, normalize
 from steerc.lsp.server import OpenDocument, Refused, SteerServer, resolved_model, spec_href
+from steerc.core.limits import MAX_NAME_CHARS
+from steerc.core.source import Source
+from steerc.frontend.fmt import MeaningChanged, format_source
+from steerc.ir import nodes as ir
+from steerc.ir.walk import walk
+from steerc.lsp.complete import complete, keywords
+from steerc.lsp.hover import hover as hover_text
+from steerc.lsp.positions import source_offset
 
 TRIGGERS = [" ", "(", ",", "*"]
 NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
@@ -101,8 +109,6 @@ def did_close(ls: SteerServer, params: lsp.DidCloseTextDocumentParams) -> None:
 
 
 def hover(ls: SteerServer, params: lsp.HoverParams) -> lsp.Hover | None:
-    from steerc.lsp.hover import hover as hover_text
-
     look = ls.lookup(params.text_document.uri, params.position)
     if look.offset is None:
         return None
@@ -136,9 +142,6 @@ def prepare_rename(ls: SteerServer, params: lsp.PrepareRenameParams) -> lsp.Rang
 
 
 def rename(ls: SteerServer, params: lsp.RenameParams) -> lsp.WorkspaceEdit | None:
-    from steerc.core.limits import MAX_NAME_CHARS
-    from steerc.lsp.complete import keywords
-
     look = _renamable(ls, params)
     sym, new = _symbol(ls, look)[0], params.new_name
     analysis = look.analysis
@@ -161,9 +164,6 @@ def rename(ls: SteerServer, params: lsp.RenameParams) -> lsp.WorkspaceEdit | Non
 
 def _used_names(program) -> set[str]:
     """Every name the program uses (``ir.Name``), declared or not."""
-    from steerc.ir import nodes as ir
-    from steerc.ir.walk import walk
-
     return {node.id for stmt in program.statements for node in walk(stmt) if isinstance(node, ir.Name)}
 
 
@@ -190,8 +190,6 @@ def _renamable(ls: SteerServer, params):
 
 
 def formatting(ls: SteerServer, params: lsp.DocumentFormattingParams) -> list[lsp.TextEdit]:
-    from steerc.frontend.fmt import MeaningChanged, format_source
-
     analysis = ls.analysis(params.text_document.uri)
     doc = ls.open[params.text_document.uri].doc
     try:
@@ -210,10 +208,6 @@ def formatting(ls: SteerServer, params: lsp.DocumentFormattingParams) -> list[ls
 
 
 def completion(ls: SteerServer, params: lsp.CompletionParams) -> lsp.CompletionList:
-    from steerc.lsp.complete import complete
-    from steerc.lsp.positions import source_offset
-    from steerc.core.source import Source
-
     od = ls.open.get(params.text_document.uri)
     if od is None:
         raise Refused(f"{params.text_document.uri} is not open")

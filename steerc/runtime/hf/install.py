@@ -7,7 +7,12 @@ from __future__ import annotations
 import torch
 
 from steerc.runtime import kernels as S
-from steerc.targets.hooks import HookProgram, HookCode, KernelCall, lower_hf
+from steerc.targets.hooks import HookCode, HookProgram, KernelCall, lower_hf
+from steerc.api import check_file, check_source
+from steerc.core.jsonio import JSONError, loads
+from steerc.facts import FORMAT, FactsError, ModelFacts, facts_from_config
+from steerc.facts.sites import SiteTable, TABLES, hf_table
+from steerc.ir.plan import rebind
 
 
 class SteerInstallError(RuntimeError):
@@ -19,8 +24,6 @@ class SteerInstallError(RuntimeError):
 
 def facts_from_model(model):
     """ModelFacts of a live model: from its config, else a best-effort discovery."""
-    from steerc.facts import FactsError, facts_from_config
-
     config = model.config.to_dict() if hasattr(model.config, "to_dict") else dict(model.config)
     try:
         return facts_from_config(config, origin="live model")
@@ -41,8 +44,6 @@ def _largest_module_list(model):
 
 def discover(model, config: dict):
     """Guess the layout of an unknown family; the facts say what was guessed."""
-    from steerc.facts import ModelFacts
-
     layers_path, layers = _largest_module_list(model)
     hidden = config.get("hidden_size") or config.get("n_embd") or config.get("d_model")
     heads = config.get("num_attention_heads") or config.get("n_head") or 1
@@ -84,7 +85,6 @@ def guess_sites(model) -> dict:
     base = root.rsplit(".", 1)[0] if "." in root else ""
     base_module = model.get_submodule(base) if base else model
     norm = _child(base_module, ("norm", "ln_f", "final_layer_norm", "final_layernorm"))
-    from steerc.facts.sites import hf_table
 
     unknown = "?"  # where a name was not found: the user fills it in before confirming
     table = hf_table(
@@ -102,7 +102,6 @@ def write_facts(model, path: str) -> dict:
     set ``"confirmed": true``, then ``install(model, plan, facts=path)``."""
     import json
 
-    from steerc.facts import FORMAT
 
     facts = facts_from_model(model)
     doc = {"format": FORMAT, "facts": facts.to_json(), "backend": "hf", "sites": guess_sites(model),
@@ -122,9 +121,6 @@ def _how_to_confirm(family: str) -> str:
 
 def confirmed_table(model, path: str):
     """The site table of a confirmed facts file, checked against the live model."""
-    from steerc.facts.sites import SiteTable
-    from steerc.core.jsonio import JSONError, loads
-
     facts = facts_from_model(model)
     try:
         with open(path, encoding="utf-8") as fh:
@@ -159,7 +155,6 @@ def compile_for(path_or_text, model, *, name: str | None = None, options=None):
     """Check a program against a live model's facts and return its plan (raises on errors)."""
     import os
 
-    from steerc.api import check_file, check_source
 
     facts = facts_from_model(model)
     if isinstance(path_or_text, str) and os.path.isfile(path_or_text):
@@ -258,10 +253,6 @@ def install(model, plan, tokenizer=None, *, check: bool = True, params=None, fac
     declare, or a value that is not a number in the declared range, raises
     :class:`~steerc.ir.plan.ParamError` naming the param.
     """
-    from steerc.ir.plan import rebind
-
-    from steerc.facts.sites import TABLES
-
     plan = rebind(plan, params)
     live = facts_from_model(model)
     if check and live.fingerprint != plan.facts_fingerprint:

@@ -34,6 +34,8 @@ from steerc.ir.plan import (Affine, Binding, Kernel, Param, Plan, ProbePlan, Pro
 from steerc.core.jsonio import canonical
 from steerc.core.source import Span
 from steerc.targets.constraints import constraint_from_json, constraint_json, request_fields
+from steerc.ir.values import Vec
+from steerc.targets.signing import mac
 
 FORMAT = "steerc.serve/1"
 TENSOR_NAME = "value"
@@ -195,8 +197,6 @@ def to_serve(plan: Plan, facts: dict, key: bytes | None = None) -> tuple[dict, d
     doc["cache_salt"] = cache_salt(doc)
     _check_floats(doc)
     if key is not None:
-        from steerc.targets.signing import mac
-
         doc["hmac"] = mac(key, signed_bytes(doc))
     return doc, arts.blobs
 
@@ -263,14 +263,10 @@ def _gate_from(d: dict):
 
 
 def _vec(ref: dict, load) -> "object":
-    from steerc.ir.values import Vec
-
     return Vec(read_artifact(load(ref["artifact"]), ref["artifact"]))
 
 
 def _op_from(d: dict, load):
-    from steerc.ir.values import Vec
-
     kind = d["kind"]
     if kind == "affine":
         scale = float(d["scale"]["value"]) if "value" in d["scale"] else _vec(d["scale"], load)
@@ -285,8 +281,6 @@ def _op_from(d: dict, load):
 
 def from_serve(doc: dict, load) -> Plan:
     """The plan of a serve document; ``load(artifact id) -> bytes`` (hashes are verified)."""
-    from steerc.ir.values import Vec
-
     if doc.get("format") != FORMAT:
         raise ValueError(f"not a {FORMAT} plan")
     sites = []

@@ -40,6 +40,14 @@ import math
 import os
 
 from steerc.core.errors import FieldError
+from steerc.core.format_schema import SchemaError, check
+from steerc.core.limits import MAX_SCHEDULE_STEP
+from steerc.facts import ModelFacts
+from steerc.facts.sites import site_table
+from steerc.ir.plan import Param, ParamError, check_values, declared_problem
+from steerc.passes.lower_plan import BASIS_READOUTS
+from steerc.targets.constraints import constraint_from_json
+from steerc.targets.signing import mac, verify
 
 FORMAT = "steerc.vllm/1"
 MAX_BYTES = 256 * 1024 * 1024
@@ -145,8 +153,6 @@ def content_bytes(obj: dict) -> bytes:
 
 def seal(obj: dict, key: bytes | None = None) -> dict:
     """``obj`` with its ``content_sha256`` (and, given a key, its ``hmac``) written into the header."""
-    from steerc.targets.signing import mac
-
     payload = content_bytes(obj)
     obj["header"]["content_sha256"] = hashlib.sha256(payload).hexdigest()
     if key is not None:
@@ -162,8 +168,6 @@ def validate_plan(obj, *, fingerprint: str | None = None, boot: dict | None = No
     ``boot``: the installed structure an update must keep; ``key``: the
     HMAC key every plan must be signed with (:mod:`steerc.targets.signing`).
     """
-    from steerc.core.format_schema import SchemaError, check
-
     if not isinstance(obj, dict) or obj.get("format") != FORMAT:
         got = obj.get("format") if isinstance(obj, dict) else type(obj).__name__
         raise PlanError("plan.format", f"this worker reads {FORMAT}, got {_short(got)}")
@@ -201,8 +205,6 @@ def validate_plan(obj, *, fingerprint: str | None = None, boot: dict | None = No
 
 def _check_schedules(boot: dict, tensors: dict) -> None:
     """Schedule numbers that mean something: a decay rate in (0, 1], whole step counts, a window a < b."""
-    from steerc.core.limits import MAX_SCHEDULE_STEP
-
     for hook in boot["hooks"]:
         for site in hook["sites"]:
             for kernel in site["kernels"]:
@@ -225,8 +227,6 @@ def _short(value) -> str:
 
 
 def _check_seal(obj: dict, key: bytes | None) -> None:
-    from steerc.targets.signing import verify
-
     header = obj["header"]
     if "content_sha256" in header or key is not None:
         payload = content_bytes(obj)
@@ -238,9 +238,6 @@ def _check_seal(obj: dict, key: bytes | None) -> None:
 
 
 def _header_facts(header: dict):
-    from steerc.facts import ModelFacts
-    from steerc.targets.constraints import constraint_from_json
-
     facts = ModelFacts(**header["facts"])
     if facts.fingerprint != header["facts_fingerprint"]:
         raise PlanError("plan.header.facts", "do not hash to facts_fingerprint")
@@ -261,9 +258,6 @@ _ROLES = {"affine": ({"scale"}, {"bias", "schedule"}), "project": ({"basis"}, {"
 
 def _check_boot(boot: dict, facts, params=None) -> None:
     """The structure: hooks on the modules the site table names, shapes, and every index in range."""
-    from steerc.facts.sites import site_table
-    from steerc.passes.lower_plan import BASIS_READOUTS
-
     try:
         table = site_table(facts.family, "vllm")
     except ValueError as exc:
@@ -386,8 +380,6 @@ BINDABLE = ("scale", "bias", "target", "angle")
 def _check_bindings(boot: dict, params, shapes: dict, used: set) -> None:
     """Params declared once with sane ranges; each binding writes a kernel's scalar or vector operand (or
     one gate threshold) from a coefficient buffer of the same shape."""
-    from steerc.ir.plan import declared_problem
-
     problem = declared_problem(params)
     if problem is not None:
         raise PlanError(f"plan.header.params[{problem[0]}].{problem[1]}", problem[2])
@@ -426,7 +418,6 @@ def param_tensors(header: dict, boot: dict, tensors: dict, values) -> dict:
     """
     import numpy as np
 
-    from steerc.ir.plan import Param, ParamError, check_values
 
     declared = [Param(p["name"], float(p["default"]), p["min"], p["max"]) for p in header.get("params") or ()]
     bindings = boot.get("bindings") or ()
