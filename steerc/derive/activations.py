@@ -28,13 +28,13 @@ a rerun at more layers computes only the missing sites.
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import sys
 
 import numpy as np
 from attrs import frozen
 
+from steerc.core.jsonio import canonical
 from steerc.derive.data import Dataset
 
 FORMAT = "steerc.activations/1"
@@ -83,7 +83,7 @@ def cache_key(model_hash: str, dataset: Dataset, reading: Reading, side: str = "
     body = {"format": FORMAT, "model": model_hash, "data": list(dataset.file_sha256s) or dataset.sha256,
             "reading": reading.to_json(),
             "side": side}
-    return hashlib.sha256(json.dumps(body, sort_keys=True).encode("utf-8")).hexdigest()
+    return hashlib.sha256(canonical(body).encode("ascii")).hexdigest()
 
 
 def _cache_path(key: str, site: Site) -> str:
