@@ -61,7 +61,7 @@ def compiled(tmp_path_factory):
     assert code == 0, err
     from steerc.api import check_file
     from steerc.facts import load_facts
-    from steerc.targets.llamacpp import directions
+    from steerc.targets.llamacpp.lower import directions
 
     facts = load_facts("smollm2")
     meant = directions(check_file(str(program), facts=facts).plan, facts)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 
-from steerc.targets.llamacpp import FILE_NAME, control_vector
+from steerc.targets.llamacpp.lower import FILE_NAME, control_vector
 
 
 def emit(plan, facts, out_dir: str, command: str = "") -> list[str]:

@@ -57,7 +57,7 @@ def emit(plan, facts, out_dir: str, *, command: str = "", key: bytes | None = No
 
 
 def check(result) -> None:
-    from steerc.targets.llamacpp import check_llamacpp
+    from steerc.targets.llamacpp.lower import check_llamacpp
 
     check_llamacpp(result)
 
