@@ -357,33 +357,6 @@ def test_the_readme_serve_script_runs_as_written(server, compiled, tmp_path, mon
     assert printed.strip(), "the script printed no completion"
 
 
-@pytest.fixture(scope="module")
-def plain_server(folder, server):
-    server.stop()  # one server at a time on two cores
-    srv = Server(folder, ARGS + ["--enforce-eager"], steerc=False)  # steerc serve runs eager too
-    yield srv
-    srv.stop()
-
-
-def test_plain_request_equals_a_server_without_steerc(plain_server, server, prompts):
-    """The plain request of the mixed batch against the same request on a server without steerc.
-
-    Over HTTP the two servers' batches form as the requests happen to arrive, and vLLM's matrix products
-    round differently for different batch shapes, so the raw logits agree to rounding here (within 1e-3)
-    and the tokens exactly; the bit-for-bit check, with the batches made the same, is in
-    test_serve_offline.py."""
-    steered_batch = getattr(server, "steered_batch", None)
-    if steered_batch is None:
-        pytest.fail("test_concurrent_plans_each_match_hf_alone did not run first")
-    calls = [lambda: completion(plain_server, prompts[0]), lambda: completion(plain_server, prompts[1]),
-             lambda: completion(plain_server, prompts[2]), lambda: completion(plain_server, prompts[3])]
-    replies = _concurrently(calls)
-    mine, theirs = steered_batch[3][1]["choices"][0], replies[3][1]["choices"][0]
-    assert mine["token_ids"] == theirs["token_ids"]
-    for a, b in zip(mine["logprobs"]["top_logprobs"], theirs["logprobs"]["top_logprobs"]):
-        assert a.keys() == b.keys() and all(abs(a[k] - b[k]) < 1e-3 for k in a), (a, b)
-
-
 # ------------------------------------------------------------------ prefix caching and prompt-wide steering
 
 
@@ -503,3 +476,34 @@ def test_steered_posts_are_admitted_whatever_their_headers(server, folder, compi
         code, reply = _raw_post(server, encode(body), dict(headers))
         assert code == 200 and tokens_of(reply) == want, (name, reply)
     assert server.alive()
+
+
+# ------------------------------------------------------------------ against a server without steerc
+# Last in this module: the steerc server stops for it (one server at a time on two cores).
+
+
+@pytest.fixture(scope="module")
+def plain_server(folder, server):
+    server.stop()  # one server at a time on two cores
+    srv = Server(folder, ARGS + ["--enforce-eager"], steerc=False)  # steerc serve runs eager too
+    yield srv
+    srv.stop()
+
+
+def test_plain_request_equals_a_server_without_steerc(plain_server, server, prompts):
+    """The plain request of the mixed batch against the same request on a server without steerc.
+
+    Over HTTP the two servers' batches form as the requests happen to arrive, and vLLM's matrix products
+    round differently for different batch shapes, so the raw logits agree to rounding here (within 1e-3)
+    and the tokens exactly; the bit-for-bit check, with the batches made the same, is in
+    test_serve_offline.py."""
+    steered_batch = getattr(server, "steered_batch", None)
+    if steered_batch is None:
+        pytest.fail("test_concurrent_plans_each_match_hf_alone did not run first")
+    calls = [lambda: completion(plain_server, prompts[0]), lambda: completion(plain_server, prompts[1]),
+             lambda: completion(plain_server, prompts[2]), lambda: completion(plain_server, prompts[3])]
+    replies = _concurrently(calls)
+    mine, theirs = steered_batch[3][1]["choices"][0], replies[3][1]["choices"][0]
+    assert mine["token_ids"] == theirs["token_ids"]
+    for a, b in zip(mine["logprobs"]["top_logprobs"], theirs["logprobs"]["top_logprobs"]):
+        assert a.keys() == b.keys() and all(abs(a[k] - b[k]) < 1e-3 for k in a), (a, b)
