@@ -6,7 +6,7 @@ import json
 import os
 
 import pytest
-from support import run_cli
+from support import CpuSeconds, run_cli
 
 CLEAN = "steer 1\n\nvector v = [1.0, 0.0, 0.0, 0.0]\n\nintervention push {\n  at  resid_pre[0]\n  add 2 * v\n}\n"
 BROKEN = "steer 1\n\nintervention push {\n  at  resid_pre[0]\n  add 2 * w\n}\n"
@@ -118,13 +118,6 @@ def test_a_folder_walk_does_not_follow_links_to_folders(tree):
     assert checked(["."])[1] == ["a/b-c/y.steer", "a/z.steer", "b.steer"]
 
 
-def _cpu() -> float:
-    import resource
-
-    usage = resource.getrusage(resource.RUSAGE_SELF)
-    return usage.ru_utime + usage.ru_stime
-
-
 @pytest.fixture
 def loops(tmp_path, monkeypatch):
     """A folder holding two links to itself (and one through its parent): `**` and `*/*/...` would name 2^40
@@ -143,9 +136,9 @@ def loops(tmp_path, monkeypatch):
 @pytest.mark.parametrize("command", ["check", "fmt"])
 def test_a_glob_through_link_loops_finishes_fast(loops, pattern, command):
     """glob.glob took 72 s and then died of a MemoryError on `p/**/*.steer` here."""
-    before = _cpu()
-    code, out, err = run_cli([command, *(["--format", "json"] if command == "check" else ["--check"]), pattern])
-    spent = _cpu() - before
+    with CpuSeconds() as cpu:
+        code, out, err = run_cli([command, *(["--format", "json"] if command == "check" else ["--check"]), pattern])
+    spent = cpu.seconds
     assert "Traceback" not in err and spent < 0.5, f"{err[-300:]} {spent:.2f} s of CPU"
     if pattern.count("/") > 40:  # Linux follows at most 40 links in one path: nothing that deep exists
         assert code == 2 and "no file matches the glob" in err

@@ -19,7 +19,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from lsp_client import REPO, Client
 from strategies import commented, programs
-from support import run_cli
+from support import CpuSeconds, run_cli
 
 from steerc.frontend.fmt import format_program
 
@@ -322,9 +322,6 @@ def test_no_steer_toml_makes_the_command_line_fail(tmp_path, monkeypatch):
 
 
 def test_globs_over_link_loops_end_fast(tmp_path, monkeypatch):
-    import gc
-    import resource
-
     # A pattern of at most 45 parts climbs at most 45 directories ("..", or "up" and "*" through the links), so
     # the tree sits 50 empty directories down: every climb stays inside tmp_path, and never walks the suite's
     # other temporary directories (a CI run once spent 2.5 s checking them through "p/../..").
@@ -345,18 +342,10 @@ def test_globs_over_link_loops_end_fast(tmp_path, monkeypatch):
     @given(st.lists(parts, min_size=1, max_size=45).map(lambda ps: "p/" + "/".join(ps)),
            st.sampled_from(["check", "fmt"]))
     def run(pattern, command):
-        # the glob's own work only: not a collection of the suite's heap (~0.7 GB by here), not other threads
-        gc.collect()
-        gc.disable()
-        try:
-            usage = resource.getrusage(resource.RUSAGE_THREAD)
-            before = usage.ru_utime + usage.ru_stime
+        with CpuSeconds() as cpu:  # the glob's own work only
             code, out, err = run_cli([command, "--check", pattern] if command == "fmt" else [command, pattern])
-            usage = resource.getrusage(resource.RUSAGE_THREAD)
-        finally:
-            gc.enable()
         assert "Traceback" not in err and code in (0, 1, 2), err[-2000:]
-        assert usage.ru_utime + usage.ru_stime - before < 1.0, pattern
+        assert cpu.seconds < 1.0, pattern
         RAN["cli-glob-loops"] += 1
 
     run()
