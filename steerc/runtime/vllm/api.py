@@ -21,7 +21,7 @@ import os
 import tempfile
 
 from steerc.core.paths import temp_folder
-from steerc.runtime.vllm.engine import CONFIG_KEY, LOAD_FORMAT, EngineError, hooks_never_ran
+from steerc.runtime.vllm.engine import CONFIG_KEY, LOAD_FORMAT, EngineError, has_cuda, hooks_never_ran
 from steerc.runtime.vllm.loader import register_loader
 from steerc.targets.constraints import constraint_from_json, structured_outputs
 from steerc.targets.vllm.program import prefix_cache_safe
@@ -98,7 +98,7 @@ def load(model: str, plan, *, hmac_key_file: str | None = None, **engine_kwargs)
                                                  "prompt's length or on prompt-pooled probes; cached KV from "
                                                  "another request would be wrong (leave prefix caching off)")
     engine_kwargs.setdefault("enable_prefix_caching", safe)
-    if not engine_kwargs.get("enforce_eager") and "compilation_config" not in engine_kwargs and _has_cuda():
+    if not engine_kwargs.get("enforce_eager") and "compilation_config" not in engine_kwargs and has_cuda():
         engine_kwargs["compilation_config"] = {"cudagraph_mode": "PIECEWISE"}
     # JSON comes out compact on every backend; vLLM's xgrammar backend reads this per engine, not per request.
     engine_kwargs.setdefault("structured_outputs_config", {"backend": "xgrammar", "disable_any_whitespace": True})
@@ -118,15 +118,6 @@ def load(model: str, plan, *, hmac_key_file: str | None = None, **engine_kwargs)
         llm.llm_engine.engine_core.shutdown()  # a plan that would not apply: no engine is left running
         raise
     return llm
-
-
-def _has_cuda() -> bool:
-    try:
-        import torch
-
-        return bool(torch.cuda.is_available())
-    except ImportError:
-        return False
 
 
 def sampling_params(plan, **kwargs):

@@ -37,6 +37,7 @@ import sys
 import numpy as np
 
 from steerc.facts import facts_from_config
+from steerc.targets.serve.capacity import check_sites
 from steerc.targets.signing import env_key, read_key
 
 LOAD_FORMAT = "steerc"
@@ -47,6 +48,15 @@ MODES = ("plan", "serve")
 
 class EngineError(RuntimeError):
     """steerc cannot attach to this vLLM engine (the message says why and what to do)."""
+
+
+def has_cuda() -> bool:
+    """Whether this process would run an engine on a CUDA device (torch imported only when asked)."""
+    try:
+        import torch
+    except ImportError:
+        return False
+    return bool(torch.cuda.is_available())
 
 
 def vllm_version() -> str:
@@ -89,6 +99,23 @@ def steerc_config(vllm_config) -> dict:
     if mode == "plan" and not isinstance(cfg.get("plan"), str):
         raise EngineError(f"additional_config.{CONFIG_KEY}.plan: the path of a plan.msgpack is required")
     return dict(cfg, mode=mode)
+
+
+def is_compiled(vllm_config) -> bool:
+    """Whether the engine traces its model with torch.compile (so hooks are fixed at its first forward)."""
+    if getattr(vllm_config.model_config, "enforce_eager", False):
+        return False
+    return int(getattr(vllm_config.compilation_config, "mode", 0) or 0) != 0
+
+
+def served_sites(vllm_config) -> tuple[str, ...]:
+    """The site groups a serve-mode engine has steer points at (``sites`` in its steerc config)."""
+    extra = getattr(vllm_config, "additional_config", None) or {}
+    cfg = (extra.get(CONFIG_KEY) if isinstance(extra, dict) else None) or {}
+    try:
+        return check_sites(cfg.get("sites"))
+    except ValueError as exc:
+        raise EngineError(f"additional_config.{CONFIG_KEY}.sites: {exc}") from None
 
 
 def engine_key(vllm_config) -> bytes | None:

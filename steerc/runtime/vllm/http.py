@@ -36,10 +36,12 @@ import base64
 import json
 import zlib
 
-from steerc.runtime.vllm.engine import CONFIG_KEY, LOAD_FORMAT, EngineError, engine_key, facts_of
+from steerc.runtime.vllm.engine import (CONFIG_KEY, LOAD_FORMAT, EngineError, engine_key, facts_of, is_compiled,
+                                        served_sites)
 from steerc.runtime.vllm.serve import ArtifactStore
 from steerc.targets.serve.admission import MAX_INLINE_CHARS, MAX_PLAN_CHARS, RequestError, admit
-from steerc.targets.serve.request import ARTIFACTS_KEY, PARAMS_KEY, PLAN_KEY, compact, unique_salt
+from steerc.targets.serve.capacity import capabilities
+from steerc.targets.serve.request import ARTIFACTS_KEY, CAPABILITIES_PATH, PARAMS_KEY, PLAN_KEY, compact, unique_salt
 
 MAX_BODY = MAX_PLAN_CHARS + MAX_INLINE_CHARS + (1 << 20)
 
@@ -52,8 +54,13 @@ class SteercAdmission:
         self._engine = None
         self._store = None
         self._key = None
+        self._sites = None
+        self._config = None
 
     async def __call__(self, scope, receive, send):
+        if scope.get("type") == "http" and scope.get("method") in ("GET", "HEAD") \
+                and scope.get("path") == CAPABILITIES_PATH:
+            return await self._capabilities(scope, send)
         # Every POST is read, whatever its headers say (a missing or other content type, a charset, chunks,
         # UTF-16 or a BOM, a content encoding): FastAPI parses a body without a content type as JSON, so
         # a header is no reason to let steerc fields through unadmitted.
@@ -88,7 +95,7 @@ class SteercAdmission:
             facts, tp_size, prefix_caching = self._engine_facts(scope)
             salt = doc.get("cache_salt")
             admitted = admit(xargs, facts, store=self._artifact_store(), tp_size=tp_size, salt=salt,
-                             key=self._key)
+                             key=self._key, sites=self._sites)
             if admitted is None:  # admit() refuses every steerc_ field without a plan; never run it unsteered
                 raise RequestError("vllm_xargs", "steerc fields without a plan")
             if salt is None and prefix_caching:
@@ -127,11 +134,25 @@ class SteercAdmission:
                                              "(`steerc serve MODEL`); it would run the request unsteered")
             try:
                 self._key = engine_key(config)
+                self._sites = served_sites(config)
             except EngineError as exc:
                 raise RequestError("server", str(exc)) from None
+            self._config = config
             self._engine = (facts_of(config), int(config.parallel_config.tensor_parallel_size),
                             bool(config.cache_config.enable_prefix_caching))
         return self._engine
+
+    async def _capabilities(self, scope, send) -> None:
+        try:
+            facts, tp_size, prefix_caching = self._engine_facts(scope)
+        except RequestError as exc:
+            return await _error(send, 503, exc)
+        config = self._config
+        doc = capabilities(facts, sites=self._sites, compiled=is_compiled(config), tp_size=tp_size,
+                           pp_size=int(config.parallel_config.pipeline_parallel_size),
+                           prefix_caching=prefix_caching, signed_only=self._key is not None,
+                           max_num_seqs=int(config.scheduler_config.max_num_seqs))
+        await _json(send, 200, doc, body=scope.get("method") == "GET")
 
     def _artifact_store(self):
         if self._store is None:
@@ -240,8 +261,12 @@ def _replay(body: bytes, receive, pending=None):
 
 
 async def _error(send, status: int, exc: RequestError) -> None:
-    payload = json.dumps({"error": {"message": str(exc), "type": "BadRequestError", "param": exc.field,
-                                    "code": status}, "object": "error"}).encode("utf-8")
+    await _json(send, status, {"error": {"message": str(exc), "type": "BadRequestError", "param": exc.field,
+                                         "code": status}, "object": "error"})
+
+
+async def _json(send, status: int, doc: dict, body: bool = True) -> None:
+    payload = json.dumps(doc, sort_keys=True).encode("utf-8")
     await send({"type": "http.response.start", "status": status,
                 "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(payload)).encode())]})
-    await send({"type": "http.response.body", "body": payload})
+    await send({"type": "http.response.body", "body": payload if body else b""})

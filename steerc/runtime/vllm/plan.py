@@ -20,7 +20,7 @@ import numpy as np
 
 from steerc.runtime.kernels import compute_dtype
 from steerc.runtime.vllm.engine import (EngineError, Slots, attach_step_hooks, engine_key, facts_of,
-                                        hooks_never_ran, token_metadata, vllm_version)
+                                        hooks_never_ran, is_compiled, token_metadata, vllm_version)
 from steerc.runtime.vllm.parallel import layer_path, localise, owns, tensor_parallel
 from steerc.runtime.vllm.steer import SteerState, register, site_function
 from steerc.targets.vllm.program import prefix_cache_safe
@@ -232,8 +232,7 @@ class SteercWorkerExtension:
 
     @_rpc
     def steerc_install(self, payload: bytes) -> dict:
-        cfg = self.vllm_config.compilation_config
-        if not self.vllm_config.model_config.enforce_eager and int(getattr(cfg, "mode", 0) or 0) != 0:
+        if is_compiled(self.vllm_config):
             raise PlanError("plan", "this engine compiled its graph with the installed plan's structure; a new "
                                     "structure needs a new engine (or enforce_eager=True); for new values of "
                                     "the same structure use steerc_update")

@@ -50,10 +50,13 @@ import numpy as np
 from steerc.core.paths import temp_folder
 from steerc.facts import ModelFacts
 from steerc.runtime.kernels import compute_dtype
-from steerc.runtime.vllm.engine import attach_step_hooks, engine_key, facts_of, hooks_never_ran, token_metadata
+from steerc.runtime.vllm import points
+from steerc.runtime.vllm.engine import (attach_step_hooks, engine_key, facts_of, hooks_never_ran, is_compiled,
+                                        served_sites, token_metadata)
 from steerc.runtime.vllm.parallel import layer_path, localise, owns, tensor_parallel
 from steerc.runtime.vllm.steer import SteerState, site_function
 from steerc.targets.serve.admission import MAX_ARTIFACT_BYTES, MAX_PLAN_CHARS, RequestError, admit, decode_json
+from steerc.targets.serve.capacity import point_hooks
 from steerc.targets.serve.format import artifact_id, read_artifact
 from steerc.targets.serve.request import PLAN_KEY
 from steerc.targets.signing import env_key
@@ -184,11 +187,27 @@ class _RequestSteer:
 _FAILED = object()
 
 
-def _dispatch(key, router):
-    """A hook body applying each steered request's function to its own rows (others untouched)."""
-    kind, tensor = key[1], key[2]
+def _body(key, router):
+    """A steer point's body: each steered request's function on its own rows (others untouched), or None
+    when no request steers here this step."""
+    if key[2] == "fused_pair":
+        def pair(hidden, residual):
+            router.ran.add(key)
+            active = router.rows.get(key, ())
+            if not active:
+                return None
+            hidden, residual = hidden.clone(), residual.clone()
+            for req, a, b in active:
+                fn = req.fns[key]
+                total = hidden[a:b].to(fn.dtype) + residual[a:b].to(fn.dtype)
+                hidden[a:b] = fn(total).to(hidden.dtype)
+                residual[a:b] = 0  # the next fused add-norm sums the pair: rows stay exact
+            return hidden, residual
 
-    def steer(x):
+        return pair
+
+    def one(x):
+        router.ran.add(key)
         flat = x.reshape(-1, x.shape[-1])
         out = None
         for req, a, b in router.rows.get(key, ()):
@@ -197,41 +216,7 @@ def _dispatch(key, router):
             out[a:b] = req.fns[key](flat[a:b])
         return None if out is None else out.reshape(x.shape)
 
-    if kind == "pre":
-        index = 1 if tensor == "input1" else 0
-
-        def pre(mod, args, kwargs):
-            router.ran.add(key)
-            value = args[index] if len(args) > index else kwargs["hidden_states"]
-            new = steer(value)
-            if new is None:
-                return None
-            if len(args) > index:
-                return args[:index] + (new,) + args[index + 1:], kwargs
-            return args, dict(kwargs, hidden_states=new)
-
-        return pre, True
-
-    def post(mod, args, output):
-        router.ran.add(key)
-        if tensor == "fused_pair":
-            active = router.rows.get(key, ())
-            if not active:
-                return None
-            hidden, residual = output[0].clone(), output[1].clone()
-            for req, a, b in active:
-                fn = req.fns[key]
-                total = hidden[a:b].to(fn.dtype) + residual[a:b].to(fn.dtype)
-                hidden[a:b] = fn(total).to(hidden.dtype)
-                residual[a:b] = 0  # the next fused add-norm sums the pair: rows stay exact
-            return hidden, residual
-        value = output[0] if isinstance(output, tuple) else output
-        new = steer(value)
-        if new is None:
-            return None
-        return (new,) + tuple(output[1:]) if isinstance(output, tuple) else new
-
-    return post, False
+    return one
 
 
 class ServeRouter:
@@ -241,6 +226,8 @@ class ServeRouter:
         self.model, self.view = model, view
         self.facts = facts_of(vllm_config)
         self.key = engine_key(vllm_config)
+        self.sites = served_sites(vllm_config)
+        self.compiled = is_compiled(vllm_config)
         self.max_tokens = int(vllm_config.scheduler_config.max_num_batched_tokens)
         param = next(model.parameters())
         self.dtype, self.device = compute_dtype(param.dtype), param.device
@@ -252,6 +239,15 @@ class ServeRouter:
         self.fresh: list = []
         self.failures = 0
         self.handles = attach_step_hooks(model, self.before, self.after)
+        if self.compiled:
+            # Traced once, at the first forward: every provisioned site has its steer point from now on.
+            if self.device.type == "cuda":
+                comp = vllm_config.compilation_config
+                comp.splitting_ops = list(comp.splitting_ops or []) + [
+                    op for op in points.SPLITTING_OPS if op not in (comp.splitting_ops or [])]
+            for key in point_hooks(self.facts, self.sites):
+                if owns(model, layer_path(key[0])):
+                    self._point(key)
 
     # -- per step ---------------------------------------------------------
     def before(self, positions) -> None:
@@ -296,7 +292,7 @@ class ServeRouter:
         params = self.view.sampling_params(rid)
         extra = getattr(params, "extra_args", None)
         try:
-            admitted = admit(extra, self.facts, tp_size=self.tp_size, key=self.key)
+            admitted = admit(extra, self.facts, tp_size=self.tp_size, key=self.key, sites=self.sites)
             if admitted is None:
                 return None
             steer = _RequestSteer(admitted.plan, self.facts, max_tokens=self.max_tokens, dtype=self.dtype,
@@ -318,18 +314,22 @@ class ServeRouter:
         log.error("steerc: request %s refused in the worker and ended: %s", rid, message)
 
     def _hook(self, steer: _RequestSteer) -> None:
+        """Eager: a steer point at each module a plan needs, the first time one does. Compiled: they are all
+        there since boot (admission refused sites without one)."""
         for key in steer.fns:
             if key in self.hooks or not owns(self.model, layer_path(key[0])):
                 continue
-            fn, is_pre = _dispatch(key, self)
-            module = self.model.get_submodule(key[0])
-            self.hooks[key] = (module.register_forward_pre_hook(fn, with_kwargs=True, prepend=True) if is_pre
-                               else module.register_forward_hook(fn, prepend=True))
+            if self.compiled:
+                raise RequestError("steerc_plan", f"no steer point at {key[0]} on this compiled server")
+            self._point(key)
+
+    def _point(self, key) -> None:
+        self.hooks[key] = points.install(self.model.get_submodule(key[0]), key[1], key[2], _body(key, self))
 
     def status(self) -> dict:
         steered = sorted(r for r, s in self.requests.items() if isinstance(s, _RequestSteer))
         return {"steered": steered, "hooks": len(self.hooks), "failures": self.failures,
-                "runner": self.view.runner_kind}
+                "runner": self.view.runner_kind, "compiled": self.compiled, "sites": list(self.sites)}
 
 
 def attach(model, runner, view, vllm_config, cfg: dict) -> ServeRouter:

@@ -54,6 +54,7 @@ from steerc.ir.plan import ParamError, check_params, rebind
 from steerc.passes.plan_pipeline import PROBE_ROWS, InvalidPlan, verify
 from steerc.targets import signing
 from steerc.targets.constraints import constraint_from_json
+from steerc.targets.serve.capacity import refusal as site_refusal
 from steerc.targets.serve.format import FORMAT, artifact_id, cache_salt, from_serve, read_artifact, signed_bytes
 from steerc.targets.serve.request import ARTIFACTS_KEY, KEYS, PARAMS_KEY, PLAN_KEY, PREFIX, request_salt
 from steerc.targets.vllm.program import build, prefix_cache_safe
@@ -150,8 +151,12 @@ def _fail(field: str, message: str):
     raise RequestError(f"{PLAN_KEY}.{field}" if field else PLAN_KEY, message)
 
 
-def _check_site(field: str, site: dict, facts, tp_size: int) -> int:
-    """The site's width on this model (refusing layers and heads it lacks, and sites the ranks only hold in part)."""
+def _check_site(field: str, site: dict, facts, tp_size: int, sites) -> int:
+    """The site's width on this model (refusing layers and heads it lacks, sites the ranks only hold in part,
+    and sites the server has no steer points at)."""
+    why = None if sites is None else site_refusal(site["kind"], sites)  # the schema admits only site kinds
+    if why is not None:
+        _fail(f"{field}.kind", why)
     refusal = site_table(facts.family, "vllm").tensor_parallel_refusal(site["kind"], tp_size)
     if refusal is not None:
         _fail(f"{field}.kind", refusal)
@@ -204,10 +209,11 @@ def _check_bindings(field: str, k: dict, refs: _Refs, width: int) -> None:
 
 
 def check_document(doc, facts, artifacts: dict[str, bytes], *, tp_size: int = 1,
-                   key: bytes | None = None) -> Admitted:
+                   key: bytes | None = None, sites=None) -> Admitted:
     """Admit one plan document against a model's facts (raises RequestError naming the field).
 
-    With ``key``, the plan must carry a valid HMAC (:mod:`steerc.targets.signing`).
+    With ``key``, the plan must carry a valid HMAC (:mod:`steerc.targets.signing`); with ``sites``
+    (:mod:`steerc.targets.serve.capacity`), it may steer and probe only those site groups.
     """
     try:
         check(doc, schema(), PLAN_KEY)
@@ -228,7 +234,7 @@ def check_document(doc, facts, artifacts: dict[str, bytes], *, tp_size: int = 1,
     refs = _Refs(artifacts)
     for i, p in enumerate(doc["probes"]):
         field = f"probes[{i}]"
-        width = _check_site(f"{field}.site", p["site"], facts, tp_size)
+        width = _check_site(f"{field}.site", p["site"], facts, tp_size, sites)
         if p["site"]["kind"] == "head" and tp_size > 1:
             _fail(f"{field}.site", "a head probe cannot be shared across tensor-parallel ranks")
         lo, hi = PROBE_ROWS[p["readout"]]
@@ -240,7 +246,7 @@ def check_document(doc, facts, artifacts: dict[str, bytes], *, tp_size: int = 1,
         else:
             refs.tensor(f"{field}.vectors", p["vectors"], (lo, hi), width)
     for i, entry in enumerate(doc["sites"]):
-        width = _check_site(f"sites[{i}].site", entry["site"], facts, tp_size)
+        width = _check_site(f"sites[{i}].site", entry["site"], facts, tp_size, sites)
         for j, k in enumerate(entry["kernels"]):
             field = f"sites[{i}].kernels[{j}]"
             op = k["op"]
@@ -301,13 +307,14 @@ def bind_request(admitted: Admitted, raw) -> Admitted:
 
 
 def admit(extra_args, facts, *, store=None, tp_size: int = 1, salt=None,
-          key: bytes | None = None) -> Admitted | None:
+          key: bytes | None = None, sites=None) -> Admitted | None:
     """A request's steering from its ``extra_args`` (None when it asks for none).
 
     ``store`` (an :class:`~steerc.runtime.vllm.serve.ArtifactStore`) supplies
     artifacts the request references without carrying them; ``salt`` is the
     request's ``cache_salt`` where the caller sees it (the HTTP front end):
-    it must be the plan's; ``key``: the HMAC key every plan must be signed with.
+    it must be the plan's; ``key``: the HMAC key every plan must be signed with; ``sites``: the site
+    groups the server has steer points at (all when None).
     """
     if extra_args is None:
         return None
@@ -331,7 +338,7 @@ def admit(extra_args, facts, *, store=None, tp_size: int = 1, salt=None,
                 data = store.lookup(name)
                 if data is not None:
                     artifacts[name] = data
-    admitted = check_document(doc, facts, artifacts, tp_size=tp_size, key=key)
+    admitted = check_document(doc, facts, artifacts, tp_size=tp_size, key=key, sites=sites)
     if extra_args.get(PARAMS_KEY) is not None:
         admitted = bind_request(admitted, extra_args[PARAMS_KEY])
     if salt is not None and salt != admitted.salt:

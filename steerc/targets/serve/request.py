@@ -19,6 +19,7 @@ ARTIFACTS_KEY = "steerc_artifacts"
 PARAMS_KEY = "steerc_params"
 PREFIX = "steerc_"
 KEYS = (PLAN_KEY, ARTIFACTS_KEY, PARAMS_KEY)  # every steerc_ field a request may carry
+CAPABILITIES_PATH = "/steerc/v1/capabilities"  # what a steerc server answers (capacity.capabilities)
 
 
 def compact(value) -> str:

@@ -1,0 +1,88 @@
+"""Steer points: the serve plugin's way into a compiled graph.
+
+A compiled vLLM model is traced once, at its first forward, so whatever
+steering the graph will ever run must be in it by then; but the serve plugin's
+plans arrive with requests, each with its own structure. A steer point is an
+opaque PyTorch custom op, ``steerc::point`` (``steerc::point_pair`` for the
+(hidden, residual) pair of fused layers), called by a hook on every site the
+server provisions (``--steer-sites``), installed before compilation:
+
+* torch.compile traces the hook and records the op; Inductor compiles the
+  model around it and calls it, in Python, every step;
+* under CUDA graphs the ops are among vLLM's splitting ops (PIECEWISE mode):
+  the graph pieces between them replay, and the op runs between them;
+* the op's body is the eager plugin's dispatch (:mod:`.serve`): each steered
+  request's kernels on that request's token rows only; rows of other
+  requests, and every row when no request is steered there, are copied
+  bit for bit.
+
+An op cannot return its input (compiled graphs forbid aliasing outputs of
+custom ops), so an idle point returns a copy: one copy of the hooked tensor
+per provisioned site per step (measured in benchmarks/vllm_serve.py).
+
+Each worker process has one model, so the points of a process live in one
+table: point ``i`` is ``(body, key)``; an op call names ``i``.
+"""
+
+from __future__ import annotations
+
+import torch
+
+_POINTS: list = []  # index -> fn(x) -> x or fn(hidden, residual) -> (hidden, residual)
+
+
+@torch.library.custom_op("steerc::point", mutates_args=())
+def point(x: torch.Tensor, index: int) -> torch.Tensor:
+    """The steering of point ``index`` on ``x`` (a new tensor, never ``x`` itself)."""
+    out = _POINTS[index](x)
+    return x.clone() if out is None else out
+
+
+@point.register_fake
+def _(x, index):
+    return torch.empty_like(x)
+
+
+@torch.library.custom_op("steerc::point_pair", mutates_args=())
+def point_pair(hidden: torch.Tensor, residual: torch.Tensor, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The steering of point ``index`` on a fused layer's (hidden, residual) pair (new tensors)."""
+    out = _POINTS[index](hidden, residual)
+    return (hidden.clone(), residual.clone()) if out is None else out
+
+
+@point_pair.register_fake
+def _(hidden, residual, index):
+    return torch.empty_like(hidden), torch.empty_like(residual)
+
+
+# The names vLLM's compilation config takes in splitting_ops, for PIECEWISE CUDA graphs.
+SPLITTING_OPS = ("steerc::point", "steerc::point_pair")
+
+
+def install(module, kind: str, tensor: str, body) -> object:
+    """A hook on ``module`` that sends its tensor through a new steer point running ``body``; its handle.
+
+    ``body(x)`` returns the steered tensor or None (untouched); for ``tensor ==
+    "fused_pair"``, ``body(hidden, residual)`` returns the steered pair or None.
+    """
+    _POINTS.append(body)
+    index = len(_POINTS) - 1
+    if kind == "pre":
+        at = 1 if tensor == "input1" else 0
+
+        def pre(mod, args, kwargs):
+            if len(args) > at:
+                return args[:at] + (torch.ops.steerc.point(args[at], index),) + args[at + 1:], kwargs
+            return args, dict(kwargs, hidden_states=torch.ops.steerc.point(kwargs["hidden_states"], index))
+
+        return module.register_forward_pre_hook(pre, with_kwargs=True, prepend=True)
+
+    def post(mod, args, output):
+        if tensor == "fused_pair":
+            hidden, residual = torch.ops.steerc.point_pair(output[0], output[1], index)
+            return (hidden, residual) + tuple(output[2:])
+        if isinstance(output, tuple):
+            return (torch.ops.steerc.point(output[0], index),) + tuple(output[1:])
+        return torch.ops.steerc.point(output, index)
+
+    return module.register_forward_hook(post, prepend=True)
