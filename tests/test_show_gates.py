@@ -108,6 +108,8 @@ def test_pooled_gate_per_row_with_the_value_the_runtime_held():
         assert gate["opened"] is (value < threshold) is comparison["held"]
         assert row["positions"] == len(r) + 2  # the prompt, then the two generated tokens fed back
         assert gate["steered"] == {"lift": [len(r), len(r) + 1] if value < threshold else []}  # tokens generated
+        assert row["interventions"] == [{"name": "lift", "prompt_tokens": 0,
+                                         "generated_tokens": 2 if value < threshold else 0}]
     assert [row["gates"][0]["opened"] for row in report].count(True) == 1
 
 
@@ -139,7 +141,9 @@ def test_a_plan_without_gates_reports_none():
     prompt = torch.tensor([[5, 6, 7]])
     with install(model, plan) as handle, GateTrace(model, handle, plan) as trace, torch.no_grad():
         model(input_ids=prompt)
-    assert trace.report() == [{"positions": 3, "gates": []}]
+    # no gates; the intervention steered all three prompt positions (the default scope is every token)
+    assert trace.report() == [{"positions": 3, "gates": [],
+                               "interventions": [{"name": "x", "prompt_tokens": 3, "generated_tokens": 0}]}]
 
 
 # ------------------------------------------------------------------------ CLI

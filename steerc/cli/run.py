@@ -5,7 +5,6 @@
 from __future__ import annotations
 
 import contextlib
-import math
 import os
 import sys
 
@@ -98,6 +97,7 @@ def run(args) -> int:
                 print(f"--- unsteered ---\n{record['unsteered']}\n--- steered ---")
         with install(model, result.plan, tokenizer) as handle:
             from steerc.runtime.hf.gates import GateTrace
+            from steerc.runtime.trace import gates_json
 
             traced = args.show_gates or (args.compare and not as_json)
             with GateTrace(model, handle, result.plan) if traced else contextlib.nullcontext() as trace:
@@ -166,28 +166,6 @@ def closed_gates(row: dict, same: bool) -> list[str]:
         lines.append(f"note: {lead}the gate of {who} {what}{why}; it opens when {gate_text(g['gate'], precise)}, "
                      f"so {who} steered nothing (--show-gates for the details)")
     return lines
-
-
-def gates_json(row: dict) -> dict:
-    """``--show-gates`` for one row as JSON (spec/json.md): the trace's report, each gate's condition as text
-    with thresholds that read back exactly, and a pooled value the row never reached as ``null``."""
-    from steerc.explain.plan import gate_text
-
-    def number(x):
-        return None if x is None or math.isnan(x) else float(x)
-
-    gates = []
-    for g in row["gates"]:
-        comparisons = [{k: number(v) if k in ("threshold", "value", "min", "max") else v for k, v in c.items()}
-                       for c in g["comparisons"]]
-        gates.append({"interventions": g["interventions"], "condition": gate_text(g["gate"], _exact),
-                      "decided": g["decided"], "opened": g["opened"], "positions": g["positions"],
-                      "steered": g["steered"], "comparisons": comparisons})
-    return {"positions": row["positions"], "gates": gates}
-
-
-def _exact(x: float) -> str:
-    return repr(float(x))
 
 
 def render_gates(row: dict, length: int) -> str:

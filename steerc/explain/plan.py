@@ -16,6 +16,7 @@ import numpy as np
 
 from steerc.frontend.fmt import scope as scope_text
 from steerc.ir import checked as ck
+from steerc.ir.checked import gate_text
 from steerc.ir import nodes as ir
 from steerc.ir.plan import Affine, Kernel, Plan, Project, Rotate, Site
 from steerc.facts.sites import site_table
@@ -140,19 +141,6 @@ def describe_op(op) -> dict:
         return {"kind": "project", "form": "h - Q Q^T h + Q t", "rank": k, "targets": [_fmt(t) for t in op.target]}
     assert isinstance(op, Rotate)
     return {"kind": "rotate", "form": f"rotate {op.mode} {_fmt(math.degrees(op.angle))} deg in plane (e1, e2)"}
-
-
-def gate_text(g, fmt=None) -> str:
-    """A gate as written, thresholds through ``fmt`` (default: 4 significant digits)."""
-    fmt = fmt or _fmt
-    if isinstance(g, ck.GateCompare):
-        if g.param is not None:
-            return f"{g.probe} {g.op} {fmt(g.threshold)} (= {fmt(g.coefficient)} * {g.param})"
-        return f"{g.probe} {g.op} {fmt(g.threshold)}"
-    if isinstance(g, ck.GateNegate):
-        return f"not ({gate_text(g.operand, fmt)})"
-    joiner = " and " if isinstance(g, ck.GateAll) else " or "
-    return "(" + joiner.join(gate_text(p, fmt) for p in g.parts) + ")"
 
 
 def _gate(kernel: Kernel, plan: Plan) -> dict | None:

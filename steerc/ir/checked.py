@@ -67,6 +67,23 @@ class GateNegate:
 Gate = Union[GateCompare, GateAll, GateAny, GateNegate]
 
 
+def gate_text(g: Gate, fmt=None) -> str:
+    """A gate as written, thresholds through ``fmt`` (default: 4 significant digits).
+
+    >>> gate_text(GateAll((GateCompare("p", ">", 0.5), GateNegate(GateCompare("q", "<=", 0.125)))))
+    '(p > 0.5 and not (q <= 0.125))'
+    """
+    fmt = fmt or (lambda x: f"{x:.4g}")
+    if isinstance(g, GateCompare):
+        if g.param is not None:
+            return f"{g.probe} {g.op} {fmt(g.threshold)} (= {fmt(g.coefficient)} * {g.param})"
+        return f"{g.probe} {g.op} {fmt(g.threshold)}"
+    if isinstance(g, GateNegate):
+        return f"not ({gate_text(g.operand, fmt)})"
+    joiner = " and " if isinstance(g, GateAll) else " or "
+    return "(" + joiner.join(gate_text(p, fmt) for p in g.parts) + ")"
+
+
 def gate_probes(g: Gate) -> list[str]:
     """Probe names a gate reads, in order of first use."""
     if isinstance(g, GateCompare):
