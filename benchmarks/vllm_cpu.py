@@ -8,13 +8,15 @@ generated tokens/s, and its ratio to the unsteered engine of the same mode.
 
 * vllm target, compiled (vLLM's default) and eager: unsteered, ``add`` at 4 layers, ``ablate`` at
   all 30 layers, a gated ``add`` (a prompt-pooled probe);
-* serve plugin (eager, as ``steerc serve`` runs): 1, 8 and 32 distinct plans among 32 requests in
-  one batch, against the same engine's plain requests.
+* serve plugin: 32 requests in one batch with 0, 1, 8 and 32 distinct plans among them, compiled (as
+  ``steerc serve`` runs; with every site group provisioned, and with ``--steer-sites resid``) and eager,
+  against plain compiled vLLM (no steerc) in the same run.
 
-Goals: the vllm target at >= 0.95 of unsteered with compile on; serve with 8 distinct plans at
->= 0.8 of unsteered (EasySteer's vLLM fork reports 0.18 at 256 distinct configurations per batch).
+Goals: the vllm target at >= 0.95 of unsteered with compile on; the compiled serve plugin at >= 0.95 of
+plain compiled vLLM at 32 distinct plans (EasySteer's vLLM fork reports 0.17 at 256 distinct configurations
+per batch).
 
-    python benchmarks/vllm_cpu.py [--rounds 3] [--new 48] [--batch 16]
+    python benchmarks/vllm_cpu.py [--rounds 3] [--new 48] [--batch 16] [--serve]
 """
 
 from __future__ import annotations
@@ -131,10 +133,14 @@ def vllm_target(folder: str, args) -> list[tuple[str, str, float]]:
 
 
 def serve_plugin(folder: str, args) -> list[tuple[str, str, float]]:
+    """32 requests in one batch on: plain compiled vLLM (what a user runs without steerc), then the serve
+    plugin compiled (every site group provisioned, then resid only) and eager, each with 0, 1, 8 and 32
+    distinct plans among the 32 requests."""
     import vllm
 
     from steerc.runtime.vllm.loader import register_loader
     from steerc.serve_client import extra_args, read_compiled
+    from steerc.targets.serve.capacity import ALL_SITES
     from steerc.targets.serve.emit import emit
 
     register_loader()
@@ -149,29 +155,45 @@ def serve_plugin(folder: str, args) -> list[tuple[str, str, float]]:
             out = os.path.join(tmp, f"p{i}")
             emit(_plan(folder, text), facts, out)
             fields.append(extra_args(*read_compiled(out)))
-    llm = vllm.LLM(model=folder, dtype="float32", max_model_len=512, max_num_seqs=32, enforce_eager=True,
-                   load_format="steerc", additional_config={"steerc": {"mode": "serve"}},
-                   logits_processors=["steerc.runtime.serve:SteercGuard"], enable_prefix_caching=False)
+    base = dict(model=folder, dtype="float32", max_model_len=512, max_num_seqs=32, enable_prefix_caching=False)
+    engines = [("plain vLLM, compiled", None, False, (0,))]
+    for label, sites, eager in (("serve, compiled", ALL_SITES, False), ("serve, compiled, --steer-sites resid",
+                                                                         ("resid",), False),
+                                ("serve, eager", ALL_SITES, True)):
+        engines.append((label, sites, eager, (0, 1, 8, 32) if sites == ALL_SITES else (0, 32)))
     rows = []
-    try:
-        def params(k):
-            return [vllm.SamplingParams(max_tokens=args.new, temperature=0.0, ignore_eos=True,
-                                        extra_args=(fields[i % k] if k else None)) for i in range(32)]
+    for label, sites, eager, ks in engines:
+        if args.serve_only and label not in args.serve_only:
+            continue
+        kw = dict(base, enforce_eager=eager)
+        if sites is not None:
+            kw.update(load_format="steerc", additional_config={"steerc": {"mode": "serve", "sites": list(sites)}},
+                      logits_processors=["steerc.runtime.serve:SteercGuard"])
+        llm = vllm.LLM(**kw)
+        try:
+            def params(k):
+                return [vllm.SamplingParams(max_tokens=args.new, temperature=0.0, ignore_eos=True,
+                                            extra_args=(fields[i % k] if k else None)) for i in range(32)]
 
-        for k, name in ((0, "plain requests"), (1, "1 plan"), (8, "8 distinct plans"), (32, "32 distinct plans")):
-            rate = _throughput(llm, prompt, params(k), args.rounds)
-            rows.append(("serve (eager), 32 requests", name, rate))
-            print(f"  serve, {name}: {rate:.1f} tokens/s", file=sys.stderr)
-    finally:
-        _close(llm)
+            for k in ks:
+                name = {0: "plain requests", 1: "1 plan"}.get(k, f"{k} distinct plans")
+                rate = _throughput(llm, prompt, params(k), args.rounds)
+                rows.append((label, name, rate))
+                print(f"  {label}, {name}: {rate:.1f} tokens/s", file=sys.stderr)
+        finally:
+            _close(llm)
     return rows
 
 
 def table(rows) -> str:
+    """Each row against the unsteered run of its engine (the vllm target) or plain compiled vLLM (serve)."""
     base = {mode: rate for mode, name, rate in rows if name in ("unsteered", "plain requests")}
-    lines = ["| engine | condition | tokens/s | vs unsteered |", "|---|---|---:|---:|"]
+    plain = base.get("plain vLLM, compiled")
+    lines = ["| engine | condition | tokens/s | vs unsteered | vs plain compiled vLLM |", "|---|---|---:|---:|---:|"]
     for mode, name, rate in rows:
-        lines.append(f"| {mode} | {name} | {rate:.1f} | {rate / base[mode]:.3f} |")
+        serve = mode.startswith(("serve", "plain vLLM"))
+        against = f"{rate / plain:.3f}" if serve and plain else ""
+        lines.append(f"| {mode} | {name} | {rate:.1f} | {rate / base[mode]:.3f} | {against} |")
     return "\n".join(lines)
 
 
@@ -180,11 +202,14 @@ def main(argv=None) -> int:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--new", type=int, default=48)
     parser.add_argument("--batch", type=int, default=16)
+    parser.add_argument("--serve", action="store_true", help="the serve plugin's rows only")
+    parser.add_argument("--serve-only", action="append", metavar="ENGINE",
+                        help="with --serve: only this engine's rows (repeatable; e.g. 'plain vLLM, compiled')")
     args = parser.parse_args(argv)
     from models import ensure
 
     folder = ensure("smollm2")
-    rows = vllm_target(folder, args) + serve_plugin(folder, args)
+    rows = ([] if args.serve else vllm_target(folder, args)) + serve_plugin(folder, args)
     import vllm
 
     print(f"\nvLLM {vllm.__version__} (CPU), SmolLM2-135M-Instruct float32, {args.batch} requests x {args.new} "

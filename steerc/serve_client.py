@@ -30,8 +30,8 @@ from __future__ import annotations
 import base64
 import os
 
-from steerc.targets.serve.request import (ARTIFACTS_KEY, CAPABILITIES_PATH, PARAMS_KEY, PLAN_KEY, compact,
-                                         request_salt, unique_salt)
+from steerc.targets.serve.request import (ARTIFACTS_KEY, CAPABILITIES_PATH, PARAMS_KEY, PLAN_KEY, RECEIPT_KEY,
+                                         compact, request_salt, unique_salt)
 
 _ANSWERS: dict[str, dict] = {}  # server base URL -> its capabilities
 
@@ -108,14 +108,17 @@ def extra_args(plan: dict, artifacts: dict[str, bytes], *, inline: bool = True, 
 
 
 def request_fields(folder: str, *, inline: bool = True, params: dict | None = None,
-                   server: str | None = None) -> dict:
+                   server: str | None = None, receipt: bool = False) -> dict:
     """Keyword arguments for the OpenAI client's ``create(...)`` call (``params``: per-request values;
-    ``server``: the base URL it goes to, checked first with :func:`check_server`)."""
+    ``server``: the base URL it goes to, checked first with :func:`check_server`; ``receipt``: the response
+    carries a ``steerc`` object saying what the plan steered)."""
     plan, artifacts = read_compiled(folder)
     if server is not None:
         check_server(server, plan)
     body = {"vllm_xargs": extra_args(plan, artifacts, inline=inline, params=params),
             "cache_salt": request_salt(plan, params)}
+    if receipt:
+        body[RECEIPT_KEY] = True
     request = plan.get("request") or {}
     if "structured_outputs" in request:
         body["structured_outputs"] = request["structured_outputs"]

@@ -54,6 +54,8 @@ class GateRecorder:
     def __init__(self, plan, params=None):
         self.plan = rebind(plan, params)
         self.gates = plan_gates(self.plan)
+        for g in self.gates:
+            g["pooled"] = all(self.plan.probe(leaf.probe).pool != "token" for leaf in g["leaves"])
         # intervention -> the (gate data or None, scope data) of each of its kernels
         self.steering: dict[str, list] = {}
         for sp in self.plan.sites:
@@ -80,13 +82,18 @@ class GateRecorder:
                 m = ctx.scope_mask(scope) if gate is None else ctx.scope_mask(scope) & ctx.gate_mask(gate)
                 mask = m if mask is None else mask | m
             steered[name] = mask.cpu()
+        # A pooled decision exists from the prompt's last position on (where it is taken): earlier positions
+        # may be computed before the whole prompt has passed (an engine that splits a prompt into chunks).
+        decided = (ctx.pos >= ctx.plen - 1).cpu()
         for g in self.gates:
-            masks[g["data"]] = ctx.gate_mask(g["data"]).cpu()
+            mask = ctx.gate_mask(g["data"]).cpu()
+            masks[g["data"]] = mask & decided if g["pooled"] else mask
             for scope in g["scopes"].values():
                 masks.setdefault(scope, ctx.scope_mask(scope).cpu())
             for leaf in g["leaves"]:
                 key = gate_data(leaf)
-                masks.setdefault(key, ctx.gate_mask(key).cpu())
+                mask = ctx.gate_mask(key).cpu()
+                masks.setdefault(key, mask & decided if self.plan.probe(leaf.probe).pool != "token" else mask)
         for b, row in enumerate(self.rows):
             at = pos[b][real[b]].tolist()
             row["seen"].extend(at)
@@ -115,7 +122,7 @@ class GateRecorder:
         for g in self.gates:
             held = sorted(set(row["masks"].get(g["data"], ())))
             comparisons = [self._comparison(leaf, row) for leaf in g["leaves"]]
-            pooled = all(self.plan.probe(leaf.probe).pool != "token" for leaf in g["leaves"])
+            pooled = g["pooled"]
             steered = {name: sorted(set(held) & set(row["masks"].get(scope, ())))
                        for name, scope in g["scopes"].items()}
             gates.append({"interventions": list(g["interventions"]), "gate": g["gate"],

@@ -155,6 +155,24 @@ def hf_run(folder: str, plan, prompts=PROMPTS, new: int = NEW):
     return results
 
 
+def hf_report(folder: str, plan, prompt, new: int = NEW) -> dict:
+    """What ``steerc run --show-gates --format json`` reports for one greedy generation on HF (its gates as
+    JSON, plus the tokens each intervention steered): what a serve receipt must say."""
+    import torch
+
+    from steerc.runtime.hf import install
+    from steerc.runtime.hf.gates import GateTrace
+    from steerc.runtime.trace import gates_json
+
+    model = hf_model(folder)
+    ids = torch.tensor([list(prompt)])
+    with torch.no_grad(), install(model, plan) as handle, GateTrace(model, handle, plan) as trace:
+        model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=new, do_sample=False,
+                       pad_token_id=0, eos_token_id=None)
+    (row,) = trace.report()
+    return dict(gates_json(row), interventions=row["interventions"])
+
+
 # ------------------------------------------------------------------------------------ compare
 
 

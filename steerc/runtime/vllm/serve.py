@@ -54,11 +54,12 @@ from steerc.runtime.vllm import points
 from steerc.runtime.vllm.engine import (attach_step_hooks, engine_key, facts_of, hooks_never_ran, is_compiled,
                                         served_sites, token_metadata)
 from steerc.runtime.vllm.parallel import layer_path, localise, owns, tensor_parallel
+from steerc.runtime.vllm.receipt import Receipt
 from steerc.runtime.vllm.steer import SteerState, site_function
 from steerc.targets.serve.admission import MAX_ARTIFACT_BYTES, MAX_PLAN_CHARS, RequestError, admit, decode_json
 from steerc.targets.serve.capacity import point_hooks
 from steerc.targets.serve.format import artifact_id, read_artifact
-from steerc.targets.serve.request import PLAN_KEY
+from steerc.targets.serve.request import PLAN_KEY, RECEIPT_KEY
 from steerc.targets.signing import env_key
 from steerc.targets.vllm.program import build, prefix_cache_safe
 
@@ -175,10 +176,13 @@ class _RequestSteer:
             if local is not None:
                 self.fns[(hook["module"], hook["kind"], hook["tensor"])] = site_function(self.state, local["sites"])
         self.started = False
+        self.receipt: Receipt | None = None
 
     def feed(self, pos, plen, restart: bool) -> None:
         if restart and self.started:  # recomputed from its first token (after preemption): pool afresh
             self.state.reset_slots([0])
+            if self.receipt is not None:
+                self.receipt.restart()
         self.started = True
         n = len(pos)
         self.state.write_metadata(pos, plen, np.zeros(n, dtype=np.int64), np.ones(n, dtype=bool))
@@ -237,6 +241,7 @@ class ServeRouter:
         self.hooks: dict[tuple, object] = {}
         self.ran: set = set()
         self.fresh: list = []
+        self.receipts: list = []
         self.failures = 0
         self.handles = attach_step_hooks(model, self.before, self.after)
         if self.compiled:
@@ -251,7 +256,7 @@ class ServeRouter:
 
     # -- per step ---------------------------------------------------------
     def before(self, positions) -> None:
-        self.rows, self.ran, self.fresh = {}, set(), []
+        self.rows, self.ran, self.fresh, self.receipts = {}, set(), [], []
         live = self.view.live()
         for gone in [r for r in self.requests if r not in live]:
             del self.requests[gone]
@@ -276,6 +281,8 @@ class ServeRouter:
                 continue
             a, b = int(layout.starts[i]), int(layout.starts[i + 1])
             steer.feed(pos[a:b], plen[a:b], restart=bool(layout.first[i] == 0))
+            if steer.receipt is not None:
+                self.receipts.append((steer, pos[a:b], plen[a:b]))
             for key in steer.fns:
                 self.rows.setdefault(key, []).append((steer, a, b))
 
@@ -286,6 +293,8 @@ class ServeRouter:
             missing = [k[0] for k in steer.fns if k not in self.ran and owns(self.model, layer_path(k[0]))]
             if missing:
                 self._fail(rid, hooks_never_ran(missing, self.facts.family))
+        for steer, pos, plen in self.receipts:  # after the pass: what its kernels did, before vLLM sees it
+            steer.receipt.record(steer.state, pos, plen)
 
     # -- requests -----------------------------------------------------------
     def _admit(self, rid: str):
@@ -298,6 +307,8 @@ class ServeRouter:
             steer = _RequestSteer(admitted.plan, self.facts, max_tokens=self.max_tokens, dtype=self.dtype,
                                   device=self.device, tp_rank=self.tp_rank, tp_size=self.tp_size)
             self._hook(steer)
+            if extra.get(RECEIPT_KEY) is not None and self.tp_rank == 0:
+                steer.receipt = Receipt(extra[RECEIPT_KEY], admitted)
             return steer
         except Exception as exc:  # noqa: BLE001 - this request fails; the engine and the others go on
             self._fail(rid, str(exc), params)

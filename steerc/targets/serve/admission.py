@@ -41,6 +41,7 @@ from __future__ import annotations
 import base64
 import binascii
 import functools
+import hashlib
 import json
 import os
 from collections.abc import Mapping
@@ -56,7 +57,8 @@ from steerc.targets import signing
 from steerc.targets.constraints import constraint_from_json
 from steerc.targets.serve.capacity import refusal as site_refusal
 from steerc.targets.serve.format import FORMAT, artifact_id, cache_salt, from_serve, read_artifact, signed_bytes
-from steerc.targets.serve.request import ARTIFACTS_KEY, KEYS, PARAMS_KEY, PLAN_KEY, PREFIX, request_salt
+from steerc.targets.serve.request import (ARTIFACTS_KEY, KEYS, PARAMS_KEY, PLAN_KEY, PREFIX, RECEIPT_ID,
+                                         RECEIPT_KEY, request_salt)
 from steerc.targets.vllm.program import build, prefix_cache_safe
 
 MAX_PLAN_CHARS = 4 * 1024 * 1024
@@ -133,11 +135,17 @@ class Admitted:
     gives it a salt of its own (:func:`~steerc.targets.serve.request.unique_salt`).
     """
 
-    __slots__ = ("plan", "doc", "artifacts", "salt", "cacheable")
+    __slots__ = ("plan", "doc", "artifacts", "salt", "cacheable", "params")
 
-    def __init__(self, plan, doc, artifacts, salt, cacheable: bool):
+    def __init__(self, plan, doc, artifacts, salt, cacheable: bool, params: dict | None = None):
         self.plan, self.doc, self.artifacts, self.salt = plan, doc, artifacts, salt
         self.cacheable = cacheable
+        self.params = params if params is not None else (check_params(plan, {}) if plan.params else {})
+
+    @property
+    def plan_id(self) -> str:
+        """The plan's identity: the sha256 of what its HMAC covers (the canonical plan, artifacts by name)."""
+        return hashlib.sha256(signed_bytes(self.doc)).hexdigest()
 
 
 def cacheable(doc: dict, artifacts: dict[str, bytes]) -> bool:
@@ -303,7 +311,7 @@ def bind_request(admitted: Admitted, raw) -> Admitted:
     except ParamError as exc:
         raise RequestError(f"{PARAMS_KEY}.{exc.field}", exc.message) from None
     return Admitted(rebind(admitted.plan, full), admitted.doc, admitted.artifacts,
-                    request_salt(admitted.doc, values), admitted.cacheable)
+                    request_salt(admitted.doc, values), admitted.cacheable, full)
 
 
 def admit(extra_args, facts, *, store=None, tp_size: int = 1, salt=None,
@@ -324,7 +332,7 @@ def admit(extra_args, facts, *, store=None, tp_size: int = 1, salt=None,
         if isinstance(name, str) and name.startswith(PREFIX) and name not in KEYS:
             raise RequestError(name[:64], f"not a steerc request field (steerc reads {', '.join(KEYS)})")
     if PLAN_KEY not in extra_args:
-        for orphan in (ARTIFACTS_KEY, PARAMS_KEY):
+        for orphan in (ARTIFACTS_KEY, PARAMS_KEY, RECEIPT_KEY):
             if orphan in extra_args:
                 raise RequestError(orphan, f"{orphan} without a plan ({PLAN_KEY} is missing)")
         return None
@@ -341,6 +349,10 @@ def admit(extra_args, facts, *, store=None, tp_size: int = 1, salt=None,
     admitted = check_document(doc, facts, artifacts, tp_size=tp_size, key=key, sites=sites)
     if extra_args.get(PARAMS_KEY) is not None:
         admitted = bind_request(admitted, extra_args[PARAMS_KEY])
+    receipt = extra_args.get(RECEIPT_KEY)
+    if receipt is not None and not (isinstance(receipt, str) and RECEIPT_ID.fullmatch(receipt)):
+        raise RequestError(RECEIPT_KEY, "set by the server's front end (ask with `steerc_receipt: true` at the "
+                                        "top level of the request)")
     if salt is not None and salt != admitted.salt:
         raise RequestError("cache_salt", "is not the plan's cache_salt (request_fields() sets it)")
     return admitted

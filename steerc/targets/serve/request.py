@@ -13,12 +13,15 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 
 PLAN_KEY = "steerc_plan"
 ARTIFACTS_KEY = "steerc_artifacts"
 PARAMS_KEY = "steerc_params"
 PREFIX = "steerc_"
-KEYS = (PLAN_KEY, ARTIFACTS_KEY, PARAMS_KEY)  # every steerc_ field a request may carry
+RECEIPT_KEY = "steerc_receipt"  # top level: `true` asks for a receipt; in vllm_xargs: the front end's receipt id
+RECEIPT_ID = re.compile(r"[0-9a-f]{32}")  # the front end's receipt ids: a file name, never a path
+KEYS = (PLAN_KEY, ARTIFACTS_KEY, PARAMS_KEY, RECEIPT_KEY)  # every steerc_ field extra_args may carry
 CAPABILITIES_PATH = "/steerc/v1/capabilities"  # what a steerc server answers (capacity.capabilities)
 
 
