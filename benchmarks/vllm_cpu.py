@@ -185,6 +185,26 @@ def serve_plugin(folder: str, args) -> list[tuple[str, str, float]]:
     return rows
 
 
+def request_memory(folder: str, max_tokens: int = 2048) -> list[tuple[str, int]]:
+    """Bytes of one steered request's buffers in the serve plugin (its SteerState: the plan's tensors, the
+    step metadata of max_tokens tokens, probe state), for each plan of :func:`programs`."""
+    import torch
+
+    from steerc.runtime.vllm.steer import SteerState
+    from steerc.targets.vllm.program import build
+
+    facts = _facts(folder)
+    out = []
+    for name, text in programs().items():
+        if text is None:
+            continue
+        boot, tensors = build(_plan(folder, text), facts)
+        state = SteerState(boot, tensors, max_tokens=max_tokens, max_slots=1, width=facts.hidden,
+                           dtype=torch.float32, device="cpu")
+        out.append((name, sum(b.numel() * b.element_size() for b in state.buffers())))
+    return out
+
+
 def table(rows) -> str:
     """Each row against the unsteered run of its engine (the vllm target) or plain compiled vLLM (serve)."""
     base = {mode: rate for mode, name, rate in rows if name in ("unsteered", "plain requests")}
@@ -215,6 +235,9 @@ def main(argv=None) -> int:
     print(f"\nvLLM {vllm.__version__} (CPU), SmolLM2-135M-Instruct float32, {args.batch} requests x {args.new} "
           f"tokens (serve: 32 requests), median of {args.rounds} rounds\n")
     print(table(rows))
+    print("\nmemory per steered request (serve plugin, float32, max_num_batched_tokens 2048):")
+    for name, size in request_memory(folder):
+        print(f"  {name}: {size / 1024:.1f} KiB")
     return 0
 
 

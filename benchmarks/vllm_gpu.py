@@ -13,11 +13,16 @@ Where CUDA and vLLM exist, in one run:
    step metadata steerc writes), steered with piecewise CUDA graphs, and the
    same plan with ``enforce_eager=True``, side by side.
 
+4. the serve plugin (bfloat16, 256 requests in one batch): plain vLLM (its default CUDA graphs, and
+   PIECEWISE), then the plugin compiled with PIECEWISE graphs (its steer points are splitting ops)
+   with 0, 1, 8, 32 and 256 distinct plans among the requests, and the plugin eager with 0 and 256.
+
 It prints which vLLM version and model runner (V1 or V2) it ran on.
 
 Elsewhere it prints what it prepared and says why it skipped the rest (exit 0).
 
     python benchmarks/vllm_gpu.py [--model HuggingFaceTB/SmolLM2-135M-Instruct] [--prompts 64] [--new 128]
+                                  [--serve-only]
 """
 
 from __future__ import annotations
@@ -106,6 +111,63 @@ def throughput(llm, n: int, new: int) -> float:
     return sum(len(r.outputs[0].token_ids) for r in res) / took
 
 
+def serve_plans(facts, out_dir: str, n: int = 256) -> list[dict]:
+    """``extra_args`` of ``n`` distinct serve plans (an add at 4 layers, each its own direction)."""
+    from steerc.api import check_source
+    from steerc.serve_client import extra_args, read_compiled
+    from steerc.targets.serve.emit import emit
+
+    rng = np.random.default_rng(11)
+    fields = []
+    for i in range(n):
+        v = rng.normal(size=facts.hidden)
+        lit = "[" + ", ".join(f"{x / np.linalg.norm(v):.7f}" for x in v) + "]"
+        text = f"steer 1\nvector v = {lit}\nintervention a {{\n  at resid_post[8:12]\n  add 4.0 * v\n}}\n"
+        result = check_source(text, f"p{i}.steer", facts=facts)
+        assert result.ok, result.render()
+        out = os.path.join(out_dir, f"serve-{i}")
+        emit(result.plan, facts, out)
+        fields.append(extra_args(*read_compiled(out)))
+    print(f"prepared {n} distinct serve plans")
+    return fields
+
+
+def serve_sweep(model: str, fields: list[dict], new: int) -> list[tuple[str, float]]:
+    """256 requests in one batch: plain vLLM, then the serve plugin compiled and eager."""
+    from vllm import LLM, SamplingParams
+
+    from steerc.runtime.vllm.loader import register_loader
+
+    register_loader()
+    n = len(fields)
+    prompts = [PROMPTS[i % len(PROMPTS)] for i in range(n)]
+
+    def rate(llm, k: int) -> float:
+        params = [SamplingParams(max_tokens=new, temperature=0.0, ignore_eos=True,
+                                 extra_args=fields[i % k] if k else None) for i in range(n)]
+        llm.generate(prompts[:4], params[:4])  # warm-up
+        t = time.perf_counter()
+        res = llm.generate(prompts, params)
+        return sum(len(r.outputs[0].token_ids) for r in res) / (time.perf_counter() - t)
+
+    base = dict(model=model, dtype="bfloat16", gpu_memory_utilization=0.5, max_num_seqs=n,
+                enable_prefix_caching=False)
+    serve = dict(load_format="steerc", additional_config={"steerc": {"mode": "serve"}},
+                 logits_processors=["steerc.runtime.serve:SteercGuard"])
+    rows = []
+    for label, kw, ks in (("plain vLLM (default CUDA graphs)", {}, (0,)),
+                          ("plain vLLM (PIECEWISE)", {"compilation_config": {"cudagraph_mode": "PIECEWISE"}}, (0,)),
+                          ("serve, compiled (PIECEWISE)", dict(serve, compilation_config={"cudagraph_mode": "PIECEWISE"}),
+                           (0, 1, 8, 32, n)),
+                          ("serve, eager", dict(serve, enforce_eager=True), (0, n))):
+        llm = LLM(**base, **kw)
+        for k in ks:
+            rows.append((f"{label}, {k} distinct plans" if k else f"{label}, plain requests", rate(llm, k)))
+            print(f"  {rows[-1][0]}: {rows[-1][1]:.0f} tokens/s")
+        release(llm)
+    return rows
+
+
 def release(llm) -> None:
     import torch
 
@@ -120,9 +182,11 @@ def main() -> int:
     ap.add_argument("--facts", default=os.path.join(EXAMPLES, "models", "real", "smollm2-135m-instruct"))
     ap.add_argument("--prompts", type=int, default=64)
     ap.add_argument("--new", type=int, default=128)
+    ap.add_argument("--serve-only", action="store_true", help="only the serve plugin's sweep (step 4)")
     args = ap.parse_args()
     out_dir = tempfile.mkdtemp(prefix="steerc-vllm-")
     facts, plans = prepare(args.facts, out_dir)
+    fields = serve_plans(facts, out_dir)
 
     import torch
 
@@ -134,6 +198,8 @@ def main() -> int:
         return 0
     from steerc.runtime.vllm import load, status
 
+    if args.serve_only:
+        return _print_serve(args, serve_sweep(args.model, fields, args.new))
     # 1. correctness, float32, CUDA graphs on
     for name, (data, plan) in plans.items():
         want = hf_reference(args.model, plan, PROMPTS, 24)
@@ -169,6 +235,16 @@ def main() -> int:
     print("|---|---:|---:|")
     for name, tps in rows:
         print(f"| {name} | {tps:.0f} | {tps / base:.3f} |")
+    return _print_serve(args, serve_sweep(args.model, fields, args.new))
+
+
+def _print_serve(args, rows) -> int:
+    plain = rows[0][1]
+    print(f"\n{args.model}, the serve plugin, 256 requests x {args.new} new tokens, bf16")
+    print("| condition | tokens/s | vs plain vLLM (default CUDA graphs) |")
+    print("|---|---:|---:|")
+    for name, tps in rows:
+        print(f"| {name} | {tps:.0f} | {tps / plain:.3f} |")
     return 0
 
 
