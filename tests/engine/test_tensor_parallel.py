@@ -96,7 +96,7 @@ def test_serve_plugin_under_tensor_parallel(folder, tmp_path):
     os.environ["VLLM_CPU_OMP_THREADS_BIND"] = "0|1"
     try:
         llm = vllm.LLM(model=folder, dtype="float32", max_model_len=256, max_num_seqs=8, skip_tokenizer_init=True,
-                       tensor_parallel_size=2, load_format="steerc",  # compiled, as steerc serve runs
+                       enforce_eager=True, tensor_parallel_size=2, load_format="steerc",
                        additional_config={"steerc": {"mode": "serve"}},
                        logits_processors=["steerc.runtime.serve:SteercGuard"])
         try:
