@@ -41,6 +41,8 @@ starts past token 0 (a cache hit) is failed closed here.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
 import os
 import tempfile
@@ -55,6 +57,7 @@ from steerc.runtime.vllm.engine import (attach_step_hooks, engine_key, facts_of,
                                         served_sites, token_metadata)
 from steerc.runtime.vllm.parallel import layer_path, localise, owns, tensor_parallel
 from steerc.runtime.vllm.receipt import Receipt
+from steerc.runtime.vllm.slots import SlotTables, host_mask, slottable
 from steerc.runtime.vllm.steer import SteerState, site_function
 from steerc.targets.serve.admission import MAX_ARTIFACT_BYTES, MAX_PLAN_CHARS, RequestError, admit, decode_json
 from steerc.targets.serve.capacity import point_hooks
@@ -165,18 +168,39 @@ class ArtifactStore:
 class _RequestSteer:
     """One request's steering: its buffers (vLLM buffer form) and per-module functions."""
 
-    def __init__(self, plan, facts, *, max_tokens: int, dtype, device, tp_rank: int, tp_size: int):
+    def __init__(self, plan, facts, *, max_tokens: int, dtype, device, tp_rank: int, tp_size: int,
+                 slot_id: str = ""):
         boot, tensors = build(plan, facts)
         self.cacheable = prefix_cache_safe(boot)  # may it reuse KV that other requests computed?
         self.state = SteerState(boot, tensors, max_tokens=max_tokens, max_slots=1,
                                 width=max(facts.hidden, facts.head_dim), dtype=dtype, device=device)
         self.fns = {}
+        self.slotted: dict[tuple, tuple] = {}  # point key -> (scale, bias, scope): lowered into a plan slot
         for hook in boot["hooks"]:
             local = localise(hook, facts.heads, tp_rank, tp_size, facts.head_dim, facts.family)
-            if local is not None:
-                self.fns[(hook["module"], hook["kind"], hook["tensor"])] = site_function(self.state, local["sites"])
+            if local is None:
+                continue
+            key = (hook["module"], hook["kind"], hook["tensor"])
+            self.fns[key] = site_function(self.state, local["sites"])
+            kernel = slottable(local, self.state.buffer, facts.hidden)
+            if kernel is not None:
+                scale, bias, scope = kernel
+                self.slotted[key] = (scale, bias, boot["scopes"][scope])
+        self.slot_id, self.slot = slot_id, 0
+        # Only slotted kernels and no receipt: nothing reads this request's own metadata buffers.
+        self.needs_metadata = len(self.slotted) < len(self.fns)
         self.started = False
         self.receipt: Receipt | None = None
+
+    def masks(self, pos, plen) -> dict:
+        """Each slotted point's scope mask over this step's rows of the request (one per distinct scope)."""
+        by_scope, out = {}, {}
+        for key, (_, _, scope) in self.slotted.items():
+            tag = id(scope)
+            if tag not in by_scope:
+                by_scope[tag] = host_mask(scope, pos, plen)
+            out[key] = by_scope[tag]
+        return out
 
     def feed(self, pos, plen, restart: bool) -> None:
         if restart and self.started:  # recomputed from its first token (after preemption): pool afresh
@@ -191,6 +215,12 @@ class _RequestSteer:
 _FAILED = object()
 
 
+def slot_id(admitted) -> str:
+    """Requests share a plan slot when they run the same plan with the same param values."""
+    params = json.dumps(admitted.params, sort_keys=True, default=repr)
+    return hashlib.sha256(f"{admitted.plan_id}\n{params}".encode()).hexdigest()
+
+
 def _body(key, router):
     """A steer point's body: each steered request's function on its own rows (others untouched), or None
     when no request steers here this step."""
@@ -198,9 +228,12 @@ def _body(key, router):
         def pair(hidden, residual):
             router.ran.add(key)
             active = router.rows.get(key, ())
-            if not active:
+            if key in router.slots.step:
+                hidden, residual = router.slots.apply_pair(key, hidden, residual)
+            elif not active:
                 return None
-            hidden, residual = hidden.clone(), residual.clone()
+            else:
+                hidden, residual = hidden.clone(), residual.clone()
             for req, a, b in active:
                 fn = req.fns[key]
                 total = hidden[a:b].to(fn.dtype) + residual[a:b].to(fn.dtype)
@@ -213,7 +246,7 @@ def _body(key, router):
     def one(x):
         router.ran.add(key)
         flat = x.reshape(-1, x.shape[-1])
-        out = None
+        out = router.slots.apply(key, flat) if key in router.slots.step else None
         for req, a, b in router.rows.get(key, ()):
             if out is None:
                 out = flat.clone()
@@ -239,6 +272,7 @@ class ServeRouter:
         self.requests: dict[str, object] = {}   # req id -> _RequestSteer, None (unsteered) or _FAILED
         self.rows: dict[tuple, list] = {}
         self.hooks: dict[tuple, object] = {}
+        self.slots = SlotTables(self.facts.hidden, self.dtype, self.device)
         self.ran: set = set()
         self.fresh: list = []
         self.receipts: list = []
@@ -259,9 +293,13 @@ class ServeRouter:
         self.rows, self.ran, self.fresh, self.receipts = {}, set(), [], []
         live = self.view.live()
         for gone in [r for r in self.requests if r not in live]:
-            del self.requests[gone]
+            steer = self.requests.pop(gone)
+            if isinstance(steer, _RequestSteer) and steer.slotted:
+                self.slots.release(steer.slot_id)
+        slotted: dict[tuple, list] = {}
         layout = self.view.layout()
         if layout is None:
+            self.slots.write_step(slotted, 0)
             return
         pos, plen, _ = token_metadata(layout, positions, "serve")
         for i, rid in enumerate(layout.req_ids):
@@ -280,11 +318,17 @@ class ServeRouter:
             if not isinstance(steer, _RequestSteer):
                 continue
             a, b = int(layout.starts[i]), int(layout.starts[i + 1])
-            steer.feed(pos[a:b], plen[a:b], restart=bool(layout.first[i] == 0))
+            if steer.needs_metadata or steer.receipt is not None:
+                steer.feed(pos[a:b], plen[a:b], restart=bool(layout.first[i] == 0))
             if steer.receipt is not None:
                 self.receipts.append((steer, pos[a:b], plen[a:b]))
+            masks = steer.masks(pos[a:b], plen[a:b]) if steer.slotted else {}
             for key in steer.fns:
-                self.rows.setdefault(key, []).append((steer, a, b))
+                if key in masks:
+                    slotted.setdefault(key, []).append((steer.slot, a, b, masks[key]))
+                else:
+                    self.rows.setdefault(key, []).append((steer, a, b))
+        self.slots.write_step(slotted, len(pos))
 
     def after(self) -> None:
         """A request's first step must have run every hook its plan needs on this rank."""
@@ -305,10 +349,13 @@ class ServeRouter:
             if admitted is None:
                 return None
             steer = _RequestSteer(admitted.plan, self.facts, max_tokens=self.max_tokens, dtype=self.dtype,
-                                  device=self.device, tp_rank=self.tp_rank, tp_size=self.tp_size)
+                                  device=self.device, tp_rank=self.tp_rank, tp_size=self.tp_size,
+                                  slot_id=slot_id(admitted))
             self._hook(steer)
             if extra.get(RECEIPT_KEY) is not None and self.tp_rank == 0:
                 steer.receipt = Receipt(extra[RECEIPT_KEY], admitted)
+            if steer.slotted:  # last: a request that holds a slot is in self.requests
+                steer.slot = self.slots.acquire(steer.slot_id, {k: v[:2] for k, v in steer.slotted.items()})
             return steer
         except Exception as exc:  # noqa: BLE001 - this request fails; the engine and the others go on
             self._fail(rid, str(exc), params)
@@ -317,6 +364,9 @@ class ServeRouter:
     def _fail(self, rid: str, message: str, params=None) -> None:
         """Fail one request closed: it is never steered, and SteercGuard ends it at its next token."""
         self.failures += 1
+        held = self.requests.get(rid)
+        if isinstance(held, _RequestSteer) and held.slotted:
+            self.slots.release(held.slot_id)
         self.requests[rid] = _FAILED
         params = params if params is not None else self.view.sampling_params(rid)
         extra = getattr(params, "extra_args", None)
@@ -340,6 +390,7 @@ class ServeRouter:
     def status(self) -> dict:
         steered = sorted(r for r, s in self.requests.items() if isinstance(s, _RequestSteer))
         return {"steered": steered, "hooks": len(self.hooks), "failures": self.failures,
+                "plan_slots": len(self.slots.plans), "slot_capacity": self.slots.capacity,
                 "runner": self.view.runner_kind, "compiled": self.compiled, "sites": list(self.sites)}
 
 
