@@ -205,6 +205,29 @@ def request_memory(folder: str, max_tokens: int = 2048) -> list[tuple[str, int]]
     return out
 
 
+def slot_memory(folder: str, counts=(1, 8, 32)) -> list[tuple[int, int, int]]:
+    """(plans, slot capacity, bytes of the slot tables) for that many distinct 4-layer ``add`` plans live at
+    once in the serve plugin's plan slots (the tables as the router allocates them)."""
+    import torch
+
+    from steerc.runtime.vllm.serve import _RequestSteer
+    from steerc.runtime.vllm.slots import SlotTables
+
+    facts = _facts(folder)
+    lo, hi = LAYERS
+    out = []
+    for count in counts:
+        tables = SlotTables(facts.hidden, torch.float32, torch.device("cpu"))
+        for i in range(count):
+            text = (f"steer 1\nvector v = {_lit(direction(100 + i))}\n"
+                    f"intervention a {{\n  at resid_post[{lo}:{hi}]\n  add 4.0 * v\n}}\n")
+            steer = _RequestSteer(_plan(folder, text), facts, max_tokens=16, dtype=torch.float32,
+                                  device=torch.device("cpu"), tp_rank=0, tp_size=1, slot_id=str(i))
+            tables.acquire(steer.slot_id, {k: v[:2] for k, v in steer.slotted.items()})
+        out.append((count, tables.capacity, tables.bytes()))
+    return out
+
+
 def table(rows) -> str:
     """Each row against the unsteered run of its engine (the vllm target) or plain compiled vLLM (serve)."""
     base = {mode: rate for mode, name, rate in rows if name in ("unsteered", "plain requests")}
@@ -238,6 +261,9 @@ def main(argv=None) -> int:
     print("\nmemory per steered request (serve plugin, float32, max_num_batched_tokens 2048):")
     for name, size in request_memory(folder):
         print(f"  {name}: {size / 1024:.1f} KiB")
+    print("\nplan slot tables (4 points, float32):")
+    for count, capacity, size in slot_memory(folder):
+        print(f"  {count} plans: capacity {capacity}, {size / 1024:.1f} KiB ({size / count / 1024:.1f} KiB a plan)")
     return 0
 
 

@@ -34,8 +34,9 @@ def _request(op: str, site: str, scope: str, seed: int) -> _RequestSteer:
     text = f"steer 1\nvector v = {_vec(seed)}\nintervention a {{\n  at {site}\n  {body}\n  tokens {scope}\n}}\n"
     result = check_source(text, "slot.steer", facts=FACTS)
     assert result.ok, result.render()
+    # receipt=True keeps the request's own step metadata, which the per-request path compared here reads
     return _RequestSteer(result.plan, FACTS, max_tokens=64, dtype=torch.float32, device=torch.device("cpu"),
-                         tp_rank=0, tp_size=1, slot_id=f"{op}-{site}-{scope}-{seed}")
+                         tp_rank=0, tp_size=1, slot_id=f"{op}-{site}-{scope}-{seed}", receipt=True)
 
 
 request = st.builds(_request, st.sampled_from(["add", "scale", "set"]), st.sampled_from(SITES),
@@ -143,3 +144,12 @@ def test_what_is_not_one_plain_affine_kernel_keeps_the_per_request_path(text):
     steer = _RequestSteer(result.plan, FACTS, max_tokens=16, dtype=torch.float32, device=torch.device("cpu"),
                           tp_rank=0, tp_size=1)
     assert steer.fns and not steer.slotted and steer.needs_metadata
+
+
+def test_a_request_with_only_slotted_kernels_and_no_receipt_keeps_no_step_metadata():
+    text = f"steer 1\nvector v = {_vec(1)}\nintervention a {{\n  at resid_post[0:3]\n  add 2.0 * v\n}}\n"
+    plan = check_source(text, "slot.steer", facts=FACTS).plan
+    kw = dict(max_tokens=2048, dtype=torch.float32, device=torch.device("cpu"), tp_rank=0, tp_size=1)
+    lean, full = _RequestSteer(plan, FACTS, **kw), _RequestSteer(plan, FACTS, receipt=True, **kw)
+    assert len(lean.slotted) == 3 and not lean.needs_metadata and full.needs_metadata
+    assert len(lean.state.pos) == 1 and len(full.state.pos) == 2048

@@ -32,7 +32,7 @@ from server import Server
 require_vllm()
 
 NEW = 10
-ARGS = ["--dtype", "float32", "--max-model-len", "512", "--max-num-seqs", "8", "--max-num-batched-tokens", "64",
+ARGS = ["--dtype", "float32", "--max-model-len", "512", "--max-num-seqs", "32", "--max-num-batched-tokens", "64",
         "--logprobs-mode", "raw_logits", "--max-logprobs", "5", "--seed", "0", "--enable-prompt-tokens-details"]
 QUESTIONS = ["Describe a rainy Monday morning.", "Name three colours.", "What is the capital of France?",
              "Write one sentence about cats."]
@@ -515,7 +515,7 @@ def test_the_server_runs_compiled_and_says_what_it_steers(server, folder, compil
 
 
 def test_eight_distinct_plans_in_one_batch_each_match_hf_alone(server, folder, root, compiled, prompts):
-    """Eight requests at once (max_num_seqs), each its own plan: every op, every site, heads, scopes, a
+    """Eight requests at once, each its own plan: every op, every site, heads, scopes, a
     per-token gate, a schedule, preserve norm, per-request params; chunked prefill (64 tokens a step) splits
     their prompts across steps they share."""
     from steerc.serve_client import request_fields
@@ -531,6 +531,66 @@ def test_eight_distinct_plans_in_one_batch_each_match_hf_alone(server, folder, r
         # a value by request against its --set twin on HF
         plan = checked_plan(folder, PROGRAMS[name], root=str(root), params=params) if params else compiled[name][0]
         assert_hf_tokens(folder, plan, prompts[i % 4], tokens_of(reply), f"plan {name} {params or ''}, prompt {i % 4}")
+
+
+def _lit(v) -> str:
+    return "[" + ", ".join(f"{x:.7f}" for x in v) + "]"
+
+
+def _slotted(i: int) -> tuple[str, dict | None]:
+    """The i-th of 32 plans in one batch: distinct vectors at distinct sites and scopes (plan slots)."""
+    v = _lit(_vec(100 + i))
+    body = [f"at resid_post[{4 + i % 6}:{7 + i % 6}]\n  add 2.0 * v\n  tokens generated",
+            f"at mlp_out[{i % 20}]\n  add 3.0 * v\n  tokens prompt[-2:], generated",
+            f"at resid_pre[{i % 25}]\n  scale {0.8 + i / 100:.2f}",
+            f"at attn_out[{3 + i % 9}, {14 + i % 9}]\n  add strength * v\n  tokens generated[:6]"][i % 4]
+    param = "param strength = 1 in [0, 8] per request\n" if i % 4 == 3 else ""
+    return (f"steer 1\n{param}vector v = {v}\nintervention x {{\n  {body}\n}}\n",
+            {"strength": 1.0 + i / 8} if i % 4 == 3 else None)
+
+
+def test_thirty_two_distinct_plans_in_one_batch_each_match_hf_alone(server, folder, root, compiled, prompts,
+                                                                     tmp_path):
+    """32 requests at once (max_num_seqs), 30 of them distinct plain affine plans (plan slots: add, scale,
+    per-request params, four scopes, every site group), with plans b (ablate, a head) and m3 (a per-token gate,
+    preserve norm) on the per-request path in the same batches: tokens equal HF alone, and the logit of each
+    chosen token equals HF's to rounding, up to a forgiven tie."""
+    from steerc.runtime.hf import facts_from_model
+    from steerc.serve_client import request_fields
+    from steerc.targets.serve.emit import emit
+
+    from harness import LOGIT_TOL
+
+    facts = facts_from_model(hf_model(folder))
+    plans = []
+    for i in range(30):
+        text, params = _slotted(i)
+        out = tmp_path / f"s{i}"
+        emit(checked_plan(folder, text, root=str(root)), facts, str(out))
+        plans.append((checked_plan(folder, text, root=str(root), params=params), request_fields(str(out),
+                                                                                                 params=params)))
+    plans += [(compiled[name][0], request_fields(compiled[name][1])) for name in ("b", "m3")]
+    calls = [(lambda i=i, f=f: completion(server, prompts[i % 4], f)) for i, (_, f) in enumerate(plans)]
+    replies = _concurrently(calls)
+    assert all(code == 200 for code, _ in replies), [r for r in replies if r[0] != 200][:2]
+    worst = 0.0
+    for i, ((plan, _), (_, reply)) in enumerate(zip(plans, replies)):
+        got = tokens_of(reply)
+        ((want, logits),) = hf_run(folder, plan, [prompts[i % 4]], new=len(got))
+        chosen = reply["choices"][0]["logprobs"]["token_logprobs"]
+        for t, (a, b) in enumerate(zip(want, got)):
+            diff = abs(float(logits[t][b]) - float(chosen[t]))
+            worst = max(worst, diff)
+            assert diff <= LOGIT_TOL, f"plan {i}, step {t}: HF logit {float(logits[t][b])}, server {chosen[t]}"
+            if a != b:
+                top = logits[t].topk(2).values
+                assert float(top[0] - top[1]) < TIE, f"plan {i}: step {t}: HF {a}, server {b} (no tie)"
+                break
+        else:
+            assert want == got, f"plan {i}"
+    with_plan = [tokens_of(r) for _, r in replies]
+    assert len({tuple(t) for t in with_plan}) > 8, "the plans steer differently"
+    print(f"\n32 plans in one batch vs HF alone: largest chosen-token logit difference {worst:.3g}")
 
 
 def _events(raw: bytes) -> list:
@@ -549,7 +609,7 @@ def _stream(srv, body: dict) -> tuple[int, list]:
     return r.status, _events(raw)
 
 
-@pytest.mark.parametrize("name", ["gated", "b", "m3"])
+@pytest.mark.parametrize("name", ["gated", "b", "m3", "a"])
 def test_a_receipt_says_what_steerc_run_show_gates_says(server, folder, compiled, gated, long_prompt, prompts,
                                                         name):
     """The receipt of a steered response equals the HF runtime's report for the same plan and prompt

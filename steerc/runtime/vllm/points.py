@@ -18,7 +18,7 @@ server provisions (``--steer-sites``), installed before compilation:
 
 An op cannot return its input (compiled graphs forbid aliasing outputs of
 custom ops), so an idle point returns a copy: one copy of the hooked tensor
-per provisioned site per step (measured in benchmarks/vllm_serve.py).
+per provisioned site per step (measured by benchmarks/vllm_cpu.py --serve).
 
 Each worker process has one model, so the points of a process live in one
 table: point ``i`` is ``(body, key)``; an op call names ``i``.

@@ -169,26 +169,28 @@ class _RequestSteer:
     """One request's steering: its buffers (vLLM buffer form) and per-module functions."""
 
     def __init__(self, plan, facts, *, max_tokens: int, dtype, device, tp_rank: int, tp_size: int,
-                 slot_id: str = ""):
+                 slot_id: str = "", receipt: bool = False):
         boot, tensors = build(plan, facts)
         self.cacheable = prefix_cache_safe(boot)  # may it reuse KV that other requests computed?
-        self.state = SteerState(boot, tensors, max_tokens=max_tokens, max_slots=1,
-                                width=max(facts.hidden, facts.head_dim), dtype=dtype, device=device)
-        self.fns = {}
-        self.slotted: dict[tuple, tuple] = {}  # point key -> (scale, bias, scope): lowered into a plan slot
+        hooks = {}
         for hook in boot["hooks"]:
             local = localise(hook, facts.heads, tp_rank, tp_size, facts.head_dim, facts.family)
-            if local is None:
-                continue
-            key = (hook["module"], hook["kind"], hook["tensor"])
-            self.fns[key] = site_function(self.state, local["sites"])
-            kernel = slottable(local, self.state.buffer, facts.hidden)
+            if local is not None:
+                hooks[(hook["module"], hook["kind"], hook["tensor"])] = local
+        kernels = {key: slottable(local, lambda name: np.size(tensors[name]), facts.hidden)
+                   for key, local in hooks.items()}
+        # Only slotted kernels and no receipt: nothing reads this request's own step metadata.
+        self.needs_metadata = receipt or any(k is None for k in kernels.values())
+        self.state = SteerState(boot, tensors, max_tokens=max_tokens if self.needs_metadata else 1, max_slots=1,
+                                width=max(facts.hidden, facts.head_dim), dtype=dtype, device=device)
+        self.fns = {key: site_function(self.state, local["sites"]) for key, local in hooks.items()}
+        self.slotted: dict[tuple, tuple] = {}  # point key -> (scale, bias, scope): lowered into a plan slot
+        for key, kernel in kernels.items():
             if kernel is not None:
                 scale, bias, scope = kernel
-                self.slotted[key] = (scale, bias, boot["scopes"][scope])
+                self.slotted[key] = (self.state.buffer(scale), None if bias is None else self.state.buffer(bias),
+                                     boot["scopes"][scope])
         self.slot_id, self.slot = slot_id, 0
-        # Only slotted kernels and no receipt: nothing reads this request's own metadata buffers.
-        self.needs_metadata = len(self.slotted) < len(self.fns)
         self.started = False
         self.receipt: Receipt | None = None
 
@@ -318,7 +320,7 @@ class ServeRouter:
             if not isinstance(steer, _RequestSteer):
                 continue
             a, b = int(layout.starts[i]), int(layout.starts[i + 1])
-            if steer.needs_metadata or steer.receipt is not None:
+            if steer.needs_metadata:
                 steer.feed(pos[a:b], plen[a:b], restart=bool(layout.first[i] == 0))
             if steer.receipt is not None:
                 self.receipts.append((steer, pos[a:b], plen[a:b]))
@@ -348,11 +350,12 @@ class ServeRouter:
             admitted = admit(extra, self.facts, tp_size=self.tp_size, key=self.key, sites=self.sites)
             if admitted is None:
                 return None
+            receipt = extra.get(RECEIPT_KEY) is not None and self.tp_rank == 0
             steer = _RequestSteer(admitted.plan, self.facts, max_tokens=self.max_tokens, dtype=self.dtype,
                                   device=self.device, tp_rank=self.tp_rank, tp_size=self.tp_size,
-                                  slot_id=slot_id(admitted))
+                                  slot_id=slot_id(admitted), receipt=receipt)
             self._hook(steer)
-            if extra.get(RECEIPT_KEY) is not None and self.tp_rank == 0:
+            if receipt:
                 steer.receipt = Receipt(extra[RECEIPT_KEY], admitted)
             if steer.slotted:  # last: a request that holds a slot is in self.requests
                 steer.slot = self.slots.acquire(steer.slot_id, {k: v[:2] for k, v in steer.slotted.items()})

@@ -37,9 +37,9 @@ import torch
 from steerc.runtime import kernels as S
 
 
-def slottable(hook: dict, buffer, width: int):
-    """(scale, bias or None, scope index) of a hook that is just one affine kernel on full rows of
-    ``width``, or None (the per-request path). ``buffer(name)`` is the request's tensor of that name."""
+def slottable(hook: dict, size, width: int):
+    """(scale name, bias name or None, scope index) of a hook that is just one affine kernel on full rows of
+    ``width``, or None (the per-request path). ``size(name)`` is the number of values of a plan tensor."""
     sites = hook["sites"]
     if len(sites) != 1:
         return None
@@ -49,9 +49,8 @@ def slottable(hook: dict, buffer, width: int):
     k = site["kernels"][0]
     if k["kind"] != "affine" or k["gate"] is not None or k.get("schedule") or k["preserve_norm"]:
         return None
-    scale = buffer(k["tensors"]["scale"])
-    bias = buffer(k["tensors"]["bias"]) if "bias" in k["tensors"] else None
-    if scale.numel() not in (1, width) or (bias is not None and bias.numel() != width):
+    scale, bias = k["tensors"]["scale"], k["tensors"].get("bias")
+    if size(scale) not in (1, width) or (bias is not None and size(bias) != width):
         return None
     return scale, bias, k["scope"]
 
