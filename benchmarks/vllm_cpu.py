@@ -210,7 +210,7 @@ def slot_memory(folder: str, counts=(1, 8, 32)) -> list[tuple[int, int, int]]:
     once in the serve plugin's plan slots (the tables as the router allocates them)."""
     import torch
 
-    from steerc.runtime.vllm.serve import _RequestSteer
+    from steerc.runtime.vllm.serve import RequestSteer
     from steerc.runtime.vllm.slots import SlotTables
 
     facts = _facts(folder)
@@ -221,7 +221,7 @@ def slot_memory(folder: str, counts=(1, 8, 32)) -> list[tuple[int, int, int]]:
         for i in range(count):
             text = (f"steer 1\nvector v = {_lit(direction(100 + i))}\n"
                     f"intervention a {{\n  at resid_post[{lo}:{hi}]\n  add 4.0 * v\n}}\n")
-            steer = _RequestSteer(_plan(folder, text), facts, max_tokens=16, dtype=torch.float32,
+            steer = RequestSteer(_plan(folder, text), facts, max_tokens=16, dtype=torch.float32,
                                   device=torch.device("cpu"), tp_rank=0, tp_size=1, slot_id=str(i))
             tables.acquire(steer.slot_id, {k: v[:2] for k, v in steer.slotted.items()})
         out.append((count, tables.capacity, tables.bytes()))

@@ -9,7 +9,7 @@ that only the plan's meaning is wrong. For every input:
 
 * admission either admits it or raises ``RequestError`` (never another exception), and a tampering
   mutation is always refused;
-* an admitted plan passes the compiler's verifier, the worker builds it (``_RequestSteer``: the vllm
+* an admitted plan passes the compiler's verifier, the worker builds it (``RequestSteer``: the vllm
   buffers and site functions, on torch), and it re-encodes to the document admitted: the same meaning
   (a client may write 0 for 0.0), and the same text for the compiler's own plan, which it equals.
 """
@@ -185,7 +185,7 @@ def test_whatever_admission_accepts_the_worker_builds_and_it_means_the_document(
 
     from steerc.api import check_source
     from steerc.passes.plan_pipeline import verify
-    from steerc.runtime.vllm.serve import _RequestSteer
+    from steerc.runtime.vllm.serve import RequestSteer
     from steerc.targets.serve.admission import RequestError, admit
 
     result = check_source(text, facts=FACTS)
@@ -204,7 +204,7 @@ def test_whatever_admission_accepts_the_worker_builds_and_it_means_the_document(
         return
     assert expect != REFUSE, f"{mutation.__name__} was admitted:\n{text}"
     verify(admitted.plan, FACTS)
-    steer = _RequestSteer(admitted.plan, FACTS, max_tokens=8, dtype=torch.float32, device="cpu", tp_rank=0,
+    steer = RequestSteer(admitted.plan, FACTS, max_tokens=8, dtype=torch.float32, device="cpu", tp_rank=0,
                           tp_size=1)
     assert steer.fns or not admitted.plan.sites
     again, again_arts = to_serve(admitted.plan, FACTS.to_json())

@@ -176,3 +176,23 @@ def test_the_client_checks_the_server_once_and_refuses_one_without_steerc(facts,
 
     with pytest.raises(ServerRefused, match="no answer"):
         request_fields(heads_plan, server="http://127.0.0.1:9")  # nothing listens there
+
+
+def test_under_pipeline_parallelism_a_gate_must_read_probes_on_its_own_stage(facts, tmp_path):
+    """03_cast_gate's probe and the kernels it gates: admitted when one stage holds them, refused (naming
+    the probe, both stages and the field) when vLLM's layer split would put them on two."""
+    result = check_file(os.path.join(EXAMPLES, "03_cast_gate.steer"), facts=facts)
+    assert result.ok, result.render()
+    emit(result.plan, facts, str(tmp_path / "gate"))
+    xargs = extra_args(*read_compiled(str(tmp_path / "gate")))
+    doc, _ = read_compiled(str(tmp_path / "gate"))
+    probe = doc["probes"][0]["site"]["layer"]
+    gated = sorted({e["site"]["layer"] for e in doc["sites"]})
+    assert all(layer > probe for layer in gated)
+    assert admit(xargs, facts, stages=None) is not None
+    assert admit(xargs, facts, stages=(0,)) is not None
+    assert admit(xargs, facts, stages=(0, max(gated) + 1)) is not None  # both on the first stage
+    with pytest.raises(RequestError) as err:
+        admit(xargs, facts, stages=(0, probe + 1))  # the probe on stage 0, its kernels on stage 1
+    assert err.value.field == "steerc_plan.probes"
+    assert "stage 0" in str(err.value) and "stage 1" in str(err.value) and "do not cross" in str(err.value)

@@ -16,7 +16,7 @@ from hypothesis import strategies as st  # noqa: E402
 
 from steerc.api import check_source  # noqa: E402
 from steerc.facts import ModelFacts  # noqa: E402
-from steerc.runtime.vllm.serve import _RequestSteer  # noqa: E402
+from steerc.runtime.vllm.serve import RequestSteer  # noqa: E402
 from steerc.runtime.vllm.slots import SlotTables  # noqa: E402
 
 FACTS = ModelFacts("llama", 4, 8, 2, 1, 4, 16, 32, False, False)
@@ -29,13 +29,13 @@ def _vec(seed: int) -> str:
     return "[" + ", ".join(f"{x:.6f}" for x in v) + "]"
 
 
-def _request(op: str, site: str, scope: str, seed: int) -> _RequestSteer:
+def _request(op: str, site: str, scope: str, seed: int) -> RequestSteer:
     body = {"add": f"add {1 + seed % 5}.5 * v", "scale": f"scale {0.25 + seed % 3}", "set": "set 0.5 * v"}[op]
     text = f"steer 1\nvector v = {_vec(seed)}\nintervention a {{\n  at {site}\n  {body}\n  tokens {scope}\n}}\n"
     result = check_source(text, "slot.steer", facts=FACTS)
     assert result.ok, result.render()
     # receipt=True keeps the request's own step metadata, which the per-request path compared here reads
-    return _RequestSteer(result.plan, FACTS, max_tokens=64, dtype=torch.float32, device=torch.device("cpu"),
+    return RequestSteer(result.plan, FACTS, max_tokens=64, dtype=torch.float32, device=torch.device("cpu"),
                          tp_rank=0, tp_size=1, slot_id=f"{op}-{site}-{scope}-{seed}", receipt=True)
 
 
@@ -141,7 +141,7 @@ def test_what_is_not_one_plain_affine_kernel_keeps_the_per_request_path(text):
         head = "steer 1\nvector v = " + "[" + ", ".join(["0.5"] * FACTS.head_dim) + "]\n"
     result = check_source(head + text, "slot.steer", facts=FACTS)
     assert result.ok, result.render()
-    steer = _RequestSteer(result.plan, FACTS, max_tokens=16, dtype=torch.float32, device=torch.device("cpu"),
+    steer = RequestSteer(result.plan, FACTS, max_tokens=16, dtype=torch.float32, device=torch.device("cpu"),
                           tp_rank=0, tp_size=1)
     assert steer.fns and not steer.slotted and steer.needs_metadata
 
@@ -150,6 +150,6 @@ def test_a_request_with_only_slotted_kernels_and_no_receipt_keeps_no_step_metada
     text = f"steer 1\nvector v = {_vec(1)}\nintervention a {{\n  at resid_post[0:3]\n  add 2.0 * v\n}}\n"
     plan = check_source(text, "slot.steer", facts=FACTS).plan
     kw = dict(max_tokens=2048, dtype=torch.float32, device=torch.device("cpu"), tp_rank=0, tp_size=1)
-    lean, full = _RequestSteer(plan, FACTS, **kw), _RequestSteer(plan, FACTS, receipt=True, **kw)
+    lean, full = RequestSteer(plan, FACTS, **kw), RequestSteer(plan, FACTS, receipt=True, **kw)
     assert len(lean.slotted) == 3 and not lean.needs_metadata and full.needs_metadata
     assert len(lean.state.pos) == 1 and len(full.state.pos) == 2048

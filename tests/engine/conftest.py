@@ -28,8 +28,8 @@ FULL_ONLY = {
     # the compiled HTTP server's plain rows against a second, plain compiled server (tokens; logits to rounding)
     "test_serve.py::test_plain_request_equals_a_server_without_steerc":
         "test_serve_offline.py checks plain rows bit for bit against an engine without steerc (eager)",
-    "test_tensor_parallel.py::test_serve_plugin_under_tensor_parallel":
-        "test_tensor_parallel_equals_tp1_and_hf boots TP=2 in CI",
+    "test_tensor_parallel.py::test_serve_plugin_under_parallelism[tensor]":
+        "test_tensor_parallel_equals_tp1_and_hf boots TP=2 in CI, and the serve plugin's PP=2 case runs",
     "test_vllm_compiled.py::test_pipeline_parallel_stages_hook_their_own_layers":
         "pipeline parallelism boots its own two-stage engine",
     "test_vllm_compiled.py::test_a_hook_that_never_runs_is_an_error":

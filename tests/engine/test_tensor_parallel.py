@@ -75,9 +75,32 @@ def test_tensor_parallel_equals_tp1_and_hf(folder):
     assert refused is not None and "tensor-parallel" in refused
 
 
-def test_serve_plugin_under_tensor_parallel(folder, tmp_path):
-    """The serve plugin with TP=2 (offline API, as steerc serve configures it): a request with a head site
-    on each rank's heads and a residual kernel equals the HF target; a plain request beside it too."""
+def _gated(probe_layer: int) -> str:
+    """A per-token gate: a probe at ``resid_post[probe_layer]``, the add it gates at resid_post[3]."""
+    probe = f"probe p {{\n  at resid_post[{probe_layer}]\n  read cosine({vec(W, 6)})\n  pool token\n}}\n"
+    text = program("resid_post[3]", f"add 4.0 * {vec(W, 7)}", "generated", extra=probe)
+    return text.replace("  tokens generated\n", "  tokens generated\n  when p > -0.05\n")
+
+
+SERVE_PARALLEL = [
+    # heads on each rank's heads and a per-request ablation (both stages under PP)
+    program("head[(1, 2), (0, 3)]", f"add 4.0 * {vec(HD, 1)}")
+    + f"intervention y {{\n  at resid_post[1]\n  ablate {vec(W, 4)}\n  tokens generated\n}}\n",
+    # a plain add at every layer (plan slots, on both stages)
+    program("resid_post[0:4]", f"add 3.0 * {vec(W, 5)}", "prompt[-1:], generated"),
+    # a per-token gate whose probe (layer 2) and kernel (layer 3) share the second stage
+    _gated(2),
+]
+CROSSING = _gated(1)  # probe on stage 0 (layer 1), the kernel it gates on stage 1 (layer 3): refused under PP=2
+
+
+@pytest.mark.parametrize("parallel", ["tensor", "pipeline"])
+def test_serve_plugin_under_parallelism(folder, tmp_path, parallel):
+    """The serve plugin compiled, as steerc serve runs it, with TP=2 (each rank steers its own heads of each
+    request's rows) or PP=2 (each stage its own layers): three plans in one batch — heads and an ablation
+    (per-request path), an add at every layer (plan slots), a per-token gate on one stage — and a plain
+    request each equal the HF target alone; under PP, a gate whose probe is on the other stage is refused
+    in the worker and that request alone ends at once."""
     import vllm
     from vllm import SamplingParams
     from vllm.inputs import TokensPrompt
@@ -88,31 +111,35 @@ def test_serve_plugin_under_tensor_parallel(folder, tmp_path):
     from steerc.serve_client import offline_request
     from steerc.targets.serve.emit import emit
 
-    text = (program("head[(1, 2), (0, 3)]", f"add 4.0 * {vec(HD, 1)}")
-            + f"intervention y {{\n  at resid_post[1]\n  ablate {vec(W, 4)}\n  tokens generated\n}}\n")
-    plan = checked_plan(folder, text)
-    emit(plan, facts_from_model(hf_model(folder)), str(tmp_path / "out"))
+    facts = facts_from_model(hf_model(folder))
+    texts = SERVE_PARALLEL + ([CROSSING] if parallel == "pipeline" else [])
+    plans, extras = [], []
+    for i, text in enumerate(texts):
+        plans.append(checked_plan(folder, text))
+        emit(plans[-1], facts, str(tmp_path / f"out{i}"))
+        extras.append(offline_request(str(tmp_path / f"out{i}"), PROMPTS[i % len(PROMPTS)])[1])
+    prompts = [PROMPTS[i % len(PROMPTS)] for i in range(len(texts))] + [PROMPTS[-1]]
     register_loader()
     os.environ["VLLM_CPU_OMP_THREADS_BIND"] = "0|1"
+    size = {"tensor_parallel_size": 2} if parallel == "tensor" else {"pipeline_parallel_size": 2}
     try:
         llm = vllm.LLM(model=folder, dtype="float32", max_model_len=256, max_num_seqs=8, skip_tokenizer_init=True,
-                       enforce_eager=True, tensor_parallel_size=2, load_format="steerc",
-                       additional_config={"steerc": {"mode": "serve"}},
-                       logits_processors=["steerc.runtime.serve:SteercGuard"])
+                       load_format="steerc", additional_config={"steerc": {"mode": "serve"}},
+                       logits_processors=["steerc.runtime.serve:SteercGuard"], **size)
         try:
-            extra = offline_request(str(tmp_path / "out"), PROMPTS[0])[1]
             params = [SamplingParams(max_tokens=6, temperature=0.0, detokenize=False, ignore_eos=True,
-                                     extra_args=extra),
-                      SamplingParams(max_tokens=6, temperature=0.0, detokenize=False, ignore_eos=True)]
-            outs = llm.generate([TokensPrompt(prompt_token_ids=PROMPTS[0]), TokensPrompt(prompt_token_ids=PROMPTS[1])],
-                                params, use_tqdm=False)
+                                     extra_args=extra) for extra in extras + [None]]
+            outs = llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], params, use_tqdm=False)
         finally:
             llm.llm_engine.engine_core.shutdown()
     finally:
         os.environ.pop("VLLM_CPU_OMP_THREADS_BIND", None)
-    steered, plain = (list(o.outputs[0].token_ids) for o in outs)
-    hf_steered = hf_run(folder, plan, [PROMPTS[0]])
-    hf_plain = hf_run(folder, None, [PROMPTS[1]])
-    same_tokens(hf_steered, [(steered, None)], [(hf_steered[0][0], None)], "serve TP=2, steered")
-    same_tokens(hf_plain, [(plain, None)], [(hf_plain[0][0], None)], "serve TP=2, plain")
-    assert steered != hf_run(folder, None, [PROMPTS[0]])[0][0], "the plan changes the tokens"
+    got = [list(o.outputs[0].token_ids) for o in outs]
+    for i, plan in enumerate(plans[:len(SERVE_PARALLEL)]):
+        want = hf_run(folder, plan, [prompts[i]])
+        same_tokens(want, [(got[i], None)], [(want[0][0], None)], f"serve {parallel}=2, plan {i}")
+        assert got[i] != hf_run(folder, None, [prompts[i]])[0][0], f"plan {i} changes the tokens"
+    plain = hf_run(folder, None, [prompts[-1]])
+    same_tokens(plain, [(got[-1], None)], [(plain[0][0], None)], f"serve {parallel}=2, plain")
+    if parallel == "pipeline":
+        assert len(got[len(SERVE_PARALLEL)]) <= 1, "the crossing gate's request ends at once, never unsteered"

@@ -118,6 +118,17 @@ def served_sites(vllm_config) -> tuple[str, ...]:
         raise EngineError(f"additional_config.{CONFIG_KEY}.sites: {exc}") from None
 
 
+def pipeline_stages(vllm_config) -> tuple[int, ...] | None:
+    """Each pipeline stage's first layer, as vLLM splits the layers (None without pipeline parallelism)."""
+    size = int(getattr(vllm_config.parallel_config, "pipeline_parallel_size", 1))
+    if size <= 1:
+        return None
+    from vllm.distributed.utils import get_pp_indices
+
+    layers = int(vllm_config.model_config.hf_config.num_hidden_layers)
+    return tuple(get_pp_indices(layers, rank, size)[0] for rank in range(size))
+
+
 def engine_key(vllm_config) -> bytes | None:
     """The HMAC key this engine requires plans to be signed with: ``hmac_key_file`` in its steerc
     config, else ``$STEERC_HMAC_KEY_FILE``; None when it requires none."""

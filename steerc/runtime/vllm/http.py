@@ -38,7 +38,7 @@ import secrets
 import zlib
 
 from steerc.runtime.vllm.engine import (CONFIG_KEY, LOAD_FORMAT, EngineError, engine_key, facts_of, is_compiled,
-                                        served_sites)
+                                        pipeline_stages, served_sites)
 from steerc.runtime.vllm.receipt import take
 from steerc.runtime.vllm.serve import ArtifactStore
 from steerc.targets.serve.admission import MAX_INLINE_CHARS, MAX_PLAN_CHARS, RequestError, admit
@@ -58,6 +58,7 @@ class SteercAdmission:
         self._store = None
         self._key = None
         self._sites = None
+        self._stages = None
         self._config = None
 
     async def __call__(self, scope, receive, send):
@@ -109,7 +110,7 @@ class SteercAdmission:
             facts, tp_size, prefix_caching = self._engine_facts(scope)
             salt = doc.get("cache_salt")
             admitted = admit(xargs, facts, store=self._artifact_store(), tp_size=tp_size, salt=salt,
-                             key=self._key, sites=self._sites)
+                             key=self._key, sites=self._sites, stages=self._stages)
             if admitted is None:  # admit() refuses every steerc_ field without a plan; never run it unsteered
                 raise RequestError("vllm_xargs", "steerc fields without a plan")
             if salt is None and prefix_caching:
@@ -153,6 +154,7 @@ class SteercAdmission:
             try:
                 self._key = engine_key(config)
                 self._sites = served_sites(config)
+                self._stages = pipeline_stages(config)
             except EngineError as exc:
                 raise RequestError("server", str(exc)) from None
             self._config = config

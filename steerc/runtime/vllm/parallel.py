@@ -10,6 +10,7 @@ tensor parallelism. Both modes (:mod:`.plan`, :mod:`.serve`) use these.
 from __future__ import annotations
 
 from steerc.facts.sites import site_table
+from steerc.targets.vllm.program import gate_probes
 from steerc.targets.vllm.wire import PlanError
 
 
@@ -36,6 +37,21 @@ def layer_path(module_path: str) -> str:
         if p.isdigit():
             return ".".join(parts[: i + 1])
     return module_path
+
+
+def check_gates_on_stage(model, boot: dict, hook: dict) -> None:
+    """A gate's probes must run on the pipeline stage of the kernel it gates (probe values do not cross
+    stages): a plan that needs that is refused on the stage that holds the kernel."""
+    layers = {p["name"]: p["layer"] for p in boot["probes"]}
+    root = layer_path(hook["module"]).rsplit(".", 1)[0]
+    for site in hook["sites"]:
+        for k in site["kernels"]:
+            if k["gate"] is None:
+                continue
+            for name in gate_probes(boot["gates"][k["gate"]]):
+                if not owns(model, f"{root}.{layers[name]}"):
+                    raise PlanError("plan.boot.gates", f"probe `{name}` sits on another pipeline stage than "
+                                                       f"the kernel it gates at {site['site']}")
 
 
 def localise(hook: dict, heads: int, tp_rank: int, tp_size: int, head_dim: int, family: str) -> dict | None:

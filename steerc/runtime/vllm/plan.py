@@ -21,7 +21,7 @@ import numpy as np
 from steerc.runtime.kernels import compute_dtype
 from steerc.runtime.vllm.engine import (EngineError, Slots, attach_step_hooks, engine_key, facts_of,
                                         hooks_never_ran, is_compiled, token_metadata, vllm_version)
-from steerc.runtime.vllm.parallel import layer_path, localise, owns, tensor_parallel
+from steerc.runtime.vllm.parallel import check_gates_on_stage, layer_path, localise, owns, tensor_parallel
 from steerc.runtime.vllm.steer import SteerState, register, site_function
 from steerc.targets.vllm.program import prefix_cache_safe
 from steerc.targets.vllm.wire import PlanError, param_tensors, unpack, validate_plan
@@ -47,7 +47,6 @@ class InstalledPlan:
         self.installed: list[str] = []
         self.registered: dict[str, tuple[int, str]] = {}  # hook name -> (fired index, module)
         self.skipped: list[str] = []
-        probe_layers = {p["name"]: p["layer"] for p in self.boot["probes"]}
         try:
             for index, hook in enumerate(self.boot["hooks"]):
                 if not owns(model, layer_path(hook["module"])):
@@ -57,7 +56,7 @@ class InstalledPlan:
                 if local is None:
                     self.installed.append(hook["name"])  # no head of this rank: nothing to do here
                     continue
-                self._check_probes_here(model, local, probe_layers)
+                check_gates_on_stage(model, self.boot, local)
                 module = model.get_submodule(hook["module"])
                 self.handles.append(register(module, hook, site_function(self.state, local["sites"], index)))
                 self.installed.append(hook["name"])
@@ -65,19 +64,6 @@ class InstalledPlan:
         except Exception:
             self.remove(model)
             raise
-
-    def _check_probes_here(self, model, hook: dict, probe_layers: dict) -> None:
-        """A gate's probes must run on this pipeline stage (their values do not cross stages)."""
-        gates = self.boot["gates"]
-        for site in hook["sites"]:
-            for k in site["kernels"]:
-                if k["gate"] is None:
-                    continue
-                root = layer_path(hook["module"]).rsplit(".", 1)[0]
-                for name in _gate_probes(gates[k["gate"]]):
-                    if not owns(model, f"{root}.{probe_layers[name]}"):
-                        raise PlanError("plan.boot.gates", f"probe `{name}` sits on another pipeline stage than "
-                                                           f"the kernel it gates at {site['site']}")
 
     def fired(self) -> dict[str, int]:
         counts = self.state.fired.tolist()
@@ -94,14 +80,6 @@ class InstalledPlan:
         self.handles = []
         if getattr(model, "steerc", None) is self.state:
             del model._modules["steerc"]
-
-
-def _gate_probes(gate) -> list[str]:
-    if gate[0] == "cmp":
-        return [gate[1]]
-    if gate[0] == "not":
-        return _gate_probes(gate[1])
-    return [n for g in gate[1] for n in _gate_probes(g)]
 
 
 class PlanFeeder:

@@ -84,6 +84,12 @@ class Receipt:
         self.recorder = GateRecorder(admitted.plan)
         self.head = {"plan": {"id": admitted.plan_id, "cache_salt": admitted.salt},
                      "params": dict(sorted(admitted.params.items()))}
+        self.failed: str | None = None
+
+    def fail(self, why: str) -> None:
+        """This request can have no receipt: say why, once, and record nothing more."""
+        self.failed = why
+        self.write(dict(self.head, error=f"no receipt: {why}"))
 
     def restart(self) -> None:
         """The request is recomputed from its first token (after preemption): count afresh."""
@@ -91,6 +97,8 @@ class Receipt:
 
     @torch.no_grad()
     def record(self, state, pos, plen) -> None:
+        if self.failed is not None:
+            return
         try:
             self.recorder.record(_StateView(state, pos, plen))
             doc = self.document()

@@ -54,8 +54,8 @@ from steerc.facts import ModelFacts
 from steerc.runtime.kernels import compute_dtype
 from steerc.runtime.vllm import points
 from steerc.runtime.vllm.engine import (attach_step_hooks, engine_key, facts_of, hooks_never_ran, is_compiled,
-                                        served_sites, token_metadata)
-from steerc.runtime.vllm.parallel import layer_path, localise, owns, tensor_parallel
+                                        pipeline_stages, served_sites, token_metadata)
+from steerc.runtime.vllm.parallel import check_gates_on_stage, layer_path, localise, owns, tensor_parallel
 from steerc.runtime.vllm.receipt import Receipt
 from steerc.runtime.vllm.slots import SlotTables, host_mask, slottable
 from steerc.runtime.vllm.steer import SteerState, site_function
@@ -165,18 +165,29 @@ class ArtifactStore:
 # -------------------------------------------------------------------- worker
 
 
-class _RequestSteer:
+class RequestSteer:
     """One request's steering: its buffers (vLLM buffer form) and per-module functions."""
 
     def __init__(self, plan, facts, *, max_tokens: int, dtype, device, tp_rank: int, tp_size: int,
-                 slot_id: str = "", receipt: bool = False):
+                 slot_id: str = "", receipt: bool = False, model=None):
         boot, tensors = build(plan, facts)
         self.cacheable = prefix_cache_safe(boot)  # may it reuse KV that other requests computed?
+        # Pipeline stages: this worker's hooks only (model None: every hook, as in the tests without an engine).
+        here = (lambda path: True) if model is None else (lambda path: owns(model, layer_path(path)))
         hooks = {}
         for hook in boot["hooks"]:
             local = localise(hook, facts.heads, tp_rank, tp_size, facts.head_dim, facts.family)
-            if local is not None:
+            if local is not None and here(hook["module"]):
+                if model is not None:
+                    check_gates_on_stage(model, boot, local)
                 hooks[(hook["module"], hook["kind"], hook["tensor"])] = local
+        # Which stage answers for the receipt: the one holding the plan's probes (gate values stay on their
+        # stage), else the first; probes on two stages leave no stage able to.
+        root = layer_path(boot["hooks"][0]["module"]).rsplit(".", 1)[0] if boot["hooks"] else "model.layers"
+        probes = [here(f"{root}.{p['layer']}") for p in boot["probes"]]
+        self.receipt_here = probes[0] if probes else here(f"{root}.0")
+        self.receipt_split = not all(probes)
+        receipt = receipt and self.receipt_here
         kernels = {key: slottable(local, lambda name: np.size(tensors[name]), facts.hidden)
                    for key, local in hooks.items()}
         # Only slotted kernels and no receipt: nothing reads this request's own step metadata.
@@ -266,12 +277,13 @@ class ServeRouter:
         self.facts = facts_of(vllm_config)
         self.key = engine_key(vllm_config)
         self.sites = served_sites(vllm_config)
+        self.stages = pipeline_stages(vllm_config)
         self.compiled = is_compiled(vllm_config)
         self.max_tokens = int(vllm_config.scheduler_config.max_num_batched_tokens)
         param = next(model.parameters())
         self.dtype, self.device = compute_dtype(param.dtype), param.device
         self.tp_rank, self.tp_size = tensor_parallel()
-        self.requests: dict[str, object] = {}   # req id -> _RequestSteer, None (unsteered) or _FAILED
+        self.requests: dict[str, object] = {}   # req id -> RequestSteer, None (unsteered) or _FAILED
         self.rows: dict[tuple, list] = {}
         self.hooks: dict[tuple, object] = {}
         self.slots = SlotTables(self.facts.hidden, self.dtype, self.device)
@@ -296,7 +308,7 @@ class ServeRouter:
         live = self.view.live()
         for gone in [r for r in self.requests if r not in live]:
             steer = self.requests.pop(gone)
-            if isinstance(steer, _RequestSteer) and steer.slotted:
+            if isinstance(steer, RequestSteer) and steer.slotted:
                 self.slots.release(steer.slot_id)
         slotted: dict[tuple, list] = {}
         layout = self.view.layout()
@@ -308,16 +320,16 @@ class ServeRouter:
             if rid not in self.requests:
                 self.requests[rid] = self._admit(rid)
                 steer = self.requests[rid]
-                if isinstance(steer, _RequestSteer) and not steer.cacheable and int(layout.first[i]) > 0:
+                if isinstance(steer, RequestSteer) and not steer.cacheable and int(layout.first[i]) > 0:
                     # Its first step starts past token 0: vLLM served the rest from the prefix cache, computed
                     # without this request's pooled probes or prompt-relative scopes. Never steer half a prompt.
                     self._fail(rid, f"its first {int(layout.first[i])} tokens came from the prefix cache, and its "
                                     "plan depends on every prompt token (a prompt-pooled probe or a scope relative "
                                     "to the prompt): send it with a cache_salt of its own (steerc serve does)")
-                elif isinstance(steer, _RequestSteer):
+                elif isinstance(steer, RequestSteer):
                     self.fresh.append(rid)
             steer = self.requests[rid]
-            if not isinstance(steer, _RequestSteer):
+            if not isinstance(steer, RequestSteer):
                 continue
             a, b = int(layout.starts[i]), int(layout.starts[i + 1])
             if steer.needs_metadata:
@@ -347,16 +359,20 @@ class ServeRouter:
         params = self.view.sampling_params(rid)
         extra = getattr(params, "extra_args", None)
         try:
-            admitted = admit(extra, self.facts, tp_size=self.tp_size, key=self.key, sites=self.sites)
+            admitted = admit(extra, self.facts, tp_size=self.tp_size, key=self.key, sites=self.sites,
+                             stages=self.stages)
             if admitted is None:
                 return None
             receipt = extra.get(RECEIPT_KEY) is not None and self.tp_rank == 0
-            steer = _RequestSteer(admitted.plan, self.facts, max_tokens=self.max_tokens, dtype=self.dtype,
+            steer = RequestSteer(admitted.plan, self.facts, max_tokens=self.max_tokens, dtype=self.dtype,
                                   device=self.device, tp_rank=self.tp_rank, tp_size=self.tp_size,
-                                  slot_id=slot_id(admitted), receipt=receipt)
+                                  slot_id=slot_id(admitted), receipt=receipt, model=self.model)
             self._hook(steer)
-            if receipt:
+            if receipt and steer.receipt_here:  # one worker writes it: the first rank of the probes' stage
                 steer.receipt = Receipt(extra[RECEIPT_KEY], admitted)
+                if steer.receipt_split:
+                    steer.receipt.fail("its probes lie on two pipeline stages, and no one stage holds every "
+                                       "gate's values; its steering is unaffected")
             if steer.slotted:  # last: a request that holds a slot is in self.requests
                 steer.slot = self.slots.acquire(steer.slot_id, {k: v[:2] for k, v in steer.slotted.items()})
             return steer
@@ -368,7 +384,7 @@ class ServeRouter:
         """Fail one request closed: it is never steered, and SteercGuard ends it at its next token."""
         self.failures += 1
         held = self.requests.get(rid)
-        if isinstance(held, _RequestSteer) and held.slotted:
+        if isinstance(held, RequestSteer) and held.slotted:
             self.slots.release(held.slot_id)
         self.requests[rid] = _FAILED
         params = params if params is not None else self.view.sampling_params(rid)
@@ -377,7 +393,7 @@ class ServeRouter:
             extra[FAILED_KEY] = message[:500]
         log.error("steerc: request %s refused in the worker and ended: %s", rid, message)
 
-    def _hook(self, steer: _RequestSteer) -> None:
+    def _hook(self, steer: RequestSteer) -> None:
         """Eager: a steer point at each module a plan needs, the first time one does. Compiled: they are all
         there since boot (admission refused sites without one)."""
         for key in steer.fns:
@@ -391,7 +407,7 @@ class ServeRouter:
         self.hooks[key] = points.install(self.model.get_submodule(key[0]), key[1], key[2], _body(key, self))
 
     def status(self) -> dict:
-        steered = sorted(r for r, s in self.requests.items() if isinstance(s, _RequestSteer))
+        steered = sorted(r for r, s in self.requests.items() if isinstance(s, RequestSteer))
         return {"steered": steered, "hooks": len(self.hooks), "failures": self.failures,
                 "plan_slots": len(self.slots.plans), "slot_capacity": self.slots.capacity,
                 "runner": self.view.runner_kind, "compiled": self.compiled, "sites": list(self.sites)}

@@ -59,7 +59,7 @@ from steerc.targets.serve.capacity import refusal as site_refusal
 from steerc.targets.serve.format import FORMAT, artifact_id, cache_salt, from_serve, read_artifact, signed_bytes
 from steerc.targets.serve.request import (ARTIFACTS_KEY, KEYS, PARAMS_KEY, PLAN_KEY, PREFIX, RECEIPT_ID,
                                          RECEIPT_KEY, request_salt)
-from steerc.targets.vllm.program import build, prefix_cache_safe
+from steerc.targets.vllm.program import build, prefix_cache_safe, split_gates
 
 MAX_PLAN_CHARS = 4 * 1024 * 1024
 MAX_ARTIFACT_BYTES = 64 * 1024 * 1024
@@ -291,7 +291,7 @@ def check_document(doc, facts, artifacts: dict[str, bytes], *, tp_size: int = 1,
     except InvalidPlan as exc:
         _fail(exc.field, exc.message)
     try:
-        boot, _ = build(plan, facts)  # what the worker builds (steerc.runtime.vllm.serve._RequestSteer)
+        boot, _ = build(plan, facts)  # what the worker builds (steerc.runtime.vllm.serve.RequestSteer)
     except Exception as exc:  # noqa: BLE001 - a verified plan that still does not lower is refused, not run
         _fail("", f"does not build ({type(exc).__name__}: {exc})")
     salt = cache_salt(doc)
@@ -315,14 +315,15 @@ def bind_request(admitted: Admitted, raw) -> Admitted:
 
 
 def admit(extra_args, facts, *, store=None, tp_size: int = 1, salt=None,
-          key: bytes | None = None, sites=None) -> Admitted | None:
+          key: bytes | None = None, sites=None, stages=None) -> Admitted | None:
     """A request's steering from its ``extra_args`` (None when it asks for none).
 
     ``store`` (an :class:`~steerc.runtime.vllm.serve.ArtifactStore`) supplies
     artifacts the request references without carrying them; ``salt`` is the
     request's ``cache_salt`` where the caller sees it (the HTTP front end):
     it must be the plan's; ``key``: the HMAC key every plan must be signed with; ``sites``: the site
-    groups the server has steer points at (all when None).
+    groups the server has steer points at (all when None); ``stages``: under pipeline parallelism, each
+    stage's first layer (a gate must read probes on its own stage).
     """
     if extra_args is None:
         return None
@@ -355,4 +356,8 @@ def admit(extra_args, facts, *, store=None, tp_size: int = 1, salt=None,
                                         "top level of the request)")
     if salt is not None and salt != admitted.salt:
         raise RequestError("cache_salt", "is not the plan's cache_salt (request_fields() sets it)")
+    if stages is not None and len(stages) > 1:
+        why = split_gates(build(admitted.plan, facts)[0], stages)
+        if why is not None:
+            raise RequestError(f"{PLAN_KEY}.probes", why)
     return admitted

@@ -32,6 +32,35 @@ def numbered_gate(gate, thresholds: list) -> list:
     return [kind, [numbered_gate(g, thresholds) for g in gate[1]]]
 
 
+def gate_probes(gate) -> list[str]:
+    """The probes a boot section's gate reads."""
+    if gate[0] == "cmp":
+        return [gate[1]]
+    if gate[0] == "not":
+        return gate_probes(gate[1])
+    return [n for g in gate[1] for n in gate_probes(g)]
+
+
+def split_gates(boot: dict, stages) -> str | None:
+    """Under pipeline parallelism (``stages``: each stage's first layer), the first gate whose probe runs
+    on another stage than the kernel it gates, as a sentence; None if every gate stays on its stage."""
+    import bisect
+
+    def stage(layer: int) -> int:
+        return bisect.bisect_right(list(stages), layer) - 1
+
+    layers = {p["name"]: p["layer"] for p in boot["probes"]}
+    for hook in boot["hooks"]:
+        for site in hook["sites"]:
+            for k in site["kernels"]:
+                for name in gate_probes(boot["gates"][k["gate"]]) if k["gate"] is not None else ():
+                    if stage(layers[name]) != stage(hook["layer"]):
+                        return (f"probe `{name}` (layer {layers[name]}) runs on pipeline stage "
+                                f"{stage(layers[name])}, the kernel it gates at {site['site']} on stage "
+                                f"{stage(hook['layer'])}; probe values do not cross stages")
+    return None
+
+
 def _kernel(k: KernelCall, prefix: str, tensors: dict, scopes: list, gates: list, thresholds: list,
             bindings: list, coefficients: dict) -> dict:
     named = dict(k.tensors)
