@@ -127,8 +127,10 @@ def test_serve_plugin_under_parallelism(folder, tmp_path, parallel):
                        load_format="steerc", additional_config={"steerc": {"mode": "serve"}},
                        logits_processors=["steerc.runtime.serve:SteercGuard"], **size)
         try:
-            params = [SamplingParams(max_tokens=6, temperature=0.0, detokenize=False, ignore_eos=True,
-                                     extra_args=extra) for extra in extras + [None]]
+            # The crossing request keeps vLLM's end-of-sequence stop: the guard leaves it only that token.
+            params = [SamplingParams(max_tokens=6, temperature=0.0, detokenize=False,
+                                     ignore_eos=i < len(SERVE_PARALLEL) or extra is None, extra_args=extra)
+                      for i, extra in enumerate(extras + [None])]
             outs = llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], params, use_tqdm=False)
         finally:
             llm.llm_engine.engine_core.shutdown()
@@ -142,4 +144,7 @@ def test_serve_plugin_under_parallelism(folder, tmp_path, parallel):
     plain = hf_run(folder, None, [prompts[-1]])
     same_tokens(plain, [(got[-1], None)], [(plain[0][0], None)], f"serve {parallel}=2, plain")
     if parallel == "pipeline":
-        assert len(got[len(SERVE_PARALLEL)]) <= 1, "the crossing gate's request ends at once, never unsteered"
+        crossing = got[len(SERVE_PARALLEL)]
+        eos = hf_model(folder).config.eos_token_id
+        assert len(crossing) <= 1 and all(t == eos for t in crossing), \
+            f"the crossing gate's request ends at once, never unsteered: {crossing}"
