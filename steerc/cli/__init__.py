@@ -28,6 +28,8 @@ COMMANDS = {
     "serve": ("serve", "run vLLM's OpenAI-compatible server with the steerc plugin (per-request plans)"),
     "derive": ("derive", "make steering vectors from contrastive data (mean difference, PCA, logistic), or "
                          "calibrate a probe's threshold"),
+    "eval": ("eval", "measure programs' effect (behaviour pairs) and cost (KL, perplexity) on data, over a sweep "
+                     "of their params"),
     "lsp": ("lsp", "the language server (diagnostics, hover, definitions, rename, formatting, completion) "
                    "over stdio; needs steerc[lsp]"),
 }

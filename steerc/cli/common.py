@@ -6,9 +6,10 @@ import math
 import os
 import sys
 
-from steerc.cli import NotAProgram, UsageError
+from steerc.cli import EXIT_ERRORS, NotAProgram, UsageError
 from steerc.cli.report import Report, print_json
-from steerc.diagnostics.codes import INVALID_CONFIG
+from steerc.core.jsonio import dumps as json_dumps  # strict JSON (spec/json.md)
+from steerc.diagnostics.codes import INVALID_CONFIG, MODEL_WITHOUT_WEIGHTS
 from steerc.facts.named import shadowing
 from steerc.project.session import UnusableModel, check_options, facts_or_diagnostic
 
@@ -249,3 +250,83 @@ def argument_word(args, word: str):
             return src, src.span(at, at + len(quoted))
         at += len(quoted)
     return src, src.span(0, len(text))
+
+
+def config_facts(model_path: str):
+    """The model's layout from its config alone (:func:`steerc.runtime.models.config_source`), or None where
+    it cannot be read without the weights; a config that fails to read is left to the load, which says why."""
+    from steerc.facts import FactsError, load_facts
+    from steerc.runtime.models import config_source
+
+    taken = shadowing(model_path)
+    if taken is not None:
+        print(f"note: {taken}", file=sys.stderr)
+    source = config_source(model_path)
+    if source is None:
+        return None
+    try:
+        return load_facts(source)
+    except FactsError:
+        return None
+
+
+# ------------------------------------------------- data commands (derive, eval)
+
+
+def fail_with(args, diagnostics, sources) -> int:
+    """Print ``diagnostics`` as every command does (at most MAX_REPEATS per code, the last counting the rest)."""
+    from steerc.diagnostics import capped, to_json_dict
+
+    if args.format == "json":
+        print(json_dumps({"diagnostics": [to_json_dict(d) for d in capped(diagnostics)]}, indent=2))
+    else:
+        print_diagnostics(Report(list(diagnostics), sources))
+    return EXIT_ERRORS
+
+
+def data_source(path: str):
+    """A data file as a Source (a missing or unreadable one is a usage error)."""
+    from steerc.derive.data import read_source
+
+    try:
+        return read_source(path)
+    except FileNotFoundError:
+        raise UsageError(f"no such file: {path}") from None
+    except OSError as exc:
+        raise UsageError(f"cannot read {path}: {exc}") from None
+
+
+def model_path_for(args) -> str:
+    """The weights to load for --model (one without weights is a `model-without-weights` diagnostic)."""
+    from steerc.runtime.models import ModelNotRunnable, runnable_path
+
+    try:
+        path = runnable_path(args.model)
+    except ModelNotRunnable as problem:
+        from steerc.diagnostics import Diagnostic, Note
+
+        source, span = argument_source(args, "--model")
+        raise SystemExit(fail_with(args, [Diagnostic.error(MODEL_WITHOUT_WEIGHTS, problem.message, span,
+                                                           help=problem.help,
+                                                           notes=tuple(Note(n) for n in problem.notes))],
+                                   {source.name: source}))
+    if not os.path.exists(path):
+        from steerc.facts.named import names
+
+        raise UsageError(f"--model {args.model}: no such folder or file, and not a model name ({names()})")
+    return path
+
+
+def load_unchecked(path: str, command: str = "derive"):
+    """(model, tokenizer) of ``path`` (without torch, or unloadable: a usage error)."""
+    try:
+        import torch  # noqa: F401
+        import transformers  # noqa: F401
+    except ImportError:
+        raise UsageError(f"`steerc {command}` needs torch and transformers: pip install 'steerc[hf]'") from None
+    from steerc.runtime.models import load_model
+
+    try:
+        return load_model(path)
+    except (OSError, ValueError) as exc:
+        raise UsageError(f"cannot load {path}: {exc}") from None

@@ -10,9 +10,9 @@ import os
 import sys
 
 from steerc.cli import EXIT_ERRORS, EXIT_OK, UsageError
-from steerc.cli.common import argument_source
+from steerc.cli.common import argument_source, data_source, fail_with, load_unchecked, model_path_for
 from steerc.core.jsonio import dumps as json_dumps  # strict JSON (spec/json.md)
-from steerc.diagnostics.codes import EMPTY_DATA, MODEL_WITHOUT_WEIGHTS
+from steerc.diagnostics.codes import EMPTY_DATA
 
 def add_arguments(cmd) -> None:
     cmd.add_argument("--model", required=True, metavar="MODEL",
@@ -55,24 +55,11 @@ def add_arguments(cmd) -> None:
     run_.add_argument("--format", choices=("text", "json"), default="text", help="how to print the result")
 
 
-def _fail(args, diagnostics, sources) -> int:
-    """Print ``diagnostics`` as every command does (at most MAX_REPEATS per code, the last counting the rest)."""
-    from steerc.cli.common import print_diagnostics
-    from steerc.cli.report import Report
-    from steerc.diagnostics import capped, to_json_dict
-
-    if args.format == "json":
-        print(json_dumps({"diagnostics": [to_json_dict(d) for d in capped(diagnostics)]}, indent=2))
-    else:
-        print_diagnostics(Report(list(diagnostics), sources))
-    return EXIT_ERRORS
-
-
 def _argument_error(args, flag: str, code: str, message: str, help: str | None = None) -> int:
     from steerc.diagnostics import Diagnostic
 
-    source, span = argument_source(args, flag)
-    return _fail(args, [Diagnostic.error(code, message, span, help=help)], {source.name: source})
+    source, span = argumentdata_source(args, flag)
+    return fail_with(args, [Diagnostic.error(code, message, span, help=help)], {source.name: source})
 
 
 def _methods(args) -> list[str]:
@@ -91,25 +78,14 @@ def _read_data(args, paired: bool):
     if args.data and (args.positive or args.negative):
         raise UsageError("give --data, or --positive and --negative, not both")
     if args.data:
-        ds = D.parse_pairs(_source(args.data))
+        ds = D.parse_pairs(data_source(args.data))
         if paired:
             return ds
         return [p.positive for p in ds.pairs], [p.negative for p in ds.pairs], ds.sha256
     if not (args.positive and args.negative):
         raise UsageError("give the data: --data PAIRS.jsonl, or --positive FILE and --negative FILE")
-    pos, neg = _source(args.positive), _source(args.negative)
+    pos, neg = data_source(args.positive), data_source(args.negative)
     return D.paired_lines(pos, neg) if paired else D.two_sets(pos, neg)
-
-
-def _source(path: str):
-    from steerc.derive.data import read_source
-
-    try:
-        return read_source(path)
-    except FileNotFoundError:
-        raise UsageError(f"no such file: {path}") from None
-    except OSError as exc:
-        raise UsageError(f"cannot read {path}: {exc}") from None
 
 
 def _facts(args):
@@ -126,13 +102,13 @@ def _facts(args):
         if not cache_complete(folder):
             from steerc.runtime.hf import facts_from_model
 
-            model, tokenizer = _load_unchecked(args.model)
+            model, tokenizer = load_unchecked(args.model)
             args.preloaded = (model, tokenizer)
             return facts_from_model(model)
         return load_facts(folder)
     facts, diagnostic, sources = load_facts_or_diagnostic(args.model)
     if diagnostic is not None:
-        raise SystemExit(_fail(args, [diagnostic], sources))
+        raise SystemExit(fail_with(args, [diagnostic], sources))
     return facts
 
 
@@ -147,48 +123,14 @@ def _sites(args, facts):
     except DeriveError as exc:
         if exc.diagnostics[0].span is None:
             raise UsageError(exc.diagnostics[0].message) from None
-        raise SystemExit(_fail(args, exc.diagnostics, exc.sources)) from None
-
-
-def _model_path(args) -> str:
-    from steerc.runtime.models import ModelNotRunnable, runnable_path
-
-    try:
-        path = runnable_path(args.model)
-    except ModelNotRunnable as problem:
-        from steerc.diagnostics import Diagnostic, Note
-
-        source, span = argument_source(args, "--model")
-        raise SystemExit(_fail(args, [Diagnostic.error(MODEL_WITHOUT_WEIGHTS, problem.message, span,
-                                                       help=problem.help,
-                                                       notes=tuple(Note(n) for n in problem.notes))],
-                               {source.name: source}))
-    if not os.path.exists(path):
-        from steerc.facts.named import names
-
-        raise UsageError(f"--model {args.model}: no such folder or file, and not a model name ({names()})")
-    return path
-
-
-def _load_unchecked(path: str):
-    try:
-        import torch  # noqa: F401
-        import transformers  # noqa: F401
-    except ImportError:
-        raise UsageError("`steerc derive` needs torch and transformers: pip install 'steerc[hf]'") from None
-    from steerc.runtime.models import load_model
-
-    try:
-        return load_model(path)
-    except (OSError, ValueError) as exc:
-        raise UsageError(f"cannot load {path}: {exc}") from None
+        raise SystemExit(fail_with(args, exc.diagnostics, exc.sources)) from None
 
 
 def _load(path: str, facts, args=None):
     from steerc.runtime.hf import facts_from_model
 
     preloaded = getattr(args, "preloaded", None)
-    model, tokenizer = preloaded if preloaded is not None else _load_unchecked(path)
+    model, tokenizer = preloaded if preloaded is not None else load_unchecked(path)
     live = facts_from_model(model)
     if live.fingerprint != facts.fingerprint:
         raise UsageError(f"{path}: the loaded model's layout differs from its config's ({live.family}, "
@@ -208,7 +150,7 @@ def run(args) -> int:
             return _calibrate(args)
         return _derive(args)
     except DataError as exc:
-        return _fail(args, exc.diagnostics, exc.sources)
+        return fail_with(args, exc.diagnostics, exc.sources)
 
 
 # ------------------------------------------------------------------------ derive
@@ -230,15 +172,15 @@ def _derive(args) -> int:
         check_request(dataset, methods, args.read)
     except DeriveError as exc:
         if exc.diagnostics[0].code == EMPTY_DATA:
-            return _fail(args, exc.diagnostics, exc.sources)
+            return fail_with(args, exc.diagnostics, exc.sources)
         from steerc.diagnostics import Diagnostic
 
         d = exc.diagnostics[0]
-        source, span = argument_source(args, "--read")
-        return _fail(args, [Diagnostic.error(d.code, "--" + d.message, span, help=d.help)], {source.name: source})
+        source, span = argumentdata_source(args, "--read")
+        return fail_with(args, [Diagnostic.error(d.code, "--" + d.message, span, help=d.help)], {source.name: source})
     facts = _facts(args)
     sites = _sites(args, facts)
-    path = _model_path(args)
+    path = model_path_for(args)
     reading = A.Reading(args.chat, args.read)
     model_hash = A.model_sha256(path)
     key = A.cache_key(model_hash, dataset, reading)
@@ -315,7 +257,7 @@ def _calibrate(args) -> int:
     pos, neg, _ = _read_data(args, paired=False)
     facts = _facts(args)
     path_ = os.path.abspath(args.calibrate)
-    result = check_source(read_text(args.calibrate), args.calibrate, path=path_, options=Options(), facts=facts)
+    result = checkdata_source(read_text(args.calibrate), args.calibrate, path=path_, options=Options(), facts=facts)
     if not result.ok:
         print(result.render(), file=sys.stderr)
         return EXIT_ERRORS
@@ -324,7 +266,7 @@ def _calibrate(args) -> int:
         raise UsageError(f"--probe {args.probe}: {args.calibrate} has no probe of that name "
                          f"({', '.join(names) or 'it declares none'})")
     probe = result.plan.probe(args.probe)
-    model, tokenizer = _load(_model_path(args), facts, args)
+    model, tokenizer = _load(model_path_for(args), facts, args)
     values = _probe_values(model, tokenizer, result.plan, args.probe, pos + neg, args)
     vp, vn = values[:len(pos)], values[len(pos):]
     op, threshold, f1, accuracy = best_threshold(vp, vn)

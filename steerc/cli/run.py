@@ -10,6 +10,7 @@ import sys
 
 from steerc.cli import EXIT_ERRORS, EXIT_OK, UsageError
 from steerc.cli.common import (
+    config_facts,
     add_program_options,
     argument_source,
     checked_project,
@@ -51,7 +52,7 @@ def run(args) -> int:
     path = os.path.abspath(args.file)
     # The program is checked before the model loads, against the layout its config gives where it has
     # one: a mistake costs no load.
-    early = check_source(text, args.file, path=path, options=options, facts=_config_facts(model_path))
+    early = check_source(text, args.file, path=path, options=options, facts=config_facts(model_path))
     if not early.ok:
         print(early.render(), file=sys.stderr)
         return EXIT_ERRORS
@@ -118,25 +119,6 @@ def run(args) -> int:
         print_json({"format": "steerc.run/1", "file": args.file, "model": model_path,
                     "max_new_tokens": args.max_new_tokens, "chat": not args.raw, "prompts": records})
     return EXIT_OK
-
-
-def _config_facts(model_path: str):
-    """The model's layout from its config alone (:func:`steerc.runtime.models.config_source`), or None where
-    it cannot be read without the weights; a config that fails to read is left to the load, which says why."""
-    from steerc.facts import FactsError, load_facts
-    from steerc.facts.named import shadowing
-    from steerc.runtime.models import config_source
-
-    taken = shadowing(model_path)
-    if taken is not None:
-        print(f"note: {taken}", file=sys.stderr)
-    source = config_source(model_path)
-    if source is None:
-        return None
-    try:
-        return load_facts(source)
-    except FactsError:
-        return None
 
 
 def closed_gates(row: dict, same: bool) -> list[str]:

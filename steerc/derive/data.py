@@ -87,7 +87,7 @@ def read_source(path: str) -> Source:
     return Source(path, text, path)
 
 
-def _lines(src: Source):
+def data_lines(src: Source):
     """(offset, line text) of each non-blank line."""
     offset = 0
     for line in src.text.split("\n"):
@@ -96,7 +96,7 @@ def _lines(src: Source):
         offset += len(line) + 1
 
 
-def _text_ok(value, where: str, span, problems: list) -> bool:
+def text_ok(value, where: str, span, problems: list) -> bool:
     if not isinstance(value, str):
         problems.append(Diagnostic.error(INVALID_DATA, f"{where} is {type(value).__name__}, not a string", span))
         return False
@@ -116,38 +116,48 @@ def _too_many(src: Source, offset: int) -> Diagnostic:
                             help="sample the data; a few hundred pairs are plenty for a direction")
 
 
-def parse_pairs(src: Source) -> Dataset:
-    """The pairs of a JSONL file (raises DataError with every problem found, up to the repeat limit)."""
-    problems: list[Diagnostic] = []
-    pairs: list[Pair] = []
-    for offset, line in _lines(src):
-        if len(problems) >= MAX_REPEATS:  # enough to fix the file by; storing more is unbounded work
-            break
-        span = src.span(offset, offset + len(line))
-        if len(pairs) >= MAX_EXAMPLES:
+def json_rows(src: Source, problems: list, example: str):
+    """(offset, line, object) of each line of a JSONL file that is a JSON object; the other lines add a
+    diagnostic to ``problems`` (``example``: the one-line shape a row should have). Stops at MAX_REPEATS
+    problems (enough to fix the file by; storing more is unbounded work) or after MAX_EXAMPLES rows."""
+    rows = 0
+    for offset, line in data_lines(src):
+        if len(problems) >= MAX_REPEATS:
+            return
+        if rows >= MAX_EXAMPLES:
             problems.append(_too_many(src, offset))
-            break
+            return
         try:
             row = loads(line, unique_keys=True)
         except JSONError as exc:
             at = offset + (exc.offset or 0)
             problems.append(Diagnostic.error(INVALID_DATA, f"not a JSON object ({exc.message})",
                                              src.span(at, min(at + 1, offset + len(line))),
-                                             help='one object per line: {"positive": "...", "negative": "..."}'))
+                                             help=f"one object per line: {example}"))
             continue
         if not isinstance(row, dict):
-            problems.append(Diagnostic.error(INVALID_DATA, f"a JSON {type(row).__name__}, not an object", span,
-                                             help='one object per line: {"positive": "...", "negative": "..."}'))
+            problems.append(Diagnostic.error(INVALID_DATA, f"a JSON {type(row).__name__}, not an object",
+                                             src.span(offset, offset + len(line)),
+                                             help=f"one object per line: {example}"))
             continue
+        rows += 1
+        yield offset, line, row
+
+
+def parse_pairs(src: Source) -> Dataset:
+    """The pairs of a JSONL file (raises DataError with every problem found, up to the repeat limit)."""
+    problems: list[Diagnostic] = []
+    pairs: list[Pair] = []
+    for offset, line, row in json_rows(src, problems, '{"positive": "...", "negative": "..."}'):
         unknown = [k for k in row if k not in KEYS]
         missing = [k for k in ("positive", "negative") if k not in row]
         if unknown or missing:
             what = (f"unknown key {unknown[0]!r}" if unknown else f"no {missing[0]!r}")
             problems.append(Diagnostic.error(INVALID_DATA, f"{what} (a pair has \"positive\", \"negative\" and "
-                                             "optionally \"prompt\")", _key_span(src, offset, line, unknown),
-                                             help=_did_you_mean(unknown)))
+                                             "optionally \"prompt\")", key_span(src, offset, line, unknown),
+                                             help=did_you_mean_key(unknown, KEYS)))
             continue
-        ok = all([_text_ok(row[k], f'"{k}"', _key_span(src, offset, line, [k]), problems)
+        ok = all([text_ok(row[k], f'"{k}"', key_span(src, offset, line, [k]), problems)
                   for k in KEYS if k in row])
         if ok:
             pairs.append(Pair(row["positive"], row["negative"], row.get("prompt")))
@@ -156,10 +166,10 @@ def parse_pairs(src: Source) -> Dataset:
                                          help='one JSON object per line: {"positive": "...", "negative": "..."}'))
     if problems:
         raise DataError(problems, {src.name: src})
-    return Dataset(tuple(pairs), _sha256(src), (src.name,), _file_sha256s(src))
+    return Dataset(tuple(pairs), sha256_of(src), (src.name,), _file_sha256s(src))
 
 
-def _key_span(src: Source, offset: int, line: str, keys):
+def key_span(src: Source, offset: int, line: str, keys):
     for k in keys:
         at = line.find(f'"{k}"')
         if at >= 0:
@@ -167,19 +177,19 @@ def _key_span(src: Source, offset: int, line: str, keys):
     return src.span(offset, offset + len(line))
 
 
-def _did_you_mean(unknown) -> str | None:
-    return did_you_mean(unknown[0], list(KEYS)) if unknown else None
+def did_you_mean_key(unknown, keys) -> str | None:
+    return did_you_mean(unknown[0], list(keys)) if unknown else None
 
 
 def parse_lines(src: Source) -> list[str]:
     """The examples of a text file: one per non-blank line."""
     problems: list[Diagnostic] = []
     out = []
-    for offset, line in _lines(src):
+    for offset, line in data_lines(src):
         if len(out) >= MAX_EXAMPLES:
             problems.append(_too_many(src, offset))
             break
-        if _text_ok(line, "this line", src.span(offset, offset + len(line)), problems):
+        if text_ok(line, "this line", src.span(offset, offset + len(line)), problems):
             out.append(line)
     if not problems and not out:
         problems.append(Diagnostic.error(EMPTY_DATA, "no examples in this file (one per line)",
@@ -194,21 +204,21 @@ def paired_lines(pos: Source, neg: Source) -> Dataset:
     a, b = _both(pos, neg)
     if len(a) != len(b):
         longer, shorter = (pos, neg) if len(a) > len(b) else (neg, pos)
-        extra = list(_lines(longer))[min(len(a), len(b))][0]
+        extra = list(data_lines(longer))[min(len(a), len(b))][0]
         raise DataError([Diagnostic.error(
             UNBALANCED_DATA, f"{longer.name} has {max(len(a), len(b))} examples, {shorter.name} "
             f"{min(len(a), len(b))}: the methods pair them line by line", longer.span(extra, extra + 1),
             notes=(Note(f"the first example without a partner in {shorter.name}"),),
             help="give both files the same number of lines, or use JSONL pairs")],
             {pos.name: pos, neg.name: neg})
-    return Dataset(tuple(Pair(x, y) for x, y in zip(a, b)), _sha256(pos, neg), (pos.name, neg.name),
+    return Dataset(tuple(Pair(x, y) for x, y in zip(a, b)), sha256_of(pos, neg), (pos.name, neg.name),
                    _file_sha256s(pos, neg))
 
 
 def two_sets(pos: Source, neg: Source) -> tuple[list[str], list[str], str]:
     """Two example sets of any sizes (for ``--calibrate``), and the sha256 of the files' bytes."""
     a, b = _both(pos, neg)
-    return a, b, _sha256(pos, neg)
+    return a, b, sha256_of(pos, neg)
 
 
 def _both(pos: Source, neg: Source) -> tuple[list[str], list[str]]:
@@ -231,7 +241,7 @@ def _bytes(src: Source) -> bytes:
     return src.text.encode("utf-8")
 
 
-def _sha256(*sources: Source) -> str:
+def sha256_of(*sources: Source) -> str:
     """The sha256 of the files' bytes, one after the other."""
     digest = hashlib.sha256()
     for src in sources:

@@ -15,6 +15,7 @@ they are the same with and without a KV cache and in any batch.
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import math
 
@@ -228,6 +229,7 @@ class Context:
         self.generating = False
         self.expect_prompt = False
         self.prompt_len = None  # [B] held during generate
+        self.forced_prompt_len = None  # [B] under Handle.teacher_forced: where each row's prompt ends
         self.after_start: dict[str, torch.Tensor] = {}
         self.held: dict[str, torch.Tensor] = {}  # pooled probe values, [B]
         self.values: dict[str, torch.Tensor] = {}  # per-token probe values this forward, [B, T]
@@ -256,9 +258,14 @@ class Context:
         self.real = mask[:, -length:].bool()
         new_prompt = not self.generating or self.expect_prompt or self.prompt_len is None
         if new_prompt:
-            self.prompt_len = counts[:, -1].clone()
+            forced = self.forced_prompt_len
+            if forced is not None and forced.shape[0] != batch:
+                raise ValueError(f"teacher_forced() was given {forced.shape[0]} prompt lengths for a batch of {batch}")
+            self.prompt_len = counts[:, -1].clone() if forced is None else forced.to(device)
             self.held = {}
-            self._find_after(input_ids, mask[:, -length:])
+            in_prompt = mask[:, -length:] if forced is None else \
+                mask[:, -length:] * (self.pos < self.prompt_len.unsqueeze(1))
+            self._find_after(input_ids, in_prompt)
             self.expect_prompt = False
         elif self.prompt_len.shape[0] != batch:
             raise ValueError("the batch changed size during generation; steerc cannot follow rows")
@@ -439,6 +446,26 @@ class Handle:
         self._generate = None
         self.context.generating = False
         self.removed = True
+
+    @contextlib.contextmanager
+    def teacher_forced(self, prompt_lengths):
+        """Forwards of whole sequences, prompt then completion, seen as ``generate`` sees them.
+
+        Inside, each forward is a fresh sequence whose row ``i`` has its
+        prompt in its first ``prompt_lengths[i]`` real tokens: the positions
+        after them are generated tokens (scopes, schedules and per-token gates
+        see them as such), pooled probes are decided on the prompt alone, and
+        ``after "..."`` texts are looked for in the prompt alone. One forward
+        then gives each completion token's logits as generating it would
+        (``steerc eval`` scores completions this way; spec/eval.md).
+        """
+        if self.context.generating:
+            raise RuntimeError("teacher_forced() inside generate()")
+        self.context.forced_prompt_len = torch.as_tensor(prompt_lengths, dtype=torch.long).reshape(-1)
+        try:
+            yield self
+        finally:
+            self.context.forced_prompt_len = None
 
     def __enter__(self):
         return self

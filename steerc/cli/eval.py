@@ -1,0 +1,183 @@
+"""``steerc eval PROGRAM... --model M --data ITEMS.jsonl [--sweep NAME=a:b:n]... [--set NAME=V]...``
+``[--chat] [--format text|json] [--plot OUT.png]``: each program's effect and cost (spec/eval.md).
+
+    steerc eval examples/smollm2/joy.steer --model smollm2 --data examples/smollm2/eval.jsonl \\
+        --sweep strength=0:8:5 --plot joy_eval.png
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+
+from steerc.cli import EXIT_ERRORS, EXIT_OK, UsageError
+from steerc.cli.common import (
+    add_program_options,
+    argument_spans,
+    checked_project,
+    config_facts,
+    data_source,
+    fail_with,
+    load_unchecked,
+    model_path_for,
+    parse_overrides,
+    read_text,
+    required,
+    root_of,
+)
+from steerc.cli.report import print_json
+
+
+def add_arguments(cmd) -> None:
+    cmd.add_argument("files", nargs="+", metavar="PROGRAM", help="one or more .steer files, compared on the same data")
+    add_program_options(cmd, model_help="a model name (smollm2), a .gguf file, or a Hugging Face model folder "
+                                        "with weights and tokenizer", model_required=True)
+    cmd.add_argument("--data", required=True, metavar="ITEMS.jsonl",
+                     help='behaviour items {"prompt", "positive", "negative"} and cost items {"text"} (optionally '
+                          'with "prompt"), one JSON object per line')
+    cmd.add_argument("--sweep", action="append", default=[], metavar="NAME=a:b:n",
+                     help="n values of a param from a to b (repeatable: a grid); --set gives the others")
+    cmd.add_argument("--chat", action="store_true",
+                     help="wrap each prompt in the model's chat template (as `steerc run` does by default)")
+    cmd.add_argument("--seed", type=int, default=0, help="the bootstrap's seed (default 0)")
+    cmd.add_argument("--resamples", type=int, default=2000, metavar="N",
+                     help="bootstrap resamples per interval (default 2000)")
+    cmd.add_argument("--plot", metavar="OUT.png",
+                     help="draw behaviour against KL, one curve per program (needs matplotlib: steerc[plot])")
+    cmd.add_argument("--format", choices=("text", "json"), default="text",
+                     help="a table (default), or the steerc.eval/1 document (spec/eval.md)")
+
+
+def _sweep_error(args, exc) -> int:
+    from steerc.diagnostics import Diagnostic
+    from steerc.diagnostics.codes import INVALID_VALUE
+
+    src, spans = argument_spans(args, "--sweep")
+    span = spans[exc.index] if exc.index < len(spans) else src.span(0, len(src.text))
+    return fail_with(args, [Diagnostic.error(INVALID_VALUE, exc.message, span,
+                                             help="for example --sweep strength=0:8:5 (0, 2, 4, 6, 8)")],
+                     {src.name: src})
+
+
+def _options(args, project, point: dict):
+    """Check options with --set and this point's swept values (a swept name's diagnostics point at its
+    --sweep, a --set one's at its --set)."""
+    from steerc.project.session import check_options
+
+    overrides = parse_overrides(args.overrides)
+    origins, sources = {}, {}
+    for flag, items in (("--set", args.overrides), ("--sweep", args.sweep)):
+        if items:
+            src, spans = argument_spans(args, flag)
+            if len(spans) == len(items):
+                origins.update((item.partition("=")[0].strip(), span) for item, span in zip(items, spans))
+                sources[src.name] = src
+    overrides.update(point)
+    return check_options(project, root=root_of(args), overrides=overrides, origins=origins, sources=sources)
+
+
+def _points(args, grid, facts):
+    """Every (program, point) checked against ``facts``: the Points, or None after printing the errors."""
+    from steerc.api import check_source
+    from steerc.eval import Point
+
+    points, failed = [], False
+    sets = parse_overrides(args.overrides)
+    for path in args.files:
+        text = read_text(path)
+        project = checked_project(args, path)
+        for values in grid:
+            result = check_source(text, path, path=os.path.abspath(path), options=_options(args, project, values),
+                                  facts=facts)
+            if not result.ok:
+                print(result.render(), file=sys.stderr)
+                failed = True
+                break  # the other points of this program would say the same
+            points.append(Point(path, {**sets, **values}, result.plan))
+    return None if failed else points
+
+
+def _progress(total: int):
+    """A progress line on standard error (redrawn on a terminal; elsewhere only its last state)."""
+    done = [0]
+    start = time.monotonic()
+    tty = sys.stderr.isatty()
+
+    def step(n: int) -> None:
+        done[0] += n
+        if tty:
+            width = 30
+            filled = width * done[0] // max(total, 1)
+            sys.stderr.write(f"\r[{'#' * filled}{'.' * (width - filled)}] {done[0]}/{total} items "
+                             f"({time.monotonic() - start:.0f} s)")
+            if done[0] >= total:
+                sys.stderr.write("\n")
+            sys.stderr.flush()
+
+    def finish() -> None:
+        if not tty:
+            print(f"scored {done[0]} items in {time.monotonic() - start:.1f} s", file=sys.stderr)
+
+    step.finish = finish
+    return step
+
+
+def run(args) -> int:
+    from steerc.derive.data import DataError
+    from steerc.eval import SweepError, evaluate, grid
+    from steerc.eval.data import parse_items
+    from steerc.eval.score import EvalError
+
+    if args.resamples < 1:
+        raise UsageError("--resamples must be at least 1")
+    try:
+        items = parse_items(data_source(args.data))
+    except DataError as exc:
+        return fail_with(args, exc.diagnostics, exc.sources)
+    try:
+        points_grid = grid(args.sweep)
+    except SweepError as exc:
+        return _sweep_error(args, exc)
+    project = checked_project(args, args.files[0])
+    args.model = required(args, project, "model")
+    early = config_facts(args.model)  # a mistake in a program costs no model load
+    if early is not None and _points(args, points_grid, early) is None:
+        return EXIT_ERRORS
+    path = model_path_for(args)
+    model, tokenizer = load_unchecked(path, "eval")
+    from steerc.runtime.hf import facts_from_model
+
+    points = _points(args, points_grid, facts_from_model(model))
+    if points is None:
+        return EXIT_ERRORS
+    progress = _progress(len(items.items) * (1 + len(points)))
+    try:
+        doc = evaluate(model, tokenizer, items, points, chat=args.chat, seed=args.seed, resamples=args.resamples,
+                       progress=progress, model_name=args.model)
+    except EvalError as exc:
+        from steerc.diagnostics import Diagnostic
+        from steerc.diagnostics.codes import INVALID_DATA
+
+        src = data_source(args.data)
+        start = sum(len(line) + 1 for line in src.text.split("\n")[:exc.line - 1])
+        end = src.text.find("\n", start)
+        span = src.span(start, end if end >= 0 else len(src.text))
+        return fail_with(args, [Diagnostic.error(INVALID_DATA, exc.message, span, help=exc.help)], {src.name: src})
+    progress.finish()
+    if args.plot:
+        from steerc.eval.report import plot
+
+        try:
+            plot(doc, args.plot)
+        except ImportError:
+            raise UsageError("--plot needs matplotlib: pip install 'steerc[plot]'") from None
+    if args.format == "json":
+        print_json(doc)
+        return EXIT_OK
+    from steerc.eval.report import table
+
+    sys.stdout.write(table(doc))
+    if args.plot:
+        print(f"plot: {args.plot}")
+    return EXIT_OK

@@ -1,0 +1,148 @@
+"""Teacher-forced scores of eval items on a transformers model, steered by installed plans (torch, lazily).
+
+Each item becomes token sequences whose first ``plen`` tokens are the prompt
+and whose other tokens are scored as a completion (spec/eval.md, *Tokens*):
+
+* a behaviour item gives two, prompt + positive and prompt + negative;
+* a cost item gives one, prompt + text, or the text alone with its first
+  token as the prompt.
+
+One forward per sequence under :meth:`~steerc.runtime.kernels.Handle.teacher_forced`
+gives each completion token's log-probability as generating it would (the
+completion's positions are generated positions for scopes, schedules and
+gates). Unsteered forwards run once and are reused by every point of a sweep:
+the behaviour sums always, the cost texts' next-token distributions while
+they fit ``cache_bytes`` (past it, each point recomputes the unsteered
+distribution of the texts that did not fit, one at a time).
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+from attrs import frozen
+
+from steerc.core.limits import MAX_PROMPT_TOKENS
+from steerc.eval.data import Item
+
+CACHE_BYTES = 512 * 1024 * 1024
+
+
+class EvalError(Exception):
+    """An item that cannot be scored (``line``: its line in the data file)."""
+
+    def __init__(self, message: str, line: int, help: str | None = None):
+        super().__init__(message)
+        self.message, self.line, self.help = message, line, help
+
+
+@frozen
+class Sequence:
+    ids: tuple[int, ...]
+    plen: int  # the prompt's tokens; ids[plen:] are scored
+
+
+def sequences(item: Item, tokenizer, chat: bool) -> tuple[Sequence, ...]:
+    """The token sequences of one item (raises EvalError when one has nothing to score or is too long)."""
+    from steerc.runtime.models import encode_prompt
+
+    def completion(prompt_ids: list[int], text: str) -> Sequence:
+        ids = prompt_ids + list(tokenizer(text, add_special_tokens=False)["input_ids"])
+        return Sequence(tuple(ids), len(prompt_ids))
+
+    if item.prompt is not None:
+        prompt_ids = [int(t) for t in encode_prompt(tokenizer, item.prompt, chat)["input_ids"][0]]
+        texts = (item.positive, item.negative) if item.kind == "behavior" else (item.text,)
+        seqs = tuple(completion(prompt_ids, t) for t in texts)
+    else:
+        ids = tuple(int(t) for t in tokenizer(item.text)["input_ids"])
+        seqs = (Sequence(ids, 1),)
+    for s in seqs:
+        if len(s.ids) <= s.plen:
+            raise EvalError("the text is a single token: nothing after it to score" if item.prompt is None
+                            else "a completion tokenizes to no tokens", item.line,
+                            help="give the text a prompt, or a longer text")
+        if len(s.ids) > MAX_PROMPT_TOKENS:
+            raise EvalError(f"{len(s.ids)} tokens, over the {MAX_PROMPT_TOKENS} steerc eval scores in one sequence",
+                            item.line, help="shorten the prompt or the text")
+    return seqs
+
+
+def forward(model, seq: Sequence, handle=None):
+    """(sum of the completion's token log-probabilities, the log-distributions that predicted them
+    [completion tokens, vocab], float64)."""
+    import torch
+
+    ids = torch.tensor([seq.ids], dtype=torch.long)
+    forced = handle.teacher_forced([seq.plen]) if handle is not None else contextlib.nullcontext()
+    with torch.no_grad(), forced:
+        logits = model(input_ids=ids, use_cache=False).logits[0]
+    logp = torch.log_softmax(logits[seq.plen - 1:-1].double(), dim=-1)
+    target = ids[0, seq.plen:]
+    return float(logp.gather(1, target.unsqueeze(1)).sum()), logp
+
+
+def kl(unsteered, steered) -> float:
+    """Mean over positions of KL(p_unsteered || p_steered), from log-distributions [positions, vocab]."""
+    return float((unsteered.exp() * (unsteered - steered)).sum(dim=-1).mean())
+
+
+class Scorer:
+    """The items of one data file on one model: unsteered once, then each point's steered scores."""
+
+    def __init__(self, model, tokenizer, items: tuple[Item, ...], chat: bool, cache_bytes: int = CACHE_BYTES,
+                 progress=None):
+        self.model, self.tokenizer, self.items = model, tokenizer, items
+        self.seqs = [sequences(item, tokenizer, chat) for item in items]
+        self.progress = progress or (lambda n: None)
+        vocab = int(model.config.vocab_size)
+        budget = cache_bytes
+        self.sums: list[tuple[float, ...]] = []  # unsteered log-prob sums per sequence of each item
+        self.cached: list = []  # per item: its cost distribution (float32), or None (recomputed per point)
+        for item, seqs in zip(items, self.seqs):
+            results = [forward(model, s) for s in seqs]
+            self.sums.append(tuple(r[0] for r in results))
+            keep = None
+            if item.kind == "cost":
+                size = results[0][1].shape[0] * vocab * 4
+                if size <= budget:
+                    budget -= size
+                    keep = results[0][1].float()
+            self.cached.append(keep)
+            self.progress(1)
+
+    def unsteered(self) -> tuple[list[float], list[tuple[float, float]]]:
+        """Behaviour scores, and (NLL sum, tokens) of each cost item, without steering."""
+        behavior, cost = [], []
+        for item, seqs, sums in zip(self.items, self.seqs, self.sums):
+            if item.kind == "behavior":
+                behavior.append(sums[0] - sums[1])
+            else:
+                cost.append((-sums[0], len(seqs[0].ids) - seqs[0].plen))
+        return behavior, cost
+
+    def point(self, install) -> tuple[list[tuple[float, float]], list[tuple[float, float, float, float]]]:
+        """Steered scores: ``install()`` puts one point's steering on the model and returns its handle.
+
+        (steered, unsteered) behaviour scores per behaviour item; (mean KL, steered NLL, unsteered NLL,
+        tokens) per cost item, in file order."""
+        behavior, cost = [], []
+        handle = install()
+        try:
+            for item, seqs, sums, cached in zip(self.items, self.seqs, self.sums, self.cached):
+                if item.kind == "behavior":
+                    pos, neg = (forward(self.model, s, handle)[0] for s in seqs)
+                    behavior.append((pos - neg, sums[0] - sums[1]))
+                else:
+                    if cached is None:  # over the cache budget: unsteered again, with the steering off
+                        handle.remove()
+                        reference = forward(self.model, seqs[0])[1]
+                        handle = install()
+                    else:
+                        reference = cached.double()
+                    total, logp = forward(self.model, seqs[0], handle)
+                    cost.append((kl(reference, logp), -total, -sums[0], len(seqs[0].ids) - seqs[0].plen))
+                self.progress(1)
+        finally:
+            handle.remove()
+        return behavior, cost
