@@ -19,7 +19,7 @@ LAYERS = {
     "passes": 4,
     "targets": 5, "project": 5, "api": 5, "serve_client": 5,
     "runtime": 6,
-    "derive": 7, "explain": 7,
+    "derive": 7, "explain": 7, "eval": 7,
     "cli": 8, "lsp": 8,
     "__main__": 9,
 }

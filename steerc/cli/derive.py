@@ -58,7 +58,7 @@ def add_arguments(cmd) -> None:
 def _argument_error(args, flag: str, code: str, message: str, help: str | None = None) -> int:
     from steerc.diagnostics import Diagnostic
 
-    source, span = argumentdata_source(args, flag)
+    source, span = argument_source(args, flag)
     return fail_with(args, [Diagnostic.error(code, message, span, help=help)], {source.name: source})
 
 
@@ -176,7 +176,7 @@ def _derive(args) -> int:
         from steerc.diagnostics import Diagnostic
 
         d = exc.diagnostics[0]
-        source, span = argumentdata_source(args, "--read")
+        source, span = argument_source(args, "--read")
         return fail_with(args, [Diagnostic.error(d.code, "--" + d.message, span, help=d.help)], {source.name: source})
     facts = _facts(args)
     sites = _sites(args, facts)
@@ -257,7 +257,7 @@ def _calibrate(args) -> int:
     pos, neg, _ = _read_data(args, paired=False)
     facts = _facts(args)
     path_ = os.path.abspath(args.calibrate)
-    result = checkdata_source(read_text(args.calibrate), args.calibrate, path=path_, options=Options(), facts=facts)
+    result = check_source(read_text(args.calibrate), args.calibrate, path=path_, options=Options(), facts=facts)
     if not result.ok:
         print(result.render(), file=sys.stderr)
         return EXIT_ERRORS
