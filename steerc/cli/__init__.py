@@ -30,6 +30,8 @@ COMMANDS = {
                          "calibrate a probe's threshold"),
     "eval": ("eval", "measure programs' effect (behaviour pairs) and cost (KL, perplexity) on data, over a sweep "
                      "of their params"),
+    "tune": ("tune", "pick a program's params by a rule over eval's metrics (--maximize behavior --subject-to "
+                     "\"kl<=0.1\") and write them into steer.toml [params]"),
     "lsp": ("lsp", "the language server (diagnostics, hover, definitions, rename, formatting, completion) "
                    "over stdio; needs steerc[lsp]"),
 }

@@ -29,8 +29,12 @@ from steerc.cli.common import (
 from steerc.cli.report import print_json
 
 
-def add_arguments(cmd) -> None:
-    cmd.add_argument("files", nargs="+", metavar="PROGRAM", help="one or more .steer files, compared on the same data")
+def add_arguments(cmd, several: bool = True) -> None:
+    if several:
+        cmd.add_argument("files", nargs="+", metavar="PROGRAM",
+                         help="one or more .steer files, compared on the same data")
+    else:
+        cmd.add_argument("files", nargs=1, metavar="PROGRAM", help="the .steer file whose params are tuned")
     add_program_options(cmd, model_help="a model name (smollm2), a .gguf file, or a Hugging Face model folder "
                                         "with weights and tokenizer", model_required=True)
     cmd.add_argument("--data", required=True, metavar="ITEMS.jsonl",
@@ -46,7 +50,7 @@ def add_arguments(cmd) -> None:
     cmd.add_argument("--plot", metavar="OUT.png",
                      help="draw behaviour against KL, one curve per program (needs matplotlib: steerc[plot])")
     cmd.add_argument("--format", choices=("text", "json"), default="text",
-                     help="a table (default), or the steerc.eval/1 document (spec/eval.md)")
+                     help="text (default), or JSON: the steerc.eval/1 document (spec/eval.md)")
 
 
 def _sweep_error(args, exc) -> int:
@@ -123,7 +127,9 @@ def _progress(total: int):
     return step
 
 
-def run(args) -> int:
+def scored(args, before_load=None):
+    """The ``steerc.eval/1`` document of the command's programs and data, or an exit code after printing
+    why not. ``before_load(items)`` may refuse (an exit code) once the data is read, before any model loads."""
     from steerc.derive.data import DataError
     from steerc.eval import SweepError, evaluate, grid
     from steerc.eval.data import parse_items
@@ -139,6 +145,10 @@ def run(args) -> int:
         points_grid = grid(args.sweep)
     except SweepError as exc:
         return _sweep_error(args, exc)
+    if before_load is not None:
+        refused = before_load(items)
+        if refused is not None:
+            return refused
     project = checked_project(args, args.files[0])
     args.model = required(args, project, "model")
     early = config_facts(args.model)  # a mistake in a program costs no model load
@@ -165,13 +175,20 @@ def run(args) -> int:
         span = src.span(start, end if end >= 0 else len(src.text))
         return fail_with(args, [Diagnostic.error(INVALID_DATA, exc.message, span, help=exc.help)], {src.name: src})
     progress.finish()
-    if args.plot:
+    if getattr(args, "plot", None):
         from steerc.eval.report import plot
 
         try:
             plot(doc, args.plot)
         except ImportError:
             raise UsageError("--plot needs matplotlib: pip install 'steerc[plot]'") from None
+    return doc
+
+
+def run(args) -> int:
+    doc = scored(args)
+    if isinstance(doc, int):
+        return doc
     if args.format == "json":
         print_json(doc)
         return EXIT_OK

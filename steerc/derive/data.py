@@ -76,7 +76,7 @@ def read_source(path: str) -> Source:
         data = fh.read(MAX_DATA_BYTES + 1)
     if len(data) > MAX_DATA_BYTES:
         raise DataError([Diagnostic.error(INVALID_DATA, f"{path} is larger than the "
-                                          f"{human(MAX_DATA_BYTES, 'bytes')} steerc derive reads", None,
+                                          f"{human(MAX_DATA_BYTES, 'bytes')} steerc reads in a data file", None,
                                           help="split the data, or sample it")], {})
     try:
         text = data.decode("utf-8")
@@ -102,11 +102,11 @@ def text_ok(value, where: str, span, problems: list) -> bool:
         return False
     if not value.strip():
         problems.append(Diagnostic.error(INVALID_DATA, f"{where} is empty", span,
-                                         help="every example needs some text to read activations from"))
+                                         help="every line needs some text"))
         return False
     if len(value) > MAX_EXAMPLE_CHARS:
         problems.append(Diagnostic.error(INVALID_DATA, f"{where} has {len(value):,} characters, over the "
-                                         f"{human(MAX_EXAMPLE_CHARS)} steerc derive reads", span))
+                                         f"{human(MAX_EXAMPLE_CHARS)} steerc reads in one text", span))
         return False
     return True
 
