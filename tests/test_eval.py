@@ -121,6 +121,13 @@ def test_the_bootstrap_is_numpys_pcg64_percentiles(values, seed):
     assert M.estimate(lambda r: r[:, 0].mean(), rows, resamples=300, seed=seed) == got
 
 
+def test_another_seed_draws_other_resamples():
+    rows = np.arange(30, dtype=np.float64).reshape(-1, 1) ** 1.5
+    a = M.estimate(lambda r: r[:, 0].mean(), rows, resamples=500, seed=0)
+    b = M.estimate(lambda r: r[:, 0].mean(), rows, resamples=500, seed=1)
+    assert a["mean"] == b["mean"] and (a["low"], a["high"]) != (b["low"], b["high"])
+
+
 def test_win_rate_counts_ties_half_and_ratios_are_ratios_of_sums():
     b = M.point_metrics([(1.0, 0.0), (0.0, 0.0), (-2.0, 0.0), (3.0, 1.0)], [], resamples=10)
     assert b["win_rate"]["mean"] == pytest.approx(2.5 / 4) and b["behavior_change"]["mean"] == pytest.approx(0.25)
@@ -381,8 +388,6 @@ def test_the_document_and_the_plot_are_deterministic(smol, tmp_path):
     a = evaluate(model, tok, items, points, chat=True, resamples=100, seed=7)
     b = evaluate(model, tok, items, points, chat=True, resamples=100, seed=7)
     assert dumps(a) == dumps(b) and a["chat"] is True
-    c = evaluate(model, tok, items, points, chat=True, resamples=100, seed=8)
-    assert c["points"][0]["metrics"]["behavior"]["low"] != a["points"][0]["metrics"]["behavior"]["low"]
     text = table(a)
     assert "unsteered: behavior" in text and "strength=2" in text and "[" in text
     pytest.importorskip("matplotlib")
@@ -395,29 +400,52 @@ def test_the_document_and_the_plot_are_deterministic(smol, tmp_path):
 @needs_smollm
 @pytest.mark.smollm
 @pytest.mark.slow
-def test_the_readme_eval_on_the_joy_vector(tmp_path, monkeypatch):
-    """derive then eval through the command line, as the README does: strength 0 changes nothing, the
-    joy vector at strength 8 makes the joyful completions likelier, at a KL cost."""
+def test_the_readme_path_derive_eval_tune_run(tmp_path, monkeypatch):
+    """derive, eval, tune and run through the command line, as the README does: strength 0 changes nothing,
+    the joy vector makes the joyful completions likelier at a KL cost, tune writes the strongest point under
+    the KL bound into steer.toml keeping its comment, and run then steers with it."""
     from support import joy_project
 
     monkeypatch.chdir(tmp_path)
     joy_project(str(tmp_path), "joy.steer", "joy_eval.jsonl")
+    (tmp_path / "steer.toml").write_text("# tuned by steerc tune\n[params]\nstrength = 1.0  # by hand\n")
     lines = (tmp_path / "joy_eval.jsonl").read_text().splitlines()
     behaviour = [x for x in lines if '"positive"' in x][:6]
     cost = [x for x in lines if '"text"' in x][:4]
     (tmp_path / "small.jsonl").write_text("\n".join(behaviour + cost) + "\n")
-    code, out, err = run_cli(["eval", "joy.steer", "--model", "smollm2", "--data", "small.jsonl",
-                              "--sweep", "strength=0:8:2", "--resamples", "200", "--format", "json",
-                              "--plot", "curve.png"])
+    common = ["--model", "smollm2", "--data", "small.jsonl", "--sweep", "strength=0:8:3", "--resamples", "200",
+              "--format", "json"]
+    code, out, err = run_cli(["eval", "joy.steer", *common, "--plot", "curve.png"])
     assert code == 0, err
     doc = json.loads(out)
-    assert [p["params"] for p in doc["points"]] == [{"strength": 0.0}, {"strength": 8.0}]
-    zero, eight = (p["metrics"] for p in doc["points"])
+    assert [p["params"] for p in doc["points"]] == [{"strength": 0.0}, {"strength": 4.0}, {"strength": 8.0}]
+    zero, four, eight = (p["metrics"] for p in doc["points"])
     assert zero["behavior_change"]["mean"] == 0.0 and zero["kl"]["mean"] == 0.0
-    assert eight["behavior_change"]["mean"] > 1.0, eight
+    assert eight["behavior_change"]["mean"] > four["behavior_change"]["mean"] > 1.0, eight
     assert eight["behavior_change"]["low"] > 0.0
-    assert eight["kl"]["mean"] > 0.01 and eight["perplexity_ratio"]["mean"] > 1.0
+    assert eight["kl"]["mean"] > four["kl"]["mean"] > 0.01 and eight["perplexity_ratio"]["mean"] > 1.0
     assert doc["data"] == {"file": "small.jsonl", "sha256": doc["data"]["sha256"], "behavior_items": 6,
                            "cost_items": 4}
     assert (tmp_path / "curve.png").read_bytes()[:4] == b"\x89PNG"
-    assert "scored 30 items" in err
+    assert "scored 40 items" in err
+
+    bound = (four["kl"]["mean"] + eight["kl"]["mean"]) / 2  # admits 0 and 4, not 8
+    code, out, err = run_cli(["tune", "joy.steer", *common, "--maximize", "behavior", "--subject-to",
+                              f"kl<={bound:.6f}"])
+    assert code == 0, err
+    tuned = json.loads(out)
+    assert tuned["format"] == "steerc.tune/1"
+    assert tuned["tune"]["chosen"]["params"] == {"strength": 4.0}
+    assert tuned["tune"]["runner_up"]["params"] == {"strength": 0.0}
+    assert [e["params"] for e in tuned["tune"]["excluded"]] == [{"strength": 8.0}]
+    assert tuned["tune"]["wrote"] == "steer.toml"
+    assert tuned["eval"]["points"] == doc["points"]
+    assert (tmp_path / "steer.toml").read_text() == "# tuned by steerc tune\n[params]\nstrength = 4.0  # by hand\n"
+
+    prompt = ["--model", "smollm2", "--prompt", "Describe a rainy Monday morning.", "--max-new-tokens", "12"]
+    runs = {}
+    for name, extra in (("toml", []), ("four", ["--set", "strength=4"]), ("one", ["--set", "strength=1"])):
+        code, out, err = run_cli(["run", "joy.steer", *prompt, *extra])
+        assert code == 0, err
+        runs[name] = out
+    assert runs["toml"] == runs["four"] != runs["one"]

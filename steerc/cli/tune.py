@@ -1,6 +1,6 @@
 """``steerc tune PROGRAM --model M --data ITEMS.jsonl --sweep NAME=a:b:n... (--maximize|--minimize) METRIC``
 ``[--subject-to "METRIC OP NUMBER"]... [--dry-run]``: eval with a rule; the winner's params go into the
-project's steer.toml ``[params]`` (spec/eval.md §9).
+project's steer.toml ``[params]`` (spec/eval.md §8).
 
     steerc tune examples/smollm2/joy.steer --model smollm2 --data examples/smollm2/joy_eval.jsonl \\
         --sweep strength=0:8:5 --maximize behavior --subject-to "kl<=0.3"

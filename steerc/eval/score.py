@@ -139,9 +139,11 @@ class Scorer:
                         reference = forward(self.model, seqs[0])[1]
                         handle = install()
                     else:
-                        reference = cached.double()
+                        reference = cached
                     total, logp = forward(self.model, seqs[0], handle)
-                    cost.append((kl(reference, logp), -total, -sums[0], len(seqs[0].ids) - seqs[0].plen))
+                    # both sides rounded to float32 as the cache keeps them: unchanged logits give KL 0 exactly
+                    cost.append((kl(reference.float().double(), logp.float().double()), -total, -sums[0],
+                                 len(seqs[0].ids) - seqs[0].plen))
                 self.progress(1)
         finally:
             handle.remove()

@@ -1,4 +1,4 @@
-"""``steerc tune``: a rule over eval's metrics, and the point of a sweep that wins under it (spec/eval.md §9).
+"""``steerc tune``: a rule over eval's metrics, and the point of a sweep that wins under it (spec/eval.md §8).
 
 A rule is one goal, ``--maximize TERM`` or ``--minimize TERM``, and any
 number of bounds, ``--subject-to "TERM OP NUMBER"`` with OP one of
@@ -178,9 +178,11 @@ def explain(doc: dict, rule: Rule, choice: Choice) -> list[str]:
     where = f" where {bounds}" if bounds else ""
     best = points[choice.best]
     m = best["metrics"][rule.term.metric]
+    value = f"{rule.term.metric} {m['mean']:.4g} [{m['low']:.4g}, {m['high']:.4g}]"
+    if rule.term.stat != "mean":
+        value = f"{rule.term.text} {rule.term.of(best):.4g}, {value}"
     lines = [f"chose {params_text(best['params'])} for {best['program']}: it {rule.goal}s {rule.term.text} "
-             f"({rule.term.of(best):.4g}; {rule.term.metric} {m['mean']:.4g} [{m['low']:.4g}, {m['high']:.4g}]) "
-             f"among {len(choice.feasible)} of {n} points{where}"]
+             f"({value}) among {len(choice.feasible)} of {n} points{where}"]
     others = [f"{k} {best['metrics'][k]['mean']:.4g}" for k in ("behavior_change", "win_rate", "kl",
                                                                  "perplexity_ratio")
               if k in best["metrics"] and k != rule.term.metric]
@@ -194,7 +196,7 @@ def explain(doc: dict, rule: Rule, choice: Choice) -> list[str]:
         lines.append(f"runner-up: {params_text(r['params'])}, {rule.term.text} {rule.term.of(r):.4g} ({how})")
         inside = _overlap(best, r, rule.term.metric)
         if inside and not choice.tied:
-            lines.append(f"  the two {rule.term.metric} intervals overlap: more items would tell them apart")
+            lines.append(f"  their {rule.term.metric} intervals overlap: on these items the two are not clearly apart")
     else:
         lines.append("runner-up: none (no other point meets the bounds)")
     for i, bound, value in choice.excluded:
@@ -210,7 +212,7 @@ def _overlap(a: dict, b: dict, metric: str) -> bool:
 
 
 def summary(doc: dict, rule: Rule, choice: Choice, wrote: str | None) -> dict:
-    """The ``tune`` part of ``steerc tune --format json`` (spec/eval.md §9)."""
+    """The ``tune`` part of ``steerc tune --format json`` (spec/eval.md §8)."""
     def point(i):
         return None if i is None else {"index": i, "params": doc["points"][i]["params"],
                                        "value": rule.term.of(doc["points"][i])}
