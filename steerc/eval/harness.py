@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import os
 
+import lm_eval.models  # noqa: F401  lm-eval's own types first: its registry imports them only while it is empty
 from lm_eval import utils as lm_utils
 from lm_eval.api.model import TemplateLM
 from lm_eval.api.registry import register_model
@@ -187,7 +188,7 @@ class SteercLM(TemplateLM):
                                         do_sample=False, pad_token_id=self.tokenizer.pad_token_id
                                         if self.tokenizer.pad_token_id is not None else self.eot_token_id,
                                         stop_strings=stops, tokenizer=self.tokenizer)
-            text = self.tokenizer.decode(y[0, len(ids):].tolist(), skip_special_tokens=False)
+            text = self.tokenizer.decode(y[0, len(ids):].tolist(), skip_special_tokens=True)  # as lm-eval's hf model
             for stop in stops:
                 if stop:
                     text = text.split(stop, 1)[0]

@@ -25,6 +25,9 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(HERE))
 sys.path.insert(0, os.path.join(REPO, "tests"))
 TASKS = os.path.join(REPO, "examples", "lm_eval")
+# No hub here: datasets reads the tasks' local JSONL without asking the hub first.
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 
 from test_agreement import _require  # noqa: E402
 
@@ -90,7 +93,7 @@ def runs(project):
     steer = f"program={folder / 'joy.steer'},model=smollm2"
     tasks = ["joy_ab", "joy_text", "joy_gen"]
     return {
-        "hf": _run("hf", f"pretrained={hf_folder},dtype=float32", tasks, limit=8),
+        "hf": _run("hf", f"pretrained={hf_folder},dtype=float32,device=cpu", tasks, limit=8),
         "zero": _run("steerc", steer + ",set=strength=0", tasks, limit=8),
         "eight": _run("steerc", steer + ",set=strength=8", tasks, limit=8),
     }
@@ -102,7 +105,8 @@ def test_unsteered_steerc_is_lm_evals_own_hf_model(runs):
         pairs = list(zip(_responses(hf, task), _responses(zero, task), strict=True))
         assert len(pairs) == 8
         for a, b in pairs:
-            assert _lls(a) == pytest.approx(_lls(b), abs=1e-4), task
+            # float32 sums over a whole continuation (about 60 nats), batched differently: 2e-6 relative apart
+            assert _lls(a) == pytest.approx(_lls(b), rel=1e-5, abs=1e-4), task
     assert _responses(hf, "joy_gen") == _responses(zero, "joy_gen")
     assert hf["results"]["joy_ab"]["acc,none"] == zero["results"]["joy_ab"]["acc,none"]
 
@@ -132,7 +136,7 @@ def test_a_program_that_does_not_check_is_refused_with_its_diagnostic(project):
 
     folder, _ = project
     (folder / "bad.steer").write_text((folder / "joy.steer").read_text().replace("resid_post[6:10]",
-                                                                                  "resid_post[6:99]"))
+                                                                                  "resid_post[99]"))
     with pytest.raises(ProgramRefused) as info:
         SteercLM(program=str(folder / "bad.steer"), model="smollm2")
     assert "^" in str(info.value) and "99" in str(info.value)
