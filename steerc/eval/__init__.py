@@ -88,20 +88,21 @@ class Point:
     plan: object
 
 
-def evaluate(model, tokenizer, items, points: list[Point], *, chat: bool, seed: int = 0, resamples: int | None = None,
-             progress=None, model_name: str = "") -> dict:
-    """The ``steerc.eval/1`` document of ``points`` on ``items`` (a :class:`steerc.eval.data.Items`)."""
+def evaluate(engine, items, points: list[Point], *, chat: bool, seed: int = 0, resamples: int | None = None,
+             progress=None, model_name: str = "", cache_bytes: int | None = None) -> dict:
+    """The ``steerc.eval/1`` document of ``points`` on ``items`` (a :class:`steerc.eval.data.Items`), scored
+    by ``engine`` (:class:`steerc.eval.score.HFEngine`, :class:`steerc.eval.vllm.VLLMEngine`)."""
     from steerc.eval import metrics as M
     from steerc.eval.report import document
-    from steerc.eval.score import Scorer
-    from steerc.runtime.hf import install
+    from steerc.eval.score import CACHE_BYTES, Scorer
 
     opts = {"seed": seed, "resamples": M.RESAMPLES if resamples is None else resamples}
-    scorer = Scorer(model, tokenizer, items.items, chat, progress=progress)
+    scorer = Scorer(engine, items.items, chat, progress=progress,
+                    cache_bytes=CACHE_BYTES if cache_bytes is None else cache_bytes)
     base_behavior, base_cost = scorer.unsteered()
     results = []
     for point in points:
-        behavior, cost = scorer.point(lambda: install(model, point.plan, tokenizer))
+        behavior, cost = scorer.point(point)
         results.append((point, M.point_metrics(behavior, cost, **opts), behavior, cost))
     unsteered = M.unsteered_metrics(base_behavior, base_cost, **opts)
-    return document(items, model_name, chat, opts, unsteered, results)
+    return document(items, model_name, chat, opts, unsteered, results, engine=engine.name)

@@ -21,12 +21,13 @@ def _item_rows(items, behavior, cost) -> list[dict]:
     return rows
 
 
-def document(items, model: str, chat: bool, opts: dict, unsteered: dict, results) -> dict:
+def document(items, model: str, chat: bool, opts: dict, unsteered: dict, results, engine: str = "hf") -> dict:
     """``results``: (Point, metrics, behaviour scores, cost scores) per point, in order."""
     behavior, cost = items.counts()
     return {
         "format": FORMAT,
         "model": model,
+        "engine": engine,
         "data": {"file": items.file, "sha256": items.sha256, "behavior_items": behavior, "cost_items": cost},
         "chat": chat,
         "bootstrap": {"resamples": opts["resamples"], "seed": opts["seed"], "confidence": 0.95},

@@ -87,29 +87,78 @@ def kl(unsteered, steered) -> float:
     return float((unsteered.exp() * (unsteered - steered)).sum(dim=-1).mean())
 
 
-class Scorer:
-    """The items of one data file on one model: unsteered once, then each point's steered scores."""
+class HFEngine:
+    """``--engine hf``: the HF runtime, one teacher-forced forward per sequence.
 
-    def __init__(self, model, tokenizer, items: tuple[Item, ...], chat: bool, cache_bytes: int = CACHE_BYTES,
+    An engine scores requests ``(sequences, full)`` under its current steering: per request, per
+    sequence, (log-probability sum of the completion, its log-distributions [completion tokens, vocab]
+    when ``full`` asks for the first sequence's, else None); :meth:`steering` puts one point's plan on,
+    :meth:`unsteered` takes it off for a moment."""
+
+    name = "hf"
+
+    def __init__(self, model, tokenizer):
+        self.model, self.tokenizer = model, tokenizer
+        self.vocab = int(model.config.vocab_size)
+        self.handle = None
+        self._point = None
+
+    def score(self, requests):
+        for seqs, full in requests:
+            results = [forward(self.model, s, self.handle) for s in seqs]
+            yield [(total, logp if full and i == 0 else None) for i, (total, logp) in enumerate(results)]
+
+    @contextlib.contextmanager
+    def steering(self, point):
+        from steerc.runtime.hf import install
+
+        self._point = point
+        self.handle = install(self.model, point.plan, self.tokenizer)
+        try:
+            yield self
+        finally:
+            self.handle.remove()
+            self.handle = self._point = None
+
+    @contextlib.contextmanager
+    def unsteered(self):
+        from steerc.runtime.hf import install
+
+        point, handle = self._point, self.handle
+        if handle is not None:
+            handle.remove()
+            self.handle = None
+        try:
+            yield self
+        finally:
+            if handle is not None:
+                self.handle = install(self.model, point.plan, self.tokenizer)
+
+
+class Scorer:
+    """The items of one data file on one engine: unsteered once, then each point's steered scores."""
+
+    def __init__(self, engine, items: tuple[Item, ...], chat: bool, cache_bytes: int = CACHE_BYTES,
                  progress=None):
-        self.model, self.tokenizer, self.items = model, tokenizer, items
-        self.seqs = [sequences(item, tokenizer, chat) for item in items]
+        self.engine, self.items = engine, items
+        self.seqs = [sequences(item, engine.tokenizer, chat) for item in items]
         self.progress = progress or (lambda n: None)
-        vocab = int(model.config.vocab_size)
         budget = cache_bytes
         self.sums: list[tuple[float, ...]] = []  # unsteered log-prob sums per sequence of each item
         self.cached: list = []  # per item: its cost distribution (float32), or None (recomputed per point)
-        for item, seqs in zip(items, self.seqs):
-            results = [forward(model, s) for s in seqs]
+        for item, results in zip(items, engine.score(self._requests(range(len(items))))):
             self.sums.append(tuple(r[0] for r in results))
             keep = None
             if item.kind == "cost":
-                size = results[0][1].shape[0] * vocab * 4
+                size = results[0][1].shape[0] * engine.vocab * 4
                 if size <= budget:
                     budget -= size
                     keep = results[0][1].float()
             self.cached.append(keep)
             self.progress(1)
+
+    def _requests(self, indices, full: bool = True):
+        return [(self.seqs[i], full and self.items[i].kind == "cost") for i in indices]
 
     def unsteered(self) -> tuple[list[float], list[tuple[float, float]]]:
         """Behaviour scores, and (NLL sum, tokens) of each cost item, without steering."""
@@ -121,30 +170,33 @@ class Scorer:
                 cost.append((-sums[0], len(seqs[0].ids) - seqs[0].plen))
         return behavior, cost
 
-    def point(self, install) -> tuple[list[tuple[float, float]], list[tuple[float, float, float, float]]]:
-        """Steered scores: ``install()`` puts one point's steering on the model and returns its handle.
+    def point(self, point) -> tuple[list[tuple[float, float]], list[tuple[float, float, float, float]]]:
+        """Steered scores at ``point`` (a :class:`steerc.eval.Point`).
 
         (steered, unsteered) behaviour scores per behaviour item; (mean KL, steered NLL, unsteered NLL,
-        tokens) per cost item, in file order."""
-        behavior, cost = [], []
-        handle = install()
-        try:
-            for item, seqs, sums, cached in zip(self.items, self.seqs, self.sums, self.cached):
-                if item.kind == "behavior":
-                    pos, neg = (forward(self.model, s, handle)[0] for s in seqs)
-                    behavior.append((pos - neg, sums[0] - sums[1]))
-                else:
-                    if cached is None:  # over the cache budget: unsteered again, with the steering off
-                        handle.remove()
-                        reference = forward(self.model, seqs[0])[1]
-                        handle = install()
-                    else:
-                        reference = cached
-                    total, logp = forward(self.model, seqs[0], handle)
-                    # both sides rounded to float32 as the cache keeps them: unchanged logits give KL 0 exactly
-                    cost.append((kl(reference.float().double(), logp.float().double()), -total, -sums[0],
-                                 len(seqs[0].ids) - seqs[0].plen))
+        tokens) per cost item, in file order. A cost item whose unsteered distribution did not fit the
+        cache is scored after the others, its unsteered distribution computed again with the steering off."""
+        scores: dict[int, tuple] = {}
+        with self.engine.steering(point):
+            ready = [i for i in range(len(self.items)) if self.items[i].kind == "behavior" or self.cached[i] is not None]
+            for i, results in zip(ready, self.engine.score(self._requests(ready))):
+                scores[i] = self._scores(i, results, self.cached[i])
                 self.progress(1)
-        finally:
-            handle.remove()
+            for i in (i for i in range(len(self.items)) if i not in scores):
+                with self.engine.unsteered():
+                    (reference,), = list(self.engine.score(self._requests([i])))
+                (results,) = list(self.engine.score(self._requests([i])))
+                scores[i] = self._scores(i, results, reference[1])
+                self.progress(1)
+        behavior = [scores[i] for i in range(len(self.items)) if self.items[i].kind == "behavior"]
+        cost = [scores[i] for i in range(len(self.items)) if self.items[i].kind == "cost"]
         return behavior, cost
+
+    def _scores(self, i: int, results, reference) -> tuple:
+        sums, seqs = self.sums[i], self.seqs[i]
+        if self.items[i].kind == "behavior":
+            return results[0][0] - results[1][0], sums[0] - sums[1]
+        total, logp = results[0]
+        # both sides rounded to float32 as the cache keeps them: unchanged logits give KL 0 exactly
+        return (kl(reference.float().double(), logp.float().double()), -total, -sums[0],
+                len(seqs[0].ids) - seqs[0].plen)

@@ -268,6 +268,21 @@ def load_model(path: str, dtype: str = "auto"):
     return model, tokenizer
 
 
+def hf_folder(path: str) -> str:
+    """A model folder for ``path`` that other engines can load (vLLM): a folder as it is, a .gguf file or a
+    model name as its dequantized copy in the user cache, written on first use (:func:`gguf_cache_folder`)."""
+    from steerc.core.cache import display
+
+    path = runnable_path(path)
+    if not path.endswith(".gguf"):
+        return path
+    folder = gguf_cache_folder(path)
+    if not cache_complete(folder):
+        with _Progress(f"dequantizing {os.path.basename(path)} into {display(folder)} (first use)"), _quiet():
+            _dequantize_into(path, folder)
+    return folder
+
+
 def _load_gguf(path: str, dtype: str):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 

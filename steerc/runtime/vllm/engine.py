@@ -44,6 +44,10 @@ LOAD_FORMAT = "steerc"
 CONFIG_KEY = "steerc"
 SUPPORTED = ">=0.32,<0.34"
 MODES = ("plan", "serve")
+# A request's ``SamplingParams.extra_args[PROMPT_LEN_KEY] = k`` (the vllm target): its first k tokens are the
+# prompt and the rest of what it sends as its prompt are generated positions, as
+# ``Handle.teacher_forced`` sees them on HF (``steerc eval --engine vllm`` scores completions this way).
+PROMPT_LEN_KEY = "steerc_prompt_len"
 
 
 class EngineError(RuntimeError):
@@ -344,6 +348,21 @@ def token_metadata(layout: StepLayout, positions, where: str):
             raise EngineError(f"vLLM {vllm_version()} {where}: token {bad} is at position {int(seen[bad])} in "
                               f"the forward but at {int(pos[bad])} in the batch layout steerc read")
     return pos, plen, row
+
+
+def forced_prompt_len(params, plen: int) -> int:
+    """The prompt length a request asked steering to see (``extra_args[PROMPT_LEN_KEY]``), or ``plen``.
+
+    A value that is not a whole number from 1 to the request's prompt length is refused: steering must not
+    run with a meaning the caller did not ask for."""
+    extra = getattr(params, "extra_args", None) or {}
+    if PROMPT_LEN_KEY not in extra:
+        return plen
+    value = extra[PROMPT_LEN_KEY]
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= plen:
+        raise EngineError(f"extra_args.{PROMPT_LEN_KEY} must be a whole number from 1 to the prompt's "
+                          f"{plen} tokens, got {value!r}")
+    return value
 
 
 def attach_step_hooks(model, before, after):

@@ -20,7 +20,7 @@ import numpy as np
 
 from steerc.runtime.kernels import compute_dtype
 from steerc.runtime.vllm.engine import (EngineError, Slots, attach_step_hooks, engine_key, facts_of,
-                                        hooks_never_ran, is_compiled, token_metadata, vllm_version)
+                                        forced_prompt_len, hooks_never_ran, is_compiled, token_metadata, vllm_version)
 from steerc.runtime.vllm.parallel import check_gates_on_stage, layer_path, localise, owns, tensor_parallel
 from steerc.runtime.vllm.steer import SteerState, register, site_function
 from steerc.targets.vllm.program import prefix_cache_safe
@@ -95,6 +95,7 @@ class PlanFeeder:
         self.real_steps = 0
         self._pending: dict | None = None
         self.verified = False
+        self._forced: dict[str, int] = {}  # request id -> the prompt length steering sees
 
     def before(self, positions) -> None:
         state = self.installed.state
@@ -104,14 +105,29 @@ class PlanFeeder:
             state.write_metadata(np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64),
                                  np.zeros(0, dtype=np.int64), np.zeros(0, dtype=bool))
             return
+        live = self.view.live()
+        self._prompt_lens(layout, live)
         pos, plen, row = token_metadata(layout, positions, "vllm target")
-        slots, fresh = self.slots.assign(layout.req_ids, self.view.live())
+        slots, fresh = self.slots.assign(layout.req_ids, live)
         restarted = [int(slots[i]) for i in range(len(layout.req_ids)) if layout.first[i] == 0]
         state.reset_slots(sorted(set(fresh) | set(restarted)))
         state.write_metadata(pos, plen, slots[row], np.ones(len(pos), dtype=bool))
         self.real_steps += 1
         if not self.verified:
             self._pending = self.installed.fired()
+
+    def _prompt_lens(self, layout, live) -> None:
+        """Each row's prompt length as its request asked steering to see it (:func:`forced_prompt_len`,
+        read once per request)."""
+        plen = layout.plen.copy()  # the layout's arrays may be views of the runner's own
+        for i, req in enumerate(layout.req_ids):
+            forced = self._forced.get(req)
+            if forced is None:
+                forced = self._forced[req] = forced_prompt_len(self.view.sampling_params(req), int(plen[i]))
+            plen[i] = forced
+        layout.plen = plen
+        if len(self._forced) > 4 * max(len(live), 64):
+            self._forced = {k: v for k, v in self._forced.items() if k in live}
 
     def after(self) -> None:
         if self._pending is None:
