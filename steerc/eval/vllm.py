@@ -24,8 +24,6 @@ vLLM and torch are imported when an engine starts.
 from __future__ import annotations
 
 import contextlib
-import json
-import os
 
 from steerc.eval.score import Sequence
 
@@ -35,45 +33,21 @@ FULL_POSITIONS = 64
 BATCH_SEQUENCES = 64
 
 
-def engine_dtype(folder: str) -> str:
-    """The dtype the folder's config gives (vLLM's ``auto`` would run a float32 checkpoint in 16 bits,
-    and ``--engine hf`` loads it as stored)."""
-    try:
-        with open(os.path.join(folder, "config.json"), encoding="utf-8") as fh:
-            config = json.load(fh)
-    except (OSError, ValueError):
-        return "auto"
-    value = config.get("dtype") or config.get("torch_dtype")
-    return value if value in ("float32", "float16", "bfloat16") else "auto"
-
-
-def logs_to_stderr() -> None:
-    """vLLM logs to standard output by default; ``steerc eval`` keeps that for its table or document. The
-    engine's processes read ``VLLM_LOGGING_STREAM`` when they start; this process's vLLM handlers, already
-    configured, are pointed at standard error."""
-    import logging
-    import sys
-
-    os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")
-    for handler in logging.getLogger("vllm").handlers:
-        if isinstance(handler, logging.StreamHandler) and handler.stream in (sys.stdout, sys.__stdout__):
-            handler.setStream(sys.stderr)
-
-
 class VLLMEngine:
     """Scores requests through a steered ``vllm.LLM`` (the interface of :class:`steerc.eval.score.HFEngine`)."""
 
     name = "vllm"
 
     def __init__(self, folder: str, tokenizer, facts, first_plan, **engine_kwargs):
+        from steerc.runtime.vllm import checkpoint_dtype, enable, load, logs_to_stderr
+
         logs_to_stderr()
-        from steerc.runtime.vllm import enable, load
         from steerc.targets.vllm.emit import plan_bytes
 
         self.tokenizer, self.facts = tokenizer, facts
         self._plan_bytes = plan_bytes
         data = plan_bytes(first_plan, facts)
-        engine_kwargs.setdefault("dtype", engine_dtype(folder))
+        engine_kwargs.setdefault("dtype", checkpoint_dtype(folder))
         self.llm = load(folder, data, enforce_eager=True, enable_prefix_caching=False, max_logprobs=-1,
                         **engine_kwargs)
         self._installed = data

@@ -9,7 +9,8 @@
   :mod:`.serve` (each request's own plan: the serve plugin, with its HTTP front end :mod:`.http`);
 * :mod:`.loader` — steerc's model loader, choosing the mode from a table, and the vLLM plugin;
 * :mod:`.api` — the offline API on top: :func:`load`, :func:`swap`, :func:`install`,
-  :func:`set_params`, :func:`enable`, :func:`status`, :func:`call`, :func:`sampling_params`.
+  :func:`set_params`, :func:`enable`, :func:`status`, :func:`call`, :func:`sampling_params`,
+  :func:`capture` (activations read through the engine, :mod:`.activations` in the workers).
 
 The API's names are read from :mod:`.api` when first used, so that importing a lower layer (the
 ``steerc serve`` command reads :mod:`.engine`'s constants) does not import torch.
@@ -18,7 +19,7 @@ The API's names are read from :mod:`.api` when first used, so that importing a l
 from __future__ import annotations
 
 API = ("load", "swap", "install", "set_params", "enable", "status", "call", "sampling_params", "read_plan",
-       "plan_file", "check_coverage")
+       "plan_file", "check_coverage", "capture", "checkpoint_dtype", "logs_to_stderr")
 
 
 def __getattr__(name: str):

@@ -120,6 +120,34 @@ def load(model: str, plan, *, hmac_key_file: str | None = None, **engine_kwargs)
     return llm
 
 
+def checkpoint_dtype(folder: str) -> str:
+    """The dtype a model folder's config gives (vLLM's ``auto`` would run a float32 checkpoint in 16 bits,
+    where transformers loads it as stored): what steerc's own engines start vLLM with, so that they compute
+    what the HF path computes."""
+    import json
+
+    try:
+        with open(os.path.join(folder, "config.json"), encoding="utf-8") as fh:
+            config = json.load(fh)
+    except (OSError, ValueError):
+        return "auto"
+    value = config.get("dtype") or config.get("torch_dtype") if isinstance(config, dict) else None
+    return value if value in ("float32", "float16", "bfloat16") else "auto"
+
+
+def logs_to_stderr() -> None:
+    """vLLM logs to standard output by default; steerc's commands keep it for their tables and documents.
+    The engine's processes read ``VLLM_LOGGING_STREAM`` when they start; this process's vLLM handlers,
+    already configured, are pointed at standard error."""
+    import logging
+    import sys
+
+    os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")
+    for handler in logging.getLogger("vllm").handlers:
+        if isinstance(handler, logging.StreamHandler) and handler.stream in (sys.stdout, sys.__stdout__):
+            handler.setStream(sys.stderr)
+
+
 def sampling_params(plan, **kwargs):
     """``vllm.SamplingParams`` carrying the plan's output constraint (compact JSON for schemas).
 
@@ -192,3 +220,67 @@ def enable(llm, flag: bool) -> list[dict]:
 
 def status(llm) -> list[dict]:
     return call(llm, "steerc_status")
+
+
+def capture_spec(sites, facts, ranges) -> dict:
+    """The workers' capture spec (:mod:`.activations`) for ``sites`` (objects with ``kind``, ``layer``, ``head``
+    and ``key``, as :class:`steerc.derive.activations.Site`) on ``facts``, reading row ``i`` at ``ranges[i]``."""
+    from steerc.facts.sites import site_table
+    from steerc.passes.lower_plan import canonical_site
+
+    table = site_table(facts.family, "vllm")
+    out = []
+    for site in sites:
+        if not 0 <= site.layer < facts.layers or (site.head is not None and not 0 <= site.head < facts.heads):
+            raise PlanError("capture.sites", f"{site.text} is not a site of this {facts.layers}-layer model with "
+                                             f"{facts.heads} heads")
+        c = canonical_site(site.kind, site.layer, site.head)
+        hook = table.hook(c.kind, c.layer)
+        out.append({"key": site.key, "module": hook.module, "kind": hook.kind, "tensor": hook.tensor,
+                    "head": site.head, "columns": None})
+    return {"sites": out, "rows": [[int(a), int(b)] for a, b in ranges]}
+
+
+def capture(llm, items, sites, facts, *, batch_size: int = 256) -> dict:
+    """{site: [len(items), width] float32}: each item ``(token ids, a, b)`` read at its positions ``[a, b)``
+    (their mean) through the engine's own forwards (spec/derive.md, *Capture*).
+
+    The engine must be eager (``load(..., enforce_eager=True)``). Every item is one request of one
+    sampled token, with a fresh random ``cache_salt``, so no cached prefix answers for a position the
+    capture reads. With the plan's steering on, what is read is the steered stream (the hooks run after
+    the plan's); with it off (:func:`enable`), the model's own.
+    """
+    import secrets
+
+    import numpy as np
+
+    vllm = _vllm()
+    from vllm.inputs import TokensPrompt
+
+    from steerc.runtime.vllm.activations import CAPTURE_KEY
+
+    if not items:
+        return {site: np.zeros((0, facts.width(site.kind)), dtype=np.float32) for site in sites}
+    salt = secrets.token_hex(16)
+    call(llm, "steerc_capture_begin", capture_spec(sites, facts, [(a, b) for _, a, b in items]))
+    try:
+        for start in range(0, len(items), batch_size):
+            chunk = items[start:start + batch_size]
+            prompts = [TokensPrompt(prompt_token_ids=list(ids), cache_salt=salt) for ids, _, _ in chunk]
+            params = [vllm.SamplingParams(max_tokens=1, temperature=0.0, detokenize=False,
+                                          extra_args={CAPTURE_KEY: start + i}) for i in range(len(chunk))]
+            llm.generate(prompts, params, use_tqdm=False)
+    finally:
+        answers = call(llm, "steerc_capture_end")
+    missing = answers[0].get("missing") or []
+    if missing:
+        raise EngineError(f"capture: {len(missing)} texts were never read (first: {missing[0]}); steerc misreads "
+                          "this runner's batch layout")
+    out = {}
+    for site in sites:
+        found = [a["sites"][site.key] for a in answers if site.key in a.get("sites", {})]
+        if len(found) != 1:
+            raise EngineError(f"capture: {len(found)} ranks answered for {site.text}, expected one")
+        shape = tuple(found[0]["shape"])
+        out[site] = np.frombuffer(found[0]["data"], dtype=np.float32).reshape(shape).copy()
+    return out

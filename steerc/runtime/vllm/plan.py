@@ -96,6 +96,7 @@ class PlanFeeder:
         self._pending: dict | None = None
         self.verified = False
         self._forced: dict[str, int] = {}  # request id -> the prompt length steering sees
+        self.capture = None  # a capture in progress (steerc.runtime.vllm.capture), fed each step's layout
 
     def before(self, positions) -> None:
         state = self.installed.state
@@ -108,6 +109,8 @@ class PlanFeeder:
         live = self.view.live()
         self._prompt_lens(layout, live)
         pos, plen, row = token_metadata(layout, positions, "vllm target")
+        if self.capture is not None:
+            self.capture.before(layout, self.view, pos, row)
         slots, fresh = self.slots.assign(layout.req_ids, live)
         restarted = [int(slots[i]) for i in range(len(layout.req_ids)) if layout.first[i] == 0]
         state.reset_slots(sorted(set(fresh) | set(restarted)))
@@ -223,6 +226,36 @@ class SteercWorkerExtension:
             raise PlanError("plan", "no plan is installed on this worker (start the engine with "
                                     "steerc.runtime.vllm.load)")
         return installed
+
+    @_rpc
+    def steerc_capture_begin(self, spec: dict) -> dict:
+        """Start reading activations (:mod:`.activations`): hooks on the spec's sites, after the plan's."""
+        from steerc.runtime.vllm.activations import Capture, CaptureError
+
+        if is_compiled(self.vllm_config):
+            raise EngineError("capture needs an eager engine (enforce_eager=True): its hooks are Python that a "
+                              "compiled graph does not run")
+        feeder = self._steerc_installed().feeder
+        if feeder.capture is not None:
+            raise EngineError("a capture is already in progress on this engine")
+        facts = self._steerc_installed().header["facts"]
+        tp_rank, tp_size = tensor_parallel()
+        try:
+            feeder.capture = Capture(self._steerc_model(), spec, tp_rank=tp_rank, tp_size=tp_size,
+                                     heads=int(facts["heads"]), head_dim=int(facts["head_dim"]))
+        except (CaptureError, KeyError, TypeError, AttributeError) as exc:
+            raise PlanError("capture", str(exc)) from None
+        return {}
+
+    @_rpc
+    def steerc_capture_end(self) -> dict:
+        """The capture's means per row and site (this rank's share), and its hooks removed."""
+        feeder = self._steerc_installed().feeder
+        capture, feeder.capture = feeder.capture, None
+        if capture is None:
+            raise EngineError("no capture is in progress on this engine")
+        capture.remove()
+        return capture.result()
 
     @_rpc
     def steerc_install(self, payload: bytes) -> dict:

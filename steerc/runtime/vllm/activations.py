@@ -1,0 +1,149 @@
+"""Reading activations inside a vLLM worker (torch only): the worker half of :func:`steerc.runtime.vllm.capture`.
+
+A capture is begun by the ``steerc_capture_begin`` RPC with a spec (spec/derive.md, *Capture*)::
+
+    {"sites": [{"key": "resid_post.8", "module": "model.layers.8", "kind": "post", "tensor": "fused_pair",
+                "columns": null, "head": null}, ...],
+     "rows": [[a, b], ...]}
+
+and every request that carries ``SamplingParams.extra_args["steerc_capture"] = i`` is read at its
+positions ``[a, b)`` of ``rows[i]``: each site's tensor, summed in float64 over those positions, whatever
+the batching or chunked prefill split (the metadata of each step says which token is which request's at
+which position). ``steerc_capture_end`` returns the means and removes the hooks.
+
+* The hooks only read: they are registered after the plan's own hooks, so a capture reads the stream as
+  steered by every intervention that precedes the site (the plan's hooks at the same module included).
+* A fused (hidden, residual) pair is read as its sum, the stream; the last layer's is read before the
+  final norm.
+* Under tensor parallelism a residual site is whole on every rank and is returned by rank 0; a head
+  site is returned by the rank that holds the head, at its local columns.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+CAPTURE_KEY = "steerc_capture"
+MAX_ROWS = 1_000_000
+
+
+class CaptureError(ValueError):
+    """A capture spec or request the worker refuses (the message names the field)."""
+
+
+class Capture:
+    """One capture in progress on one worker's model."""
+
+    def __init__(self, model, spec: dict, *, tp_rank: int, tp_size: int, heads: int, head_dim: int):
+        rows = spec.get("rows")
+        if not isinstance(rows, list) or not 1 <= len(rows) <= MAX_ROWS:
+            raise CaptureError(f"capture.rows must be a list of 1 to {MAX_ROWS} [start, end] pairs")
+        self.ranges = np.asarray(rows, dtype=np.int64).reshape(len(rows), 2)
+        if (self.ranges[:, 0] < 0).any() or (self.ranges[:, 1] <= self.ranges[:, 0]).any():
+            raise CaptureError("capture.rows: each [start, end) must have 0 <= start < end")
+        self.n = len(rows)
+        self.handles = []
+        self.sums: dict[str, torch.Tensor] = {}
+        self.counts = torch.zeros(self.n, dtype=torch.float64)
+        self.seen = np.zeros(self.n, dtype=bool)
+        self._step_rows: torch.Tensor | None = None  # per token of this step: its capture row, or -1
+        self._forced: dict[str, int | None] = {}
+        local_heads = heads // tp_size
+        try:
+            for site in spec["sites"]:
+                cols = site.get("columns")
+                if site.get("head") is not None:
+                    h = int(site["head"])
+                    if h // local_heads != tp_rank:
+                        continue  # another rank holds this head
+                    j = h % local_heads
+                    cols = [j * head_dim, (j + 1) * head_dim]
+                elif tp_rank != 0:
+                    continue  # whole on every rank: rank 0 answers
+                module = model.get_submodule(site["module"])
+                self.handles.append(self._register(module, site, cols))
+        except Exception:
+            self.remove()
+            raise
+
+    # ---- per step (called by the plan's feeder before each forward)
+    def before(self, layout, view, pos: np.ndarray, row: np.ndarray) -> None:
+        capture_row = np.full(len(layout.req_ids), -1, dtype=np.int64)
+        for i, req in enumerate(layout.req_ids):
+            if req not in self._forced:
+                self._forced[req] = self._row_of(view.sampling_params(req))
+            if self._forced[req] is not None:
+                capture_row[i] = self._forced[req]
+        rows = capture_row[row]
+        inside = rows >= 0
+        if inside.any():
+            a, b = self.ranges[np.maximum(rows, 0), 0], self.ranges[np.maximum(rows, 0), 1]
+            inside &= (pos >= a) & (pos < b)
+        rows = np.where(inside, rows, -1)
+        if (rows >= 0).any():
+            self._step_rows = torch.from_numpy(rows)
+            taken = rows[rows >= 0]
+            self.seen[taken] = True
+            self.counts += torch.bincount(torch.from_numpy(taken), minlength=self.n).to(torch.float64)
+        else:
+            self._step_rows = None
+
+    def _row_of(self, params) -> int | None:
+        extra = getattr(params, "extra_args", None) or {}
+        if CAPTURE_KEY not in extra:
+            return None
+        value = extra[CAPTURE_KEY]
+        if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < self.n:
+            raise CaptureError(f"extra_args.{CAPTURE_KEY} must be a row of the capture, 0 to {self.n - 1}, "
+                               f"got {value!r}")
+        return value
+
+    # ---- the hooks
+    def _register(self, module, site: dict, cols):
+        key, kind, tensor = site["key"], site["kind"], site["tensor"]
+
+        def read(x: torch.Tensor) -> None:
+            rows = self._step_rows
+            if rows is None:
+                return
+            x = x[: len(rows)]
+            if cols is not None:
+                x = x[..., cols[0]:cols[1]]
+            keep = rows >= 0
+            total = self.sums.get(key)
+            if total is None:
+                total = self.sums[key] = torch.zeros(self.n, x.shape[-1], dtype=torch.float64)
+            total.index_add_(0, rows[keep], x[keep.to(x.device)].to(torch.float64).cpu())
+
+        if kind == "pre":
+            index = 1 if tensor == "input1" else 0
+
+            def pre(mod, args, kwargs):
+                read(args[index] if len(args) > index else kwargs["hidden_states"])
+
+            return module.register_forward_pre_hook(pre, with_kwargs=True)
+
+        def post(mod, args, output):
+            if tensor == "fused_pair":
+                hidden, residual = output[0], output[1]
+                read(hidden if residual is None else hidden.to(torch.float64) + residual.to(torch.float64))
+            else:
+                read(output[0] if isinstance(output, tuple) else output)
+
+        return module.register_forward_hook(post)
+
+    def result(self) -> dict:
+        """{"rows", "missing", "sites": {key: {"shape", "data"}}}: each row's mean, float32 bytes."""
+        missing = [int(i) for i in np.flatnonzero(~self.seen)]
+        counts = self.counts.clamp(min=1).unsqueeze(1)
+        sites = {}
+        for key, total in sorted(self.sums.items()):
+            mean = (total / counts).to(torch.float32).numpy()
+            sites[key] = {"shape": list(mean.shape), "data": mean.tobytes()}
+        return {"rows": self.n, "missing": missing, "counts": self.counts.tolist(), "sites": sites}
+
+    def remove(self) -> None:
+        for h in self.handles:
+            h.remove()
+        self.handles = []

@@ -1,0 +1,131 @@
+"""``steerc.runtime.vllm.capture``: activations read inside the real engine equal the HF path's
+(``steerc.derive.activations.read``, the reads ``steerc derive`` makes), at every site kind.
+
+One eager engine on SmolLM2 (float32) with a plan that adds a vector at ``resid_post[3]``: with the
+steering off the capture reads the model's own stream, with it on the stream as steered, each against
+HF's read of the same texts (with the same plan installed for the second), to 1e-4 relative.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from harness import Engine, checked_plan, hf_model, model_folder, require_vllm, vllm_bytes
+
+require_vllm()
+
+STEER = ('steer 1\nvector v = load("v.npy")\n'
+         "intervention x {\n  at resid_post[3]\n  add 2.0 * v\n}\n")
+TEXTS = ["The rain fell on the quiet town all night.", "Hello!", "Write a short poem about the sea and the wind.",
+         "Numbers: one, two, three, four, five, six, seven, eight, nine, ten.", "I am happy."]
+REL = 1e-4
+
+
+@pytest.fixture(scope="module")
+def folder():
+    return model_folder("smollm2")
+
+
+@pytest.fixture(scope="module")
+def root(tmp_path_factory):
+    path = tmp_path_factory.mktemp("capture")
+    np.save(path / "v.npy", np.random.default_rng(5).normal(0, 1, 576).astype(np.float32))
+    (path / "steer.toml").write_text("")
+    return path
+
+
+@pytest.fixture(scope="module")
+def plan(folder, root):
+    return checked_plan(folder, STEER, root=str(root))
+
+
+@pytest.fixture(scope="module")
+def engine(folder, plan):
+    eng = Engine(folder, vllm_bytes(folder, plan), enforce_eager=True, enable_prefix_caching=False)
+    yield eng
+    eng.close()
+
+
+def _sites():
+    from steerc.derive.activations import Site
+
+    return [Site("resid_pre", 0), Site("resid_post", 0), Site("resid_post", 6), Site("resid_post", 29),
+            Site("mlp_out", 4), Site("attn_out", 5), Site("head", 5, 2), Site("resid_pre", 7)]
+
+
+def _items(folder, read: str):
+    from transformers import AutoTokenizer
+
+    from steerc.derive.activations import positions
+
+    tok = AutoTokenizer.from_pretrained(folder)
+    out = []
+    for text in TEXTS:
+        ids = list(tok(text)["input_ids"])
+        a, b = positions(len(ids), 2 if len(ids) > 3 else 0, read)
+        out.append((ids, a, b))
+    return out, tok
+
+
+def _facts(folder):
+    from steerc.runtime.hf import facts_from_model
+
+    return facts_from_model(hf_model(folder))
+
+
+def _compare(got: dict, want: dict) -> float:
+    worst = 0.0
+    for site, value in want.items():
+        assert got[site].shape == value.shape and got[site].dtype == np.float32, site.text
+        scale = np.abs(value).max(axis=1, keepdims=True)
+        rel = float((np.abs(got[site] - value) / scale).max())
+        worst = max(worst, rel)
+        assert rel <= REL, f"{site.text}: {rel:.3g} relative"
+    return worst
+
+
+@pytest.mark.parametrize("read", ["last", "mean", "completion"])
+def test_unsteered_capture_equals_the_hf_read_at_every_site_kind(engine, folder, read):
+    from steerc.derive.activations import read as hf_read
+    from steerc.runtime.vllm import capture, enable
+
+    items, tok = _items(folder, read)
+    want = hf_read(hf_model(folder), tok, _facts(folder), items, _sites(), label="hf")
+    enable(engine.llm, False)
+    try:
+        got = capture(engine.llm, items, _sites(), _facts(folder), batch_size=2)  # several steps, mixed batches
+    finally:
+        enable(engine.llm, True)
+    print(f"\ncapture ({read}) against HF: {_compare(got, want):.3g} relative at most")
+
+
+def test_a_steered_capture_reads_after_the_steering_before_the_site(engine, folder, plan):
+    from steerc.derive.activations import read as hf_read
+    from steerc.runtime.hf import install
+    from steerc.runtime.vllm import capture
+
+    items, tok = _items(folder, "mean")
+    model = hf_model(folder)
+    sites = _sites()
+    with install(model, plan, tok):
+        want = hf_read(model, tok, _facts(folder), items, sites, label="hf")
+    got = capture(engine.llm, items, sites, _facts(folder))
+    _compare(got, want)
+    plain = hf_read(model, tok, _facts(folder), items, sites, label="hf")
+    moved = {s.text: float(np.abs(got[s] - plain[s]).max()) for s in sites}
+    assert moved["resid_post[0]"] < 1e-5 and moved["resid_post[6]"] > 1e-2  # before the add, and after it
+
+
+def test_a_capture_that_cannot_be_served_is_refused_before_any_forward(engine, folder):
+    from steerc.derive.activations import Site
+    from steerc.runtime.vllm import capture, status
+    from steerc.targets.vllm.wire import PlanError
+
+    before = status(engine.llm)[0]["forwards"]
+    with pytest.raises((PlanError, ValueError)):
+        capture(engine.llm, [([1, 2, 3], 0, 3)], [Site("resid_post", 99)], _facts(folder))
+    assert status(engine.llm)[0]["forwards"] == before
+    # the engine still captures afterwards
+    items, _ = _items(folder, "last")
+    assert capture(engine.llm, items[:1], [Site("resid_post", 1)], _facts(folder))[Site("resid_post", 1)].shape == (1, 576)
