@@ -28,6 +28,8 @@ COMMANDS = {
     "serve": ("serve", "run vLLM's OpenAI-compatible server with the steerc plugin (per-request plans)"),
     "derive": ("derive", "make steering vectors from contrastive data (mean difference, PCA, logistic), or "
                          "calibrate a probe's threshold"),
+    "capture": ("capture", "read activations at sites over texts into a safetensors file, with provenance "
+                           "(--engine hf or vllm)"),
     "eval": ("eval", "measure programs' effect (behaviour pairs) and cost (KL, perplexity) on data, over a sweep "
                      "of their params"),
     "tune": ("tune", "pick a program's params by a rule over eval's metrics (--maximize behavior --subject-to "

@@ -92,7 +92,7 @@ def _read_data(args, paired: bool):
     return D.paired_lines(pos, neg) if paired else D.two_sets(pos, neg)
 
 
-def _facts(args):
+def model_facts(args):
     """The model's layout facts, read without its weights where possible: from its config, from a named
     model's shipped config, or for a .gguf file from its dequantized copy in the cache (loading it once
     when there is none yet)."""
@@ -116,21 +116,21 @@ def _facts(args):
     return facts
 
 
-def _sites(args, facts):
+def sites_arg(args, facts, label: str = "--at", one_per_layer: bool = True):
     """The concrete sites of --at (diagnostics point into the selector, shown as a one-line program)."""
     from steerc.derive.api import DeriveError, sites_of
 
     if not args.at:
         raise UsageError('--at is required: the sites to read, e.g. --at "resid_post[25%:75%]"')
     try:
-        return sites_of(args.at, facts, label="--at")
+        return sites_of(args.at, facts, label=label, one_per_layer=one_per_layer)
     except DeriveError as exc:
         if exc.diagnostics[0].span is None:
             raise UsageError(exc.diagnostics[0].message) from None
         raise SystemExit(fail_with(args, exc.diagnostics, exc.sources)) from None
 
 
-def _load(path: str, facts, args=None):
+def load_checked(path: str, facts, args=None):
     from steerc.runtime.hf import facts_from_model
 
     preloaded = getattr(args, "preloaded", None)
@@ -143,7 +143,7 @@ def _load(path: str, facts, args=None):
 
 
 @contextlib.contextmanager
-def _vllm_reader(path: str, facts):
+def vllm_reader(path: str, facts):
     """(tokenizer, reader) for ``derive --engine vllm``: one eager engine on the model's folder, steering
     nothing, reading with :func:`steerc.runtime.vllm.capture`; shut down afterwards."""
     os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")  # standard output is the report's
@@ -211,8 +211,8 @@ def _derive(args) -> int:
         d = exc.diagnostics[0]
         source, span = argument_source(args, "--read")
         return fail_with(args, [Diagnostic.error(d.code, "--" + d.message, span, help=d.help)], {source.name: source})
-    facts = _facts(args)
-    sites = _sites(args, facts)
+    facts = model_facts(args)
+    sites = sites_arg(args, facts)
     path = model_path_for(args)
     reading = A.Reading(args.chat, args.read)
     model_hash = A.model_sha256(path)
@@ -222,10 +222,10 @@ def _derive(args) -> int:
     if missing:
         try:
             if args.engine == "vllm":
-                with _vllm_reader(path, facts) as (tokenizer, reader):
+                with vllm_reader(path, facts) as (tokenizer, reader):
                     fresh = read_pairs(None, tokenizer, facts, dataset, missing, reading, reader=reader)
             else:
-                model, tokenizer = _load(path, facts, args)
+                model, tokenizer = load_checked(path, facts, args)
                 fresh = read_pairs(model, tokenizer, facts, dataset, missing, reading, batch_size=args.batch_size)
         except DeriveError as exc:
             raise UsageError(exc.diagnostics[0].message.replace("(read completion)", "(--read completion)")) \
@@ -292,7 +292,7 @@ def _calibrate(args) -> int:
     if not args.probe:
         raise UsageError("--calibrate needs --probe NAME: the probe of the program to calibrate")
     pos, neg, _ = _read_data(args, paired=False)
-    facts = _facts(args)
+    facts = model_facts(args)
     path_ = os.path.abspath(args.calibrate)
     result = check_source(read_text(args.calibrate), args.calibrate, path=path_, options=Options(), facts=facts)
     if not result.ok:
@@ -303,7 +303,7 @@ def _calibrate(args) -> int:
         raise UsageError(f"--probe {args.probe}: {args.calibrate} has no probe of that name "
                          f"({', '.join(names) or 'it declares none'})")
     probe = result.plan.probe(args.probe)
-    model, tokenizer = _load(model_path_for(args), facts, args)
+    model, tokenizer = load_checked(model_path_for(args), facts, args)
     values = _probe_values(model, tokenizer, result.plan, args.probe, pos + neg, args)
     vp, vn = values[:len(pos)], values[len(pos):]
     op, threshold, f1, accuracy = best_threshold(vp, vn)

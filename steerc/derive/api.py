@@ -107,9 +107,10 @@ def methods_of(method) -> list[str]:
     return list(dict.fromkeys(names))
 
 
-def sites_of(at: str, facts, label: str = "at") -> list:
+def sites_of(at: str, facts, label: str = "at", one_per_layer: bool = True) -> list:
     """The concrete sites of a selector such as ``resid_post[25%:75%]`` (raises DeriveError whose
-    diagnostics point into the selector, shown as a one-line program named ``label``)."""
+    diagnostics point into the selector, shown as a one-line program named ``label``). A bank holds one row
+    per layer (``one_per_layer``); ``steerc capture`` reads several heads of one layer too."""
     from steerc.api import check_source
     from steerc.passes.lower_plan import concrete_sites
 
@@ -122,7 +123,7 @@ def sites_of(at: str, facts, label: str = "at") -> list:
     site = result.checked.interventions[0].site
     pairs = list(concrete_sites(site, facts))
     layers = [layer for layer, _ in pairs]
-    if len(set(layers)) != len(layers):
+    if one_per_layer and len(set(layers)) != len(layers):
         raise _error(INVALID_VALUE, f"{label}: one head per layer (a bank holds one row per layer), "
                      "e.g. head[4:8, 3]")
     return [A.Site(site.kind, layer, head) for layer, head in pairs]
