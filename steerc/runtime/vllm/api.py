@@ -18,6 +18,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import os
+import secrets
 import tempfile
 
 from steerc.core.paths import temp_folder
@@ -241,17 +242,16 @@ def capture_spec(sites, facts, ranges) -> dict:
     return {"sites": out, "rows": [[int(a), int(b)] for a, b in ranges]}
 
 
-def capture(llm, items, sites, facts, *, batch_size: int = 256) -> dict:
+def capture(llm, items, sites, facts, *, batch_size: int = 256, per_position: bool = False) -> dict:
     """{site: [len(items), width] float32}: each item ``(token ids, a, b)`` read at its positions ``[a, b)``
-    (their mean) through the engine's own forwards (spec/derive.md, *Capture*).
+    (their mean) through the engine's own forwards (spec/derive.md, *Capture*); with ``per_position``,
+    every position kept instead, ``[sum of (b - a), width]``, the items' positions one after the other.
 
     The engine must be eager (``load(..., enforce_eager=True)``). Every item is one request of one
     sampled token, with a fresh random ``cache_salt``, so no cached prefix answers for a position the
     capture reads. With the plan's steering on, what is read is the steered stream (the hooks run after
     the plan's); with it off (:func:`enable`), the model's own.
     """
-    import secrets
-
     import numpy as np
 
     vllm = _vllm()
@@ -261,26 +261,43 @@ def capture(llm, items, sites, facts, *, batch_size: int = 256) -> dict:
 
     if not items:
         return {site: np.zeros((0, facts.width(site.kind)), dtype=np.float32) for site in sites}
-    salt = secrets.token_hex(16)
-    call(llm, "steerc_capture_begin", capture_spec(sites, facts, [(a, b) for _, a, b in items]))
-    try:
+    spec = dict(capture_spec(sites, facts, [(a, b) for _, a, b in items]), per_position=per_position)
+
+    def batches():
+        salt = secrets.token_hex(16)
         for start in range(0, len(items), batch_size):
             chunk = items[start:start + batch_size]
-            prompts = [TokensPrompt(prompt_token_ids=list(ids), cache_salt=salt) for ids, _, _ in chunk]
-            params = [vllm.SamplingParams(max_tokens=1, temperature=0.0, detokenize=False,
-                                          extra_args={CAPTURE_KEY: start + i}) for i in range(len(chunk))]
-            llm.generate(prompts, params, use_tqdm=False)
+            yield ([TokensPrompt(prompt_token_ids=list(ids), cache_salt=salt) for ids, _, _ in chunk],
+                   [vllm.SamplingParams(max_tokens=1, temperature=0.0, detokenize=False,
+                                        extra_args={CAPTURE_KEY: start + i}) for i in range(len(chunk))])
+
+    _, answers = captured(llm, spec, batches())
+    return {site: answer_array(answers, site.key, site.text) for site in sites}
+
+
+def captured(llm, spec: dict, batches) -> tuple[list, list[dict]]:
+    """Run ``batches`` ((prompts, sampling params) pairs; a request read by the capture carries
+    ``extra_args["steerc_capture"]``, its row) inside one capture: (the outputs, in order; every rank's
+    answer). A row the engine never read is an :class:`EngineError`."""
+    call(llm, "steerc_capture_begin", spec)
+    outputs = []
+    try:
+        for prompts, params in batches:
+            outputs += llm.generate(prompts, params, use_tqdm=False)
     finally:
         answers = call(llm, "steerc_capture_end")
     missing = answers[0].get("missing") or []
     if missing:
         raise EngineError(f"capture: {len(missing)} texts were never read (first: {missing[0]}); steerc misreads "
                           "this runner's batch layout")
-    out = {}
-    for site in sites:
-        found = [a["sites"][site.key] for a in answers if site.key in a.get("sites", {})]
-        if len(found) != 1:
-            raise EngineError(f"capture: {len(found)} ranks answered for {site.text}, expected one")
-        shape = tuple(found[0]["shape"])
-        out[site] = np.frombuffer(found[0]["data"], dtype=np.float32).reshape(shape).copy()
-    return out
+    return outputs, answers
+
+
+def answer_array(answers: list[dict], key: str, label: str):
+    """One site's array from the ranks' answers (exactly one rank answers for each site)."""
+    import numpy as np
+
+    found = [a["sites"][key] for a in answers if key in a.get("sites", {})]
+    if len(found) != 1:
+        raise EngineError(f"capture: {len(found)} ranks answered for {label}, expected one")
+    return np.frombuffer(found[0]["data"], dtype=np.float32).reshape(tuple(found[0]["shape"])).copy()
