@@ -112,7 +112,7 @@ def test_no_import_circles():
 
 # The vLLM runtime's own layers (steerc/runtime/vllm/__init__.py): engine access, a worker's share,
 # steering state, the two modes side by side (serve's HTTP front end above serve), the loader, the API.
-VLLM_LAYERS = {"engine": 1, "parallel": 2, "steer": 3, "points": 3, "receipt": 3, "slots": 3, "plan": 4, "serve": 4, "http": 5, "loader": 6, "api": 7}
+VLLM_LAYERS = {"engine": 1, "parallel": 2, "steer": 3, "points": 3, "receipt": 3, "slots": 3, "activations": 3, "plan": 4, "serve": 4, "http": 5, "loader": 6, "api": 7}
 
 
 def test_the_vllm_runtime_imports_down_its_own_layers():

@@ -32,6 +32,9 @@ FULL_ONLY = {
         "test_tensor_parallel_equals_tp1_and_hf boots TP=2 in CI, and the serve plugin's PP=2 case runs",
     "test_vllm_compiled.py::test_pipeline_parallel_stages_hook_their_own_layers":
         "pipeline parallelism boots its own two-stage engine",
+    "test_derive_vllm.py::test_the_bank_equals_the_hf_engine_s_sign_included":
+        "test_capture.py checks the reads derive makes at every site kind on its shared engine; the bank is "
+        "the same fit of them",
     "test_vllm_compiled.py::test_a_hook_that_never_runs_is_an_error":
         "a compiled engine of its own for one refusal (every other engine here passes the same check)",
 }

@@ -72,10 +72,11 @@ def test_the_bank_equals_the_hf_engine_s_sign_included(banks):
     assert vl["scores"].keys() == hf["scores"].keys()
 
 
-def test_calibrate_through_vllm_is_refused_with_the_reason(banks):
+def test_calibrate_through_vllm_is_refused_with_the_reason(tmp_path):
     from steerc.cli import main
 
-    folder, _, _ = banks
+    folder = tmp_path
+    shutil.copy(os.path.join(REPO, "examples", "smollm2", "joy.jsonl"), folder / "joy.jsonl")
     err = io.StringIO()
     with contextlib.redirect_stderr(err):
         code = main(["derive", "--model", "smollm2", "--data", str(folder / "joy.jsonl"), "--engine", "vllm",

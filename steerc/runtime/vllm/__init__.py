@@ -4,7 +4,7 @@
   runners), request slots, the per-step token metadata and the step hooks;
 * :mod:`.parallel` — a worker's share: its tensor-parallel rank, the layers its pipeline stage holds;
 * :mod:`.steer` — steering state: fixed-shape buffers and the site functions (the shared kernels of
-  :mod:`steerc.runtime.kernels`);
+  :mod:`steerc.runtime.kernels`); beside it :mod:`.activations`, the hooks that read sites for a capture;
 * the two modes, side by side: :mod:`.plan` (one plan for every request: the vllm target) and
   :mod:`.serve` (each request's own plan: the serve plugin, with its HTTP front end :mod:`.http`);
 * :mod:`.loader` — steerc's model loader, choosing the mode from a table, and the vLLM plugin;
