@@ -44,10 +44,9 @@ class VLLMEngine:
 
     def __init__(self, folder: str, tokenizer, facts, first_plan, **engine_kwargs):
         from steerc.runtime.vllm import checkpoint_dtype, enable, load, logs_to_stderr
-
-        logs_to_stderr()
         from steerc.targets.vllm.emit import plan_bytes
 
+        logs_to_stderr()
         self.tokenizer, self.facts = tokenizer, facts
         self._plan_bytes = plan_bytes
         data = plan_bytes(first_plan, facts)
