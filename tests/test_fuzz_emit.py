@@ -60,8 +60,11 @@ def benign_shape(llama, tmp_path_factory):
 
 
 def _read_all(folder: str) -> dict:
+    """The files steerc wrote (importing the package may add Python's own __pycache__ beside them)."""
     out = {}
     for name in sorted(os.listdir(folder)):
+        if name == "__pycache__":
+            continue
         with open(os.path.join(folder, name), "rb") as fh:
             out[name] = fh.read()
     return out
