@@ -122,7 +122,10 @@ def m_past_float32(doc, arts, rng):
 
 
 def m_resid_pre(doc, arts, rng):
-    entry = rng.choice(doc["sites"] + doc["probes"])
+    entries = doc["sites"] + doc["probes"]
+    if not entries:  # a program that folded to no site (`scale 1` with `preserve norm`): nothing to move
+        return ANY
+    entry = rng.choice(entries)
     entry["site"] = {"kind": "resid_pre", "layer": max(1, entry["site"]["layer"]), "head": None}
     return REFUSE
 
