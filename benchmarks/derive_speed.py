@@ -42,13 +42,14 @@ BATCH = 8
 def steerc_job(model, tokenizer, facts, pairs, layers):
     from steerc.derive import fit
     from steerc.derive import activations as A
+    from steerc.runtime import capture as C
 
-    sites = [A.Site("resid_post", layer) for layer in layers]
+    sites = [C.Site("resid_post", layer) for layer in layers]
     items = []
     for side in ("positive", "negative"):
         for p in pairs:
-            ids, start = A.encode(tokenizer, p[side], None, False)
-            a, b = A.positions(len(ids), start, "last")
+            ids, start = C.encode(tokenizer, p[side], None, False)
+            a, b = C.positions(len(ids), start, "last")
             items.append((ids, a, b))
     acts = A.read(model, tokenizer, facts, items, sites, batch_size=BATCH, label="steerc")
     n = len(pairs)

@@ -76,6 +76,7 @@ def reading_only() -> tuple[float, float, float]:
     if __name__ != "__main__":
         raise RuntimeError("engine code runs under the main guard")
     from steerc.derive import activations as A
+    from steerc.runtime import capture as C
     from steerc.derive.api import dataset_of, sites_of
     from steerc.facts import load_facts
     from steerc.runtime.models import hf_folder, load_model, smollm2_path
@@ -91,8 +92,8 @@ def reading_only() -> tuple[float, float, float]:
     items = []
     for side in ("positive", "negative"):
         for pair in dataset.pairs:
-            ids, start = A.encode(tok, getattr(pair, side), pair.prompt, False)
-            items.append((ids, *A.positions(len(ids), start, "mean")))
+            ids, start = C.encode(tok, getattr(pair, side), pair.prompt, False)
+            items.append((ids, *C.positions(len(ids), start, "mean")))
     start = time.perf_counter()
     A.read(model, tok, facts, items, sites, label="hf")
     hf = time.perf_counter() - start

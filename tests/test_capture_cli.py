@@ -49,7 +49,7 @@ def test_bad_data_and_bad_sites_are_diagnostics(project):
 @needs_smollm
 @pytest.mark.smollm
 @pytest.mark.slow
-@pytest.mark.parametrize("read", ["last", "mean", "completion"])
+@pytest.mark.parametrize("read", ["last", "mean", "completion", "all"])
 def test_the_arrays_are_the_models_own_hidden_states(project, read):
     import torch
     from safetensors import safe_open
@@ -66,7 +66,9 @@ def test_the_arrays_are_the_models_own_hidden_states(project, read):
         meta = json.loads(fh.metadata()["steerc.capture"])
         got = {k: fh.get_tensor(k) for k in fh.keys()}
     assert meta["format"] == "steerc.capture/1" and meta["model"]["layers"] == 30
-    assert sorted(got) == ["resid_post.2", "resid_post.7"] and got["resid_post.2"].shape == (3, 576)
+    assert sorted(got) == ["lengths", "resid_post.2", "resid_post.7"] and got["lengths"].dtype == np.int64
+    longest = int(got["lengths"].max())
+    assert got["resid_post.2"].shape == ((3, longest, 576) if read == "all" else (3, 576))
     model, tok = load_model(smollm2_path())
     for i, line in enumerate(TEXTS):
         row = json.loads(line)
@@ -74,9 +76,14 @@ def test_the_arrays_are_the_models_own_hidden_states(project, read):
         ids = prompt + tok(row["text"], add_special_tokens=not prompt)["input_ids"]
         with torch.no_grad():
             hs = model(input_ids=torch.tensor([ids]), output_hidden_states=True).hidden_states
-        a, b = {"last": (len(ids) - 1, len(ids)), "mean": (0, len(ids)),
-                "completion": (len(prompt), len(ids))}[read]
+        a, b = {"last": (len(ids) - 1, len(ids)), "completion": (len(prompt), len(ids))}.get(read, (0, len(ids)))
+        assert got["lengths"][i] == b - a
         for layer in (2, 7):
+            if read == "all":  # every token (unaveraged: float32's batched rounding shows), then zeros
+                np.testing.assert_allclose(got[f"resid_post.{layer}"][i, :b - a], hs[layer + 1][0].numpy(),
+                                           rtol=1e-4, atol=2e-4)
+                assert not got[f"resid_post.{layer}"][i, b - a:].any()
+                continue
             want = hs[layer + 1][0, a:b].double().mean(0).float().numpy()
             np.testing.assert_allclose(got[f"resid_post.{layer}"][i], want, rtol=1e-5, atol=1e-5)
 
@@ -96,7 +103,7 @@ def test_the_same_inputs_give_the_same_bytes_and_a_head_is_its_slice(project):
         assert code == 0, err
     assert (project / "a.safetensors").read_bytes() == (project / "b.safetensors").read_bytes()
     got = load_file(str(project / "a.safetensors"))
-    assert sorted(got) == ["head.4.1", "head.4.2"] and got["head.4.1"].shape == (2, 64)
+    assert sorted(got) == ["head.4.1", "head.4.2", "lengths"] and got["head.4.1"].shape == (2, 64)
     model, tok = load_model(smollm2_path())
     seen = []
     handle = model.model.layers[4].self_attn.o_proj.register_forward_pre_hook(lambda m, a: seen.append(a[0]))

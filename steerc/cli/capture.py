@@ -1,5 +1,5 @@
-"""``steerc capture SITES --model M --data TEXTS -o acts.safetensors [--read last|mean|completion] [--chat]``
-``[--engine hf|vllm]``: activations for the user's own analysis (spec/derive.md, *Capture*).
+"""``steerc capture SITES --model M --data TEXTS -o acts.safetensors [--read last|mean|completion|all]``
+``[--chat] [--engine hf|vllm]``: activations for the user's own analysis (spec/derive.md, *Capture*).
 
     steerc capture "resid_post[0:30]" --model smollm2 --data examples/smollm2/cheerful.txt -o acts.safetensors
 """
@@ -25,14 +25,15 @@ def add_arguments(cmd) -> None:
     cmd.add_argument("--data", required=True, metavar="TEXTS",
                      help='the texts: a .jsonl of {"text"} objects (optionally with "prompt"), or a text file, '
                           "one per line")
-    cmd.add_argument("--read", choices=("last", "mean", "completion"), default="last",
-                     help="the last token (default), the mean of every token, or the mean of the text's tokens "
-                          "after its prompt")
+    cmd.add_argument("--read", choices=("last", "mean", "completion", "all"), default="last",
+                     help="the last token (default), the mean of every token, the mean of the text's tokens "
+                          "after its prompt, or every token ([texts, longest, width], zero past a text's end)")
     cmd.add_argument("--chat", action="store_true", help="wrap each prompt in the model's chat template")
     cmd.add_argument("--engine", choices=("hf", "vllm"), default="hf",
                      help="hf (default): transformers with steerc's hooks; vllm: inside the vllm target's engine")
     cmd.add_argument("-o", "--out", dest="output", required=True, metavar="OUT.safetensors",
-                     help="where to write the arrays: one [texts, width] float32 tensor per site")
+                     help="where to write the arrays: one [texts, width] float32 tensor per site, and "
+                          "lengths (int64 [texts], the tokens each text was read at)")
     cmd.add_argument("--batch-size", type=int, default=8, metavar="N", help="texts per forward pass (hf)")
     cmd.add_argument("--format", choices=("text", "json"), default="text", help="how to print the result")
 
@@ -65,6 +66,7 @@ def run(args) -> int:
     from steerc.derive import activations as A
     from steerc.derive.bank import write_arrays
     from steerc.derive.data import DataError
+    from steerc.runtime import capture as C
 
     if args.batch_size < 1:
         raise UsageError("--batch-size must be at least 1")
@@ -77,23 +79,26 @@ def run(args) -> int:
     sites = sites_arg(args, facts, label="SITES", one_per_layer=False)
     path = model_path_for(args)
 
+    all_ = args.read == "all"
+
     def items_of(tokenizer):
-        out = []
-        for prompt, text in texts:
-            ids, start = A.encode(tokenizer, text, prompt, args.chat)
-            a, b = A.positions(len(ids), start, args.read)
-            if b <= a:
-                raise UsageError("a text has no tokens after its prompt to read (--read completion)")
-            out.append((ids, a, b))
-        return out
+        try:
+            items = C.items_of(tokenizer, [t if p is None else (p, t) for p, t in texts], args.read, args.chat)
+            C.check_size(items, sites, facts, args.read)
+        except C.CaptureError as exc:
+            raise UsageError(exc.diagnostics[0].message) from None
+        return items
 
     if args.engine == "vllm":
         with vllm_reader(path, facts, "capture") as (tokenizer, reader):
-            acts = reader(items_of(tokenizer), sites)
+            items = items_of(tokenizer)
+            acts = reader(items, sites, per_position=all_)
     else:
         model, tokenizer = load_checked(path, facts, args)
-        acts = A.read(model, tokenizer, facts, items_of(tokenizer), sites, batch_size=args.batch_size,
+        items = items_of(tokenizer)
+        acts = A.read(model, tokenizer, facts, items, sites, batch_size=args.batch_size, per_position=all_,
                       label=f"reading {len(texts)} texts at {len(sites)} sites")
+    answer = C.captured(acts, sites, items, args.read)
     info = {
         "format": FORMAT,
         "engine": args.engine,
@@ -104,12 +109,14 @@ def run(args) -> int:
         "reading": A.Reading(args.chat, args.read).to_json(),
         "data": {"file": os.path.basename(args.data), "sha256": data_sha, "texts": len(texts)},
     }
-    write_arrays(args.output, {s.key: acts[s] for s in sites}, METADATA_KEY, info)
+    write_arrays(args.output, {**{s.key: answer[s.text] for s in sites}, "lengths": answer.lengths}, METADATA_KEY,
+                 info)
     if args.format == "json":
         print(json_dumps({"output": args.output, **info}, indent=2, sort_keys=True))
         return EXIT_OK
-    width = sorted({int(acts[s].shape[1]) for s in sites})
+    width = sorted({int(answer[s.text].shape[-1]) for s in sites})
     print(f"wrote {args.output}: {len(sites)} site{'s' if len(sites) > 1 else ''} x {len(texts)} texts "
-          f"(width {', '.join(map(str, width))}, {args.read} token{'s' if args.read != 'last' else ''}, "
+          f"(width {', '.join(map(str, width))}, {args.read} token{'s' if args.read != 'last' else ''}"
+          f"{f', up to {answer.lengths.max(initial=0)} each' if all_ else ''}, "
           f"engine {args.engine})", file=sys.stdout)
     return EXIT_OK

@@ -146,11 +146,11 @@ def load_checked(path: str, facts, args=None):
 @contextlib.contextmanager
 def vllm_reader(path: str, facts, command: str = "derive"):
     """(tokenizer, reader) for ``derive`` or ``capture`` ``--engine vllm``: one eager engine on the model's
-    folder, steering nothing, reading with :func:`steerc.runtime.vllm.capture`; shut down afterwards."""
+    folder, steering nothing, reading with :func:`steerc.runtime.vllm.capture_items`; shut down afterwards."""
     require_vllm(command)
     from steerc.api import check_source
     from steerc.runtime.models import hf_folder, load_tokenizer
-    from steerc.runtime.vllm import capture, checkpoint_dtype, load, logs_to_stderr
+    from steerc.runtime.vllm import capture_items, checkpoint_dtype, load, logs_to_stderr
     from steerc.targets.vllm.emit import plan_bytes
 
     logs_to_stderr()
@@ -159,7 +159,8 @@ def vllm_reader(path: str, facts, command: str = "derive"):
     llm = load(folder, plan_bytes(nothing, facts), enforce_eager=True, enable_prefix_caching=False,
                dtype=checkpoint_dtype(folder))
     try:
-        yield load_tokenizer(folder), (lambda items, sites: capture(llm, items, sites, facts))
+        yield load_tokenizer(folder), (lambda items, sites, per_position=False:
+                                       capture_items(llm, items, sites, facts, per_position=per_position))
     finally:
         llm.llm_engine.engine_core.shutdown()
 
@@ -327,7 +328,7 @@ def _probe_values(model, tokenizer, plan, name: str, texts: list[str], args):
     import numpy as np
     import torch
 
-    from steerc.derive.activations import encode
+    from steerc.runtime.capture import encode
     from steerc.runtime.hf import install
 
     out = np.zeros(len(texts))

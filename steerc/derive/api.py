@@ -31,24 +31,13 @@ from steerc.derive import bank, fit, heldout_scores
 from steerc.derive import activations as A
 from steerc.derive import data as D
 from steerc.derive.methods import METHODS
+from steerc.diagnostics import Refusal
 from steerc.diagnostics.codes import EMPTY_DATA, INVALID_DATA, INVALID_VALUE
+from steerc.runtime.capture import encode, positions
 
-SITE_PROGRAM = "steer 1\nintervention derive {{\n  at {at}\n  scale 2\n}}\n"
-
-
-class DeriveError(ValueError):
+class DeriveError(Refusal):
     """Arguments or data ``derive`` cannot use: ``diagnostics`` (each with a code, and a span into
     ``sources`` where there is one) say why."""
-
-    def __init__(self, diagnostics, sources=None):
-        super().__init__("; ".join(d.message for d in diagnostics))
-        self.diagnostics = list(diagnostics)
-        self.sources = dict(sources or {})
-
-    def render(self) -> str:
-        from steerc.diagnostics import render_text
-
-        return "\n\n".join(render_text(d, self.sources) for d in self.diagnostics)
 
 
 def _error(code: str, message: str, help: str | None = None) -> DeriveError:
@@ -108,25 +97,16 @@ def methods_of(method) -> list[str]:
 
 
 def sites_of(at: str, facts, label: str = "at", one_per_layer: bool = True) -> list:
-    """The concrete sites of a selector such as ``resid_post[25%:75%]`` (raises DeriveError whose
-    diagnostics point into the selector, shown as a one-line program named ``label``). A bank holds one row
-    per layer (``one_per_layer``); ``steerc capture`` reads several heads of one layer too."""
-    from steerc.api import check_source
-    from steerc.passes.lower_plan import concrete_sites
+    """The concrete sites of a selector such as ``resid_post[25%:75%]`` (:func:`steerc.runtime.capture.sites_of`;
+    raises DeriveError whose diagnostics point into the selector, shown as a one-line program named ``label``).
+    A bank holds one row per layer (``one_per_layer``); ``steerc capture`` reads several heads of one layer too."""
+    from steerc.runtime.capture import CaptureError
+    from steerc.runtime.capture import sites_of as concrete
 
-    if not isinstance(at, str) or not at.strip() or any(c in at for c in "\n\r{}#"):
-        raise _error(INVALID_VALUE, f"{label} takes one site selector, e.g. resid_post[4:8], got {at!r}")
-    result = check_source(SITE_PROGRAM.format(at=at), label, facts=facts)
-    errors = [d for d in result.diagnostics if d.is_error]
-    if errors:
-        raise DeriveError(errors, result.sources)
-    site = result.checked.interventions[0].site
-    pairs = list(concrete_sites(site, facts))
-    layers = [layer for layer, _ in pairs]
-    if one_per_layer and len(set(layers)) != len(layers):
-        raise _error(INVALID_VALUE, f"{label}: one head per layer (a bank holds one row per layer), "
-                     "e.g. head[4:8, 3]")
-    return [A.Site(site.kind, layer, head) for layer, head in pairs]
+    try:
+        return concrete(at, facts, label=label, one_per_layer=one_per_layer)
+    except CaptureError as exc:
+        raise DeriveError(exc.diagnostics, exc.sources) from None
 
 
 def dataset_of(pairs) -> D.Dataset:
@@ -185,8 +165,8 @@ def read_pairs(model, tokenizer, facts, dataset: D.Dataset, sites, reading: A.Re
     items = []
     for side in ("positive", "negative"):
         for pair in dataset.pairs:
-            ids, start = A.encode(tokenizer, getattr(pair, side), pair.prompt, reading.chat)
-            a, b = A.positions(len(ids), start, reading.read)
+            ids, start = encode(tokenizer, getattr(pair, side), pair.prompt, reading.chat)
+            a, b = positions(len(ids), start, reading.read)
             if b <= a:
                 raise _error(INVALID_DATA, f"a {side} completion has no tokens to read (read completion)")
             items.append((ids, a, b))

@@ -30,14 +30,16 @@ def write(path: str, rows: dict[str, np.ndarray], info: dict) -> None:
 
 
 def write_arrays(path: str, arrays: dict[str, np.ndarray], key: str, info: dict) -> None:
-    """``arrays`` as float32 safetensors (sorted by name) with ``info`` as canonical JSON under the metadata
-    entry ``key``, written atomically: the same inputs give the same bytes (``steerc capture`` too)."""
+    """``arrays`` as safetensors (sorted by name; float32, integer arrays as int64) with ``info`` as canonical
+    JSON under the metadata entry ``key``, written atomically: the same inputs give the same bytes
+    (``steerc capture`` too)."""
     import os
     import tempfile
 
     from safetensors.numpy import save
 
-    data = save({k: np.ascontiguousarray(v, dtype=np.float32) for k, v in sorted(arrays.items())},
+    data = save({k: np.ascontiguousarray(v, dtype=np.int64 if np.asarray(v).dtype.kind in "iu" else np.float32)
+                 for k, v in sorted(arrays.items())},
                 metadata={key: canonical(info)})
     folder = os.path.dirname(os.path.abspath(path))
     os.makedirs(folder, exist_ok=True)

@@ -32,6 +32,7 @@ __all__ = [
     "Diagnostic",
     "Diagnostics",
     "Note",
+    "Refusal",
     "capped",
     "not_utf8",
     "omitted_line",
@@ -314,3 +315,16 @@ def not_utf8(name: str, exc: UnicodeDecodeError, path: str | None = None):
         span, label="not UTF-8",
         help="save it as UTF-8: steerc reads every program as UTF-8 text (a leading byte-order mark is allowed)")
     return diagnostic, source
+
+
+class Refusal(ValueError):
+    """A request steerc refuses, as diagnostics: ``diagnostics`` (each with a code, and a span into
+    ``sources`` where there is one) say why; ``render()`` gives them as the command line prints them."""
+
+    def __init__(self, diagnostics, sources=None):
+        super().__init__("; ".join(d.message for d in diagnostics))
+        self.diagnostics = list(diagnostics)
+        self.sources = dict(sources or {})
+
+    def render(self) -> str:
+        return "\n\n".join(render_text(d, self.sources) for d in self.diagnostics)

@@ -136,6 +136,13 @@ def hf_model(folder: str):
     return AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
 
 
+@functools.lru_cache(maxsize=None)
+def model_tokenizer(folder: str):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(folder)
+
+
 def checked_plan(folder: str, text: str, root: str | None = None, params: dict | None = None):
     from steerc.api import Options, check_source
     from steerc.runtime.hf import facts_from_model

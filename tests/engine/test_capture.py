@@ -1,5 +1,5 @@
 """``steerc.runtime.vllm.capture``: activations read inside the real engine equal the HF path's
-(``steerc.derive.activations.read``, the reads ``steerc derive`` makes), at every site kind.
+(``steerc.runtime.hf.capture``, the reads ``steerc derive`` makes), at every site kind.
 
 One eager engine on SmolLM2 (float32) with a plan that adds a vector at ``resid_post[3]``: with the
 steering off the capture reads the model's own stream, with it on the stream as steered, each against
@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from harness import Engine, checked_plan, hf_model, model_folder, require_vllm, vllm_bytes
+from harness import Engine, checked_plan, hf_model, model_folder, model_tokenizer, require_vllm, vllm_bytes
 
 require_vllm()
 
@@ -48,7 +48,7 @@ def engine(folder, plan):
 
 
 def _sites():
-    from steerc.derive.activations import Site
+    from steerc.runtime.capture import Site
 
     return [Site("resid_pre", 0), Site("resid_post", 0), Site("resid_post", 6), Site("resid_post", 29),
             Site("mlp_out", 4), Site("attn_out", 5), Site("head", 5, 2), Site("resid_pre", 7)]
@@ -57,7 +57,7 @@ def _sites():
 def _items(folder, read: str):
     from transformers import AutoTokenizer
 
-    from steerc.derive.activations import positions
+    from steerc.runtime.capture import positions
 
     tok = AutoTokenizer.from_pretrained(folder)
     out = []
@@ -87,48 +87,48 @@ def _compare(got: dict, want: dict) -> float:
 
 @pytest.mark.parametrize("read", ["last", "mean", "completion"])
 def test_unsteered_capture_equals_the_hf_read_at_every_site_kind(engine, folder, read):
-    from steerc.derive.activations import read as hf_read
-    from steerc.runtime.vllm import capture, enable
+    from steerc.runtime.hf.capture import read_items as hf_read
+    from steerc.runtime.vllm import capture_items, enable
 
     items, tok = _items(folder, read)
-    want = hf_read(hf_model(folder), tok, _facts(folder), items, _sites(), label="hf")
+    want = hf_read(hf_model(folder), tok, _facts(folder), items, _sites(), batch_size=8)
     enable(engine.llm, False)
     try:
-        got = capture(engine.llm, items, _sites(), _facts(folder), batch_size=2)  # several steps, mixed batches
+        got = capture_items(engine.llm, items, _sites(), _facts(folder), batch_size=2)  # several steps, mixed batches
     finally:
         enable(engine.llm, True)
     print(f"\ncapture ({read}) against HF: {_compare(got, want):.3g} relative at most")
 
 
 def test_a_steered_capture_reads_after_the_steering_before_the_site(engine, folder, plan):
-    from steerc.derive.activations import read as hf_read
+    from steerc.runtime.hf.capture import read_items as hf_read
     from steerc.runtime.hf import install
-    from steerc.runtime.vllm import capture
+    from steerc.runtime.vllm import capture_items
 
     items, tok = _items(folder, "mean")
     model = hf_model(folder)
     sites = _sites()
     with install(model, plan, tok):
-        want = hf_read(model, tok, _facts(folder), items, sites, label="hf")
-    got = capture(engine.llm, items, sites, _facts(folder))
+        want = hf_read(model, tok, _facts(folder), items, sites, batch_size=8)
+    got = capture_items(engine.llm, items, sites, _facts(folder))
     _compare(got, want)
-    plain = hf_read(model, tok, _facts(folder), items, sites, label="hf")
+    plain = hf_read(model, tok, _facts(folder), items, sites, batch_size=8)
     moved = {s.text: float(np.abs(got[s] - plain[s]).max()) for s in sites}
     assert moved["resid_post[0]"] < 1e-5 and moved["resid_post[6]"] > 1e-2  # before the add, and after it
 
 
 def test_a_capture_that_cannot_be_served_is_refused_before_any_forward(engine, folder):
-    from steerc.derive.activations import Site
-    from steerc.runtime.vllm import capture, status
+    from steerc.runtime.capture import Site
+    from steerc.runtime.vllm import capture_items, status
     from steerc.targets.vllm.wire import PlanError
 
     before = status(engine.llm)[0]["forwards"]
     with pytest.raises((PlanError, ValueError)):
-        capture(engine.llm, [([1, 2, 3], 0, 3)], [Site("resid_post", 99)], _facts(folder))
+        capture_items(engine.llm, [([1, 2, 3], 0, 3)], [Site("resid_post", 99)], _facts(folder))
     assert status(engine.llm)[0]["forwards"] == before
     # the engine still captures afterwards
     items, _ = _items(folder, "last")
-    assert capture(engine.llm, items[:1], [Site("resid_post", 1)], _facts(folder))[Site("resid_post", 1)].shape == (1, 576)
+    assert capture_items(engine.llm, items[:1], [Site("resid_post", 1)], _facts(folder))[Site("resid_post", 1)].shape == (1, 576)
 
 
 def test_a_per_position_capture_keeps_every_position_in_order(engine, folder):
@@ -136,15 +136,15 @@ def test_a_per_position_capture_keeps_every_position_in_order(engine, folder):
     position (batched two at a time, so items share steps)."""
     import torch
 
-    from steerc.derive.activations import Site
-    from steerc.runtime.vllm import capture, enable
+    from steerc.runtime.capture import Site
+    from steerc.runtime.vllm import capture_items, enable
 
     items, tok = _items(folder, "mean")
     items = [(ids, 1, len(ids)) for ids, _, _ in items]
     sites = [Site("resid_post", 6), Site("mlp_out", 2)]
     enable(engine.llm, False)
     try:
-        got = capture(engine.llm, items, sites, _facts(folder), batch_size=2, per_position=True)
+        got = capture_items(engine.llm, items, sites, _facts(folder), batch_size=2, per_position=True)
     finally:
         enable(engine.llm, True)
     assert got[sites[0]].shape == (sum(b - a for _, a, b in items), 576)
@@ -164,3 +164,30 @@ def test_a_per_position_capture_keeps_every_position_in_order(engine, folder):
             offset += b - a
     finally:
         handle.remove()
+
+
+@pytest.mark.parametrize("read", ["all", "completion"])
+def test_the_text_api_gives_the_hf_engines_arrays(engine, folder, read):
+    """The call the two engines share: ``capture(llm, texts, sites, read=...)`` equals
+    ``steerc.runtime.hf.capture(model, tokenizer, texts, sites, read=...)``, texts with and without a
+    prompt, in order, ``all`` padded with zeros past each text's tokens."""
+    from steerc.runtime.hf import capture as hf_capture
+    from steerc.runtime.vllm import capture, enable
+
+    texts = TEXTS[:3] + [("Tell me a story.", " Once upon a time there was a lighthouse.")]
+    model = hf_model(folder)
+    want = hf_capture(model, model_tokenizer(folder), texts, ["resid_post[6, 29]", "head[5, 2]"], read=read)
+    enable(engine.llm, False)
+    try:
+        got = capture(engine.llm, texts, ["resid_post[6, 29]", "head[5, 2]"], read=read, batch_size=3)
+    finally:
+        enable(engine.llm, True)
+    assert list(got) == list(want) == ["resid_post[6]", "resid_post[29]", "head[5, 2]"]
+    assert (got.lengths == want.lengths).all()
+    for key in want:
+        assert got[key].shape == want[key].shape and got[key].dtype == np.float32
+        scale = np.abs(want[key]).max()
+        assert float(np.abs(got[key] - want[key]).max()) <= REL * scale, key
+    if read == "all":
+        for i, n in enumerate(got.lengths):
+            assert not got["resid_post[6]"][i, n:].any()

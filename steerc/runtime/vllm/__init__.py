@@ -19,7 +19,7 @@ The API's names are read from :mod:`.api` when first used, so that importing a l
 from __future__ import annotations
 
 API = ("load", "swap", "install", "set_params", "enable", "status", "call", "sampling_params", "read_plan",
-       "plan_file", "check_coverage", "capture", "captured", "answer_array", "checkpoint_dtype",
+       "plan_file", "check_coverage", "capture", "capture_items", "captured", "answer_array", "checkpoint_dtype",
        "logs_to_stderr")
 
 

@@ -17,6 +17,14 @@ which position). ``steerc_capture_end`` returns the means and removes the hooks.
   final norm.
 * Under tensor parallelism a residual site is whole on every rank and is returned by rank 0; a head
   site is returned by the rank that holds the head, at its local columns.
+* **Taps**, for compiled engines: sites named when the engine starts (``load(..., capture=...)``,
+  ``additional_config["steerc"]["capture"]``) get a :class:`Taps` hook before torch.compile traces the
+  model. Each copies its site's tensor (the head's columns, a fused pair's sum, in the compute dtype)
+  into a fixed ``[max_num_batched_tokens, width]`` buffer, a traced in-place copy like the plan's own
+  state, and counts its runs inside the graph. After each forward the capture reads the step's rows
+  out of the buffers, with the same positions it would have hooked; a tap that did not run in a step
+  the capture read is an error, never zeros. An eager engine reads a tapped site through its tap too,
+  and any other site through a hook of its own; a compiled engine refuses a site it has no tap for.
 * ``"per_position": true`` keeps every position instead of the mean: a site's answer is then
   ``[sum of (b - a), width]``, the rows' positions one after the other. The site ``{"key": "logprobs",
   "kind": "logprobs"}`` reads the model's final hidden states (after the final norm) and answers the
@@ -34,14 +42,108 @@ MAX_ROWS = 1_000_000
 MAX_POSITIONS = 65_536
 
 
+MAX_TAPS = 4096
+
+
 class CaptureError(ValueError):
     """A capture spec or request the worker refuses (the message names the field)."""
+
+
+def answering(site: dict, *, tp_rank: int, tp_size: int, heads: int, head_dim: int):
+    """(whether this rank answers for ``site``, the columns it reads): rank 0 for a whole site, the owning
+    rank for a head (at its local columns)."""
+    if site.get("head") is None:
+        return tp_rank == 0, site.get("columns")
+    h = int(site["head"])
+    local_heads = heads // tp_size
+    j = h % local_heads
+    return h // local_heads == tp_rank, [j * head_dim, (j + 1) * head_dim]
+
+
+def site_value(site: dict, args, kwargs, output):
+    """The tensor a site reads, from its module's call: a pre hook's input, a fused (hidden, residual)
+    pair's sum (in float64), or the output."""
+    if site["kind"] == "pre":
+        index = 1 if site["tensor"] == "input1" else 0
+        return args[index] if len(args) > index else kwargs["hidden_states"]
+    if site["tensor"] == "fused_pair":
+        hidden, residual = output[0], output[1]
+        return hidden if residual is None else hidden.to(torch.float64) + residual.to(torch.float64)
+    return output[0] if isinstance(output, tuple) else output
+
+
+def _on(module, site: dict, read):
+    """``read(tensor)`` on each call of ``module``, per the site's kind (runs after the plan's hooks)."""
+    if site["kind"] == "pre":
+        return module.register_forward_pre_hook(lambda mod, args, kwargs: read(site_value(site, args, kwargs, None)),
+                                                with_kwargs=True)
+    return module.register_forward_hook(lambda mod, args, output: read(site_value(site, args, None, output)))
+
+
+class Taps(torch.nn.Module):
+    """The capture taps of a compiled engine: fixed buffers its graph copies the sites' tensors into."""
+
+    def __init__(self, model, sites, *, tp_rank: int, tp_size: int, heads: int, head_dim: int, max_tokens: int,
+                 dtype, device):
+        super().__init__()
+        if not isinstance(sites, list) or len(sites) > MAX_TAPS:
+            raise CaptureError(f"capture: a list of at most {MAX_TAPS} sites")
+        self.max_tokens = max_tokens
+        self.index: dict[str, int] = {}  # site key -> its buffer (tap_<i>), the taps this rank answers for
+        self.handles = []
+        self.register_buffer("fired", torch.zeros(max(1, len(sites)), dtype=torch.long, device=device),
+                             persistent=False)
+        try:
+            for site in sites:
+                _check_site(site)
+                mine, cols = answering(site, tp_rank=tp_rank, tp_size=tp_size, heads=heads, head_dim=head_dim)
+                if not mine or site["key"] in self.index:
+                    continue
+                i = len(self.index)
+                module = model.get_submodule(site["module"])
+                width = (cols[1] - cols[0]) if cols else int(site["width"])
+                self.register_buffer(f"tap_{i}", torch.zeros(max_tokens, width, dtype=dtype, device=device),
+                                     persistent=False)
+                self.index[site["key"]] = i
+                self.handles.append(_on(module, site, self._copier(i, cols, dtype)))
+        except Exception:
+            self.remove()
+            raise
+
+    def _copier(self, i: int, cols, dtype):
+        def copy(x):  # traced into the graph: a fixed-shape in-place copy, and its run counted
+            self.fired[i] += 1
+            x = x.reshape(-1, x.shape[-1])
+            if cols is not None:
+                x = x[:, cols[0]:cols[1]]
+            getattr(self, f"tap_{i}")[:x.shape[0]].copy_(x.to(dtype))
+
+        return copy
+
+    def buffer(self, key: str):
+        return getattr(self, f"tap_{self.index[key]}")
+
+    def remove(self) -> None:
+        for h in self.handles:
+            h.remove()
+        self.handles = []
+
+
+def _check_site(site) -> None:
+    if not isinstance(site, dict):
+        raise CaptureError("capture: each site is a map")
+    for field, kinds in (("key", str), ("module", str), ("kind", str), ("tensor", str), ("width", int)):
+        if not isinstance(site.get(field), kinds) or isinstance(site.get(field), bool):
+            raise CaptureError(f"capture.sites: {field} must be a {kinds.__name__}, got {site.get(field)!r}")
+    if site["kind"] not in ("pre", "post") or (site.get("head") is not None and not isinstance(site["head"], int)):
+        raise CaptureError(f"capture.sites: {site['key']}: not a site steerc reads")
 
 
 class Capture:
     """One capture in progress on one worker's model."""
 
-    def __init__(self, model, spec: dict, *, tp_rank: int, tp_size: int, heads: int, head_dim: int):
+    def __init__(self, model, spec: dict, *, tp_rank: int, tp_size: int, heads: int, head_dim: int,
+                 taps: Taps | None = None, compiled: bool = False):
         rows = spec.get("rows")
         if not isinstance(rows, list) or not 1 <= len(rows) <= MAX_ROWS:
             raise CaptureError(f"capture.rows must be a list of 1 to {MAX_ROWS} [start, end] pairs")
@@ -65,29 +167,46 @@ class Capture:
         self._step_rows: torch.Tensor | None = None  # per token of this step: its capture row, or -1
         self._step_dest: torch.Tensor | None = None  # per token (per-position captures): its output row, or -1
         self._forced: dict[str, int | None] = {}
-        local_heads = heads // tp_size
+        self.taps = taps
+        self.tapped: list[tuple[str, object]] = []  # (site key, its reader): read from the taps after a forward
+        self._fired = None
+        self.failed: str | None = None  # why the capture stopped reading, answered at its end
+        untapped = [s["key"] for s in spec["sites"] if s.get("kind") != "logprobs"
+                    and (taps is None or s["key"] not in taps.index)]
+        if compiled and untapped:
+            held = ", ".join(sorted(taps.index)) if taps is not None and taps.index else "none"
+            raise CaptureError(f"capture.sites: {untapped[0]} has no tap in this compiled engine's graph (its taps: "
+                               f"{held}); start the engine with load(..., capture=...) naming the sites, or "
+                               "enforce_eager=True")
         try:
             for site in spec["sites"]:
-                cols = site.get("columns")
-                if site.get("head") is not None:
-                    h = int(site["head"])
-                    if h // local_heads != tp_rank:
-                        continue  # another rank holds this head
-                    j = h % local_heads
-                    cols = [j * head_dim, (j + 1) * head_dim]
-                elif tp_rank != 0:
-                    continue  # whole on every rank: rank 0 answers
                 if site.get("kind") == "logprobs":
-                    self.handles.append(model.register_forward_hook(self._reader("logprobs", None)))
+                    if tp_rank == 0:  # the top-level model's output, outside any compiled graph
+                        self.handles.append(model.register_forward_hook(self._reader("logprobs", None)))
+                    continue
+                mine, cols = answering(site, tp_rank=tp_rank, tp_size=tp_size, heads=heads, head_dim=head_dim)
+                if not mine:
+                    continue
+                if taps is not None and site["key"] in taps.index:
+                    self.tapped.append((site["key"], self._reader(site["key"], None)))
                     continue
                 module = model.get_submodule(site["module"])
-                self.handles.append(self._register(module, site, cols))
+                self.handles.append(_on(module, site, self._reader(site["key"], cols)))
         except Exception:
             self.remove()
             raise
 
     # ---- per step (called by the plan's feeder before each forward)
     def before(self, layout, view, pos: np.ndarray, row: np.ndarray) -> None:
+        """Which of this step's tokens are read, and where they go (called ahead of the forward). A
+        refusal ends the capture, never the engine's step: it is answered at ``steerc_capture_end``."""
+        if self.failed is None:
+            try:
+                self._before(layout, view, pos, row)
+            except CaptureError as exc:
+                self.failed, self._step_rows = str(exc), None
+
+    def _before(self, layout, view, pos: np.ndarray, row: np.ndarray) -> None:
         capture_row = np.full(len(layout.req_ids), -1, dtype=np.int64)
         for i, req in enumerate(layout.req_ids):
             if req not in self._forced:
@@ -107,11 +226,37 @@ class Capture:
             self.filled[dest[dest >= 0]] = True
         if (rows >= 0).any():
             self._step_rows = torch.from_numpy(rows)
+            if self.tapped:
+                self._fired = self.taps.fired.clone()
             taken = rows[rows >= 0]
             self.seen[taken] = True
             self.counts += torch.bincount(torch.from_numpy(taken), minlength=self.n).to(torch.float64)
         else:
             self._step_rows = None
+
+    def after(self) -> None:
+        """After a forward: the tapped sites' rows of this step, read out of the taps' buffers."""
+        if self.failed is None:
+            try:
+                self._after()
+            except CaptureError as exc:
+                self.failed = str(exc)
+
+    def idle(self) -> None:
+        """A forward that runs no request (a dummy run): nothing of it is read."""
+        self._step_rows, self._fired = None, None
+
+    def _after(self) -> None:
+        if not self.tapped or self._step_rows is None:
+            return
+        fired, self._fired = self._fired, None
+        now = self.taps.fired
+        for key, read in self.tapped:
+            i = self.taps.index[key]
+            if fired is not None and int(now[i]) <= int(fired[i]):
+                raise CaptureError(f"capture: the tap at {key} did not run in a step it was to read; the "
+                                   "engine's forward does not go through its module")
+            read(self.taps.buffer(key))
 
     def _row_of(self, params) -> int | None:
         extra = getattr(params, "extra_args", None) or {}
@@ -151,27 +296,6 @@ class Capture:
             read(output[0] if isinstance(output, tuple) else output)
 
         return hook if key == "logprobs" else read
-
-    def _register(self, module, site: dict, cols):
-        kind, tensor = site["kind"], site["tensor"]
-        read = self._reader(site["key"], cols)
-
-        if kind == "pre":
-            index = 1 if tensor == "input1" else 0
-
-            def pre(mod, args, kwargs):
-                read(args[index] if len(args) > index else kwargs["hidden_states"])
-
-            return module.register_forward_pre_hook(pre, with_kwargs=True)
-
-        def post(mod, args, output):
-            if tensor == "fused_pair":
-                hidden, residual = output[0], output[1]
-                read(hidden if residual is None else hidden.to(torch.float64) + residual.to(torch.float64))
-            else:
-                read(output[0] if isinstance(output, tuple) else output)
-
-        return module.register_forward_hook(post)
 
     def result(self) -> dict:
         """{"rows", "missing", "sites": {key: {"shape", "data"}}}: each row's mean (or each position's

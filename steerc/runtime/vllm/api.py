@@ -77,7 +77,7 @@ def plan_file(data: bytes) -> str:
     return path
 
 
-def load(model: str, plan, *, hmac_key_file: str | None = None, **engine_kwargs):
+def load(model: str, plan, *, hmac_key_file: str | None = None, capture=None, **engine_kwargs):
     """A ``vllm.LLM`` for ``model`` with ``plan`` installed on every worker before compilation.
 
     ``engine_kwargs`` go to ``vllm.LLM``; a ``load_format`` is the one steerc's
@@ -87,6 +87,11 @@ def load(model: str, plan, *, hmac_key_file: str | None = None, **engine_kwargs)
     PIECEWISE (full graphs replay without the step metadata steerc writes);
     JSON-schema constraints come out compact (``structured_outputs_config``
     ``disable_any_whitespace``, which vLLM's xgrammar backend reads per engine).
+
+    ``capture``: sites (a selector such as ``"resid_post[0:30]"``, or a list) that :func:`capture` will read
+    on a compiled engine. Each gets a tap traced into the graph, a fixed ``[max_num_batched_tokens,
+    width]`` buffer per site its graph copies the site into on every step (an eager engine reads any
+    site without them). Checked against the plan's model before the engine starts.
     """
     vllm = _vllm()
     register_loader()
@@ -108,6 +113,12 @@ def load(model: str, plan, *, hmac_key_file: str | None = None, **engine_kwargs)
                          "load_format": engine_kwargs.pop("load_format", "auto")}
     if hmac_key_file:
         extra[CONFIG_KEY]["hmac_key_file"] = os.path.abspath(hmac_key_file)
+    if capture is not None:
+        from steerc.facts import ModelFacts
+        from steerc.runtime.capture import as_sites
+
+        facts = ModelFacts(**obj["header"]["facts"])
+        extra[CONFIG_KEY]["capture"] = capture_spec(as_sites(capture, facts), facts, [])["sites"]
     llm = vllm.LLM(model=model, load_format=LOAD_FORMAT, worker_extension_cls=EXTENSION, additional_config=extra,
                    **engine_kwargs)
     try:
@@ -238,29 +249,65 @@ def capture_spec(sites, facts, ranges) -> dict:
         c = canonical_site(site.kind, site.layer, site.head)
         hook = table.hook(c.kind, c.layer)
         out.append({"key": site.key, "module": hook.module, "kind": hook.kind, "tensor": hook.tensor,
-                    "head": site.head, "columns": None})
+                    "head": site.head, "columns": None, "width": facts.hidden})
     return {"sites": out, "rows": [[int(a), int(b)] for a, b in ranges]}
 
 
-def capture(llm, items, sites, facts, *, batch_size: int = 256, per_position: bool = False) -> dict:
+def capture(llm, texts, sites, *, read: str = "last", chat: bool = False, batch_size: int = 256):
+    """Activations of ``texts`` at ``sites`` (a selector such as ``"resid_post[0:30]"``, or a list of them),
+    read inside the engine as ``read`` says (``last``, ``mean``, ``completion`` or ``all``): the same
+    :class:`~steerc.runtime.capture.Captured` arrays :func:`steerc.runtime.hf.capture` gives
+    (spec/derive.md, *Capture*). Tokenized with the engine's tokenizer; with the plan's steering on, what
+    is read is the steered stream. Raises :class:`~steerc.runtime.capture.CaptureError` before any forward
+    for a site the model lacks or texts it cannot read, PlanError for one the engine cannot serve (a
+    compiled engine without a tap there)."""
+    from steerc.runtime import capture as C
+    from steerc.runtime.vllm.engine import facts_of
+
+    facts = facts_of(llm.llm_engine.vllm_config)
+    wanted = C.as_sites(sites, facts)
+    items = C.items_of(llm.get_tokenizer(), texts, read, chat)
+    C.check_size(items, wanted, facts, read)
+    arrays = capture_items(llm, items, wanted, facts, batch_size=batch_size, per_position=read == "all")
+    return C.captured(arrays, wanted, items, read)
+
+
+def capture_items(llm, items, sites, facts, *, batch_size: int = 256, per_position: bool = False) -> dict:
     """{site: [len(items), width] float32}: each item ``(token ids, a, b)`` read at its positions ``[a, b)``
     (their mean) through the engine's own forwards (spec/derive.md, *Capture*); with ``per_position``,
     every position kept instead, ``[sum of (b - a), width]``, the items' positions one after the other.
 
-    The engine must be eager (``load(..., enforce_eager=True)``). Every item is one request of one
-    sampled token, with a fresh random ``cache_salt``, so no cached prefix answers for a position the
-    capture reads. With the plan's steering on, what is read is the steered stream (the hooks run after
-    the plan's); with it off (:func:`enable`), the model's own.
+    Every item is one request of one sampled token, with a fresh random ``cache_salt``, so no cached
+    prefix answers for a position the capture reads. With the plan's steering on, what is read is the
+    steered stream (the hooks run after the plan's); with it off (:func:`enable`), the model's own. A
+    per-position capture runs as several, each within what a worker keeps at once.
     """
     import numpy as np
 
+    from steerc.runtime.vllm.activations import MAX_POSITIONS
+
+    if not items:
+        return {site: np.zeros((0, facts.width(site.kind)), dtype=np.float32) for site in sites}
+    groups, size = [[]], 0
+    for item in items:
+        n = item[2] - item[1] if per_position else 0
+        if n > MAX_POSITIONS:
+            raise PlanError("capture", f"a text of {n} positions is over the {MAX_POSITIONS} a capture keeps")
+        if groups[-1] and size + n > MAX_POSITIONS:
+            groups.append([])
+            size = 0
+        groups[-1].append(item)
+        size += n
+    parts = [_capture_group(llm, group, sites, facts, batch_size, per_position) for group in groups]
+    return {site: np.concatenate([p[site] for p in parts]) for site in sites}
+
+
+def _capture_group(llm, items, sites, facts, batch_size: int, per_position: bool) -> dict:
     vllm = _vllm()
     from vllm.inputs import TokensPrompt
 
     from steerc.runtime.vllm.activations import CAPTURE_KEY
 
-    if not items:
-        return {site: np.zeros((0, facts.width(site.kind)), dtype=np.float32) for site in sites}
     spec = dict(capture_spec(sites, facts, [(a, b) for _, a, b in items]), per_position=per_position)
 
     def batches():

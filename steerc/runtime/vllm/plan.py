@@ -103,6 +103,8 @@ class PlanFeeder:
         self.forwards += 1
         layout = self.view.layout()
         if layout is None:  # a dummy run (profiling, warm-up, capture): nothing is steered
+            if self.capture is not None:
+                self.capture.idle()
             state.write_metadata(np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64),
                                  np.zeros(0, dtype=np.int64), np.zeros(0, dtype=bool))
             return
@@ -133,6 +135,8 @@ class PlanFeeder:
             self._forced = {k: v for k, v in self._forced.items() if k in live}
 
     def after(self) -> None:
+        if self.capture is not None:
+            self.capture.after()
         if self._pending is None:
             return
         before, self._pending = self._pending, None
@@ -147,7 +151,26 @@ def attach(model, runner, view, vllm_config, cfg: dict) -> InstalledPlan:
     with open(cfg["plan"], "rb") as fh:
         obj = unpack(fh.read())
     tensors = validate_plan(obj, fingerprint=facts_of(vllm_config).fingerprint, key=engine_key(vllm_config))
-    return _install(model, view, vllm_config, obj, tensors)
+    installed = _install(model, view, vllm_config, obj, tensors)
+    if cfg.get("capture") is not None:
+        attach_taps(model, vllm_config, installed.header["facts"], cfg["capture"])
+    return installed
+
+
+def attach_taps(model, vllm_config, facts: dict, sites) -> None:
+    """The capture taps the engine was started with (``load(..., capture=...)``), after the plan's hooks and
+    before torch.compile traces the model (:class:`~steerc.runtime.vllm.activations.Taps`)."""
+    from steerc.runtime.vllm.activations import CaptureError, Taps
+
+    tp_rank, tp_size = tensor_parallel()
+    param = next(model.parameters())
+    try:
+        taps = Taps(model, sites, tp_rank=tp_rank, tp_size=tp_size, heads=int(facts["heads"]),
+                    head_dim=int(facts["head_dim"]), max_tokens=int(vllm_config.scheduler_config.max_num_batched_tokens),
+                    dtype=compute_dtype(param.dtype), device=param.device)
+    except (CaptureError, AttributeError, KeyError, TypeError) as exc:
+        raise EngineError(f"additional_config.steerc.capture: {exc}") from None
+    model.add_module("steerc_taps", taps)
 
 
 def _install(model, view, vllm_config, obj, tensors) -> InstalledPlan:
@@ -232,17 +255,16 @@ class SteercWorkerExtension:
         """Start reading activations (:mod:`.activations`): hooks on the spec's sites, after the plan's."""
         from steerc.runtime.vllm.activations import Capture, CaptureError
 
-        if is_compiled(self.vllm_config):
-            raise EngineError("capture needs an eager engine (enforce_eager=True): its hooks are Python that a "
-                              "compiled graph does not run")
         feeder = self._steerc_installed().feeder
         if feeder.capture is not None:
             raise EngineError("a capture is already in progress on this engine")
         facts = self._steerc_installed().header["facts"]
         tp_rank, tp_size = tensor_parallel()
         try:
-            feeder.capture = Capture(self._steerc_model(), spec, tp_rank=tp_rank, tp_size=tp_size,
-                                     heads=int(facts["heads"]), head_dim=int(facts["head_dim"]))
+            model = self._steerc_model()
+            feeder.capture = Capture(model, spec, tp_rank=tp_rank, tp_size=tp_size, heads=int(facts["heads"]),
+                                     head_dim=int(facts["head_dim"]), taps=getattr(model, "steerc_taps", None),
+                                     compiled=is_compiled(self.vllm_config))
         except (CaptureError, KeyError, TypeError, AttributeError) as exc:
             raise PlanError("capture", str(exc)) from None
         return {}
@@ -255,6 +277,8 @@ class SteercWorkerExtension:
         if capture is None:
             raise EngineError("no capture is in progress on this engine")
         capture.remove()
+        if capture.failed is not None:
+            raise PlanError("capture", capture.failed)
         return capture.result()
 
     @_rpc
