@@ -117,3 +117,56 @@ def test_the_same_inputs_give_the_same_bytes_and_a_head_is_its_slice(project):
                 np.testing.assert_allclose(got[f"head.4.{h}"][i], want, rtol=1e-5, atol=1e-5)
     finally:
         handle.remove()
+
+
+@pytest.fixture(scope="module")
+def tiny_folder(tmp_path_factory):
+    from tiny_models import tiny_model
+    from tokenizer_util import byte_bpe
+
+    path = tmp_path_factory.mktemp("tiny-capture")
+    tiny_model("llama", "float32").save_pretrained(path)
+    byte_bpe(512).save_pretrained(path)
+    return str(path)
+
+
+def test_a_program_is_read_at_its_sites_as_it_steers(project, tiny_folder):
+    """``steerc capture PROGRAM.steer``: the sites of its interventions and probes, in order, read with the
+    program installed (the HF runtime's own hooks, then a plain read of the same model), its provenance
+    recorded."""
+    import hashlib
+
+    from safetensors import safe_open
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from steerc.runtime.hf import capture, compile_for, install
+
+    vec = np.linspace(-1, 1, 64).astype(np.float32)
+    np.save(project / "v.npy", vec)
+    program = ('steer 1\nvector v = load("v.npy")\nprobe p {\n  at resid_post[3]\n  read dot(v)\n  pool token\n}\n'
+               "intervention x {\n  at resid_post[1:3]\n  add 2.0 * v\n}\n")
+    (project / "p.steer").write_text(program)
+    code, out, err = run_cli(["capture", "p.steer", "--model", tiny_folder, "--data", "lines.txt", "--read", "mean",
+                              "-o", "acts.safetensors", "--format", "json"])
+    assert code == 0, err
+    doc = json.loads(out)
+    assert doc["sites"] == ["resid_post[1]", "resid_post[2]", "resid_post[3]"]
+    assert doc["program"] == {"file": "p.steer", "sha256": hashlib.sha256(program.encode()).hexdigest()}
+    with safe_open(str(project / "acts.safetensors"), "np") as fh:
+        got = {k: fh.get_tensor(k) for k in fh.keys()}
+    model, tok = AutoModelForCausalLM.from_pretrained(tiny_folder).eval(), AutoTokenizer.from_pretrained(tiny_folder)
+    texts = ["The sun is out.", "Rain again today."]
+    plain = capture(model, tok, texts, "resid_post[1:4]", read="mean")
+    with install(model, compile_for(str(project / "p.steer"), model), tok):
+        want = capture(model, tok, texts, "resid_post[1:4]", read="mean")
+    for layer in (1, 2, 3):
+        np.testing.assert_allclose(got[f"resid_post.{layer}"], want[f"resid_post[{layer}]"], rtol=1e-5, atol=1e-6)
+        assert np.abs(got[f"resid_post.{layer}"] - plain[f"resid_post[{layer}]"]).max() > 0.5  # steered
+
+
+def test_a_program_with_errors_is_its_diagnostics(project, tiny_folder):
+    (project / "bad.steer").write_text("steer 1\nintervention x {\n  at resid_post[99]\n  scale 2\n}\n")
+    code, _, err = run_cli(["capture", "bad.steer", "--model", tiny_folder, "--data", "lines.txt",
+                            "-o", "x.safetensors"])
+    assert code == 1 and "layer-out-of-range" in err and "^" in err
+    assert not os.path.exists(project / "x.safetensors")

@@ -1,7 +1,12 @@
-"""``steerc capture SITES --model M --data TEXTS -o acts.safetensors [--read last|mean|completion|all]``
-``[--chat] [--engine hf|vllm]``: activations for the user's own analysis (spec/derive.md, *Capture*).
+"""``steerc capture SITES|PROGRAM.steer --model M --data TEXTS -o acts.safetensors``
+``[--read last|mean|completion|all] [--chat] [--engine hf|vllm]``: activations for the user's own analysis
+(spec/derive.md, *Capture*).
 
     steerc capture "resid_post[0:30]" --model smollm2 --data examples/smollm2/cheerful.txt -o acts.safetensors
+    steerc capture examples/smollm2/joy.steer --model smollm2 --data examples/smollm2/cheerful.txt -o steered.safetensors
+
+With a program, the sites are its interventions' and probes' and the texts are read as the program
+steers them (installed on HF; the engine's plan on vLLM).
 """
 
 from __future__ import annotations
@@ -9,7 +14,7 @@ from __future__ import annotations
 import os
 import sys
 
-from steerc.cli import EXIT_OK, UsageError
+from steerc.cli import EXIT_ERRORS, EXIT_OK, UsageError
 from steerc.cli.common import data_source, fail_with, model_path_for
 from steerc.core.jsonio import dumps as json_dumps
 
@@ -18,8 +23,9 @@ METADATA_KEY = "steerc.capture"
 
 
 def add_arguments(cmd) -> None:
-    cmd.add_argument("sites", metavar="SITES",
-                     help='the sites to read, in selector syntax: "resid_post[0:30]", "mlp_out[4]", "head[5, 0:3]"')
+    cmd.add_argument("sites", metavar="SITES|PROGRAM.steer",
+                     help='the sites to read, in selector syntax: "resid_post[0:30]", "mlp_out[4]", "head[5, 0:3]"; '
+                          "or a .steer program: its sites, read as it steers them")
     cmd.add_argument("--model", required=True, metavar="MODEL",
                      help="a model name (smollm2), a .gguf file, or a Hugging Face model folder")
     cmd.add_argument("--data", required=True, metavar="TEXTS",
@@ -61,8 +67,28 @@ def _texts(path: str) -> tuple[list[tuple[str | None, str]], str]:
     return [(None, line) for line in parse_lines(src)], sha256_of(src)
 
 
+def _program(args, facts):
+    """(plan, its sites in order, its provenance) for a ``.steer`` program: the sites of its interventions
+    and probes."""
+    from steerc.api import Options, check_source
+    from steerc.cli.common import read_text
+    from steerc.passes.lower_plan import concrete_sites
+    from steerc.runtime.capture import Site
+
+    path = os.path.abspath(args.sites)
+    result = check_source(read_text(args.sites), args.sites, path=path, options=Options(), facts=facts)
+    if not result.ok:
+        print(result.render(), file=sys.stderr)
+        raise SystemExit(EXIT_ERRORS)
+    patterns = [i.site for i in result.checked.interventions] + [p.site for p in result.checked.probes.values()]
+    sites = list(dict.fromkeys(Site(p.kind, layer, head) for p in patterns for layer, head in concrete_sites(p, facts)))
+    if not sites:
+        raise UsageError(f"{args.sites} steers and probes no site: nothing to read")
+    return result.plan, sites, {"file": os.path.basename(path), "sha256": result.checked.source_sha256}
+
+
 def run(args) -> int:
-    from steerc.cli.derive import load_checked, model_facts, sites_arg, vllm_reader
+    from steerc.cli.derive import load_checked, model_facts, sites_arg, vllm_engine
     from steerc.derive import activations as A
     from steerc.derive.bank import write_arrays
     from steerc.derive.data import DataError
@@ -75,8 +101,12 @@ def run(args) -> int:
     except DataError as exc:
         return fail_with(args, exc.diagnostics, exc.sources)
     facts = model_facts(args)
-    args.at = args.sites
-    sites = sites_arg(args, facts, label="SITES", one_per_layer=False)
+    plan = program = None
+    if args.sites.endswith(".steer"):
+        plan, sites, program = _program(args, facts)
+    else:
+        args.at = args.sites
+        sites = sites_arg(args, facts, label="SITES", one_per_layer=False)
     path = model_path_for(args)
 
     all_ = args.read == "all"
@@ -90,14 +120,21 @@ def run(args) -> int:
         return items
 
     if args.engine == "vllm":
-        with vllm_reader(path, facts, "capture") as (tokenizer, reader):
+        from steerc.runtime.vllm import capture_items
+
+        with vllm_engine(path, facts, "capture", plan=plan) as (llm, tokenizer):
             items = items_of(tokenizer)
-            acts = reader(items, sites, per_position=all_)
+            acts = capture_items(llm, items, sites, facts, per_position=all_)
     else:
+        import contextlib
+
+        from steerc.runtime.hf import install
+
         model, tokenizer = load_checked(path, facts, args)
         items = items_of(tokenizer)
-        acts = A.read(model, tokenizer, facts, items, sites, batch_size=args.batch_size, per_position=all_,
-                      label=f"reading {len(texts)} texts at {len(sites)} sites")
+        with install(model, plan, tokenizer) if plan is not None else contextlib.nullcontext():
+            acts = A.read(model, tokenizer, facts, items, sites, batch_size=args.batch_size, per_position=all_,
+                          label=f"reading {len(texts)} texts at {len(sites)} sites")
     answer = C.captured(acts, sites, items, args.read)
     info = {
         "format": FORMAT,
@@ -106,6 +143,7 @@ def run(args) -> int:
                   "hidden": facts.hidden, "weights_sha256": A.model_sha256(path),
                   "name": os.path.basename(path.rstrip("/"))},
         "sites": [s.text for s in sites],
+        **({"program": program} if program is not None else {}),
         "reading": A.Reading(args.chat, args.read).to_json(),
         "data": {"file": os.path.basename(args.data), "sha256": data_sha, "texts": len(texts)},
     }

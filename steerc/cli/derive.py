@@ -144,23 +144,23 @@ def load_checked(path: str, facts, args=None):
 
 
 @contextlib.contextmanager
-def vllm_reader(path: str, facts, command: str = "derive"):
-    """(tokenizer, reader) for ``derive`` or ``capture`` ``--engine vllm``: one eager engine on the model's
-    folder, steering nothing, reading with :func:`steerc.runtime.vllm.capture_items`; shut down afterwards."""
+def vllm_engine(path: str, facts, command: str = "derive", plan=None):
+    """(engine, tokenizer) for a command's ``--engine vllm``: one eager engine on the model's folder, steering
+    as ``plan`` does (by default nothing), without prefix caching; shut down afterwards."""
     require_vllm(command)
     from steerc.api import check_source
     from steerc.runtime.models import hf_folder, load_tokenizer
-    from steerc.runtime.vllm import capture_items, checkpoint_dtype, load, logs_to_stderr
+    from steerc.runtime.vllm import checkpoint_dtype, load, logs_to_stderr
     from steerc.targets.vllm.emit import plan_bytes
 
     logs_to_stderr()
     folder = hf_folder(path)
-    nothing = check_source("steer 1\n", "capture.steer", facts=facts).plan  # the engine's plan: no hooks
-    llm = load(folder, plan_bytes(nothing, facts), enforce_eager=True, enable_prefix_caching=False,
+    if plan is None:
+        plan = check_source("steer 1\n", "capture.steer", facts=facts).plan  # the engine's plan: no hooks
+    llm = load(folder, plan_bytes(plan, facts), enforce_eager=True, enable_prefix_caching=False,
                dtype=checkpoint_dtype(folder))
     try:
-        yield load_tokenizer(folder), (lambda items, sites, per_position=False:
-                                       capture_items(llm, items, sites, facts, per_position=per_position))
+        yield llm, load_tokenizer(folder)
     finally:
         llm.llm_engine.engine_core.shutdown()
 
@@ -174,9 +174,6 @@ def run(args) -> int:
         raise UsageError("--heldout is a fraction from 0 (no scores) up to, not including, 1")
     try:
         if args.calibrate:
-            if args.engine != "hf":
-                raise UsageError("--calibrate reads through --engine hf only (calibrating on vLLM is not built "
-                                 "yet); derive the bank with --engine vllm and calibrate with the default engine")
             return _calibrate(args)
         return _derive(args)
     except DataError as exc:
@@ -219,8 +216,11 @@ def _derive(args) -> int:
     if missing:
         try:
             if args.engine == "vllm":
-                with vllm_reader(path, facts) as (tokenizer, reader):
-                    fresh = read_pairs(None, tokenizer, facts, dataset, missing, reading, reader=reader)
+                from steerc.runtime.vllm import capture_items
+
+                with vllm_engine(path, facts) as (llm, tokenizer):
+                    fresh = read_pairs(None, tokenizer, facts, dataset, missing, reading,
+                                       reader=lambda items, sites: capture_items(llm, items, sites, facts))
             else:
                 model, tokenizer = load_checked(path, facts, args)
                 fresh = read_pairs(model, tokenizer, facts, dataset, missing, reading, batch_size=args.batch_size)
@@ -300,11 +300,14 @@ def _calibrate(args) -> int:
         raise UsageError(f"--probe {args.probe}: {args.calibrate} has no probe of that name "
                          f"({', '.join(names) or 'it declares none'})")
     probe = result.plan.probe(args.probe)
-    model, tokenizer = load_checked(model_path_for(args), facts, args)
-    values = _probe_values(model, tokenizer, result.plan, args.probe, pos + neg, args)
+    if args.engine == "vllm":
+        values = _vllm_probe_values(model_path_for(args), facts, result.plan, args.probe, pos + neg, args.chat)
+    else:
+        model, tokenizer = load_checked(model_path_for(args), facts, args)
+        values = _probe_values(model, tokenizer, result.plan, args.probe, pos + neg, args)
     vp, vn = values[:len(pos)], values[len(pos):]
     op, threshold, f1, accuracy = best_threshold(vp, vn)
-    report = {"probe": args.probe, "readout": probe.kind, "site": probe.site.text, "pool": probe.pool,
+    report = {"probe": args.probe, "readout": probe.kind, **({"engine": args.engine} if args.engine != "hf" else {}), "site": probe.site.text, "pool": probe.pool,
               "chat": bool(args.chat), "op": op, "threshold": threshold, "f1": f1, "accuracy": accuracy,
               "positive": {"n": len(vp), "min": float(vp.min()), "mean": float(vp.mean()), "max": float(vp.max())},
               "negative": {"n": len(vn), "min": float(vn.min()), "mean": float(vn.mean()), "max": float(vn.max())}}
@@ -320,6 +323,16 @@ def _calibrate(args) -> int:
     for label, v in (("should hold", vp), ("should not", vn)):
         print(f"  {label:11s}: min {v.min():#.4g}  mean {v.mean():#.4g}  max {v.max():#.4g}")
     return EXIT_OK
+
+
+def _vllm_probe_values(path: str, facts, plan, name: str, texts: list[str], chat: bool):
+    """The probe's value on each text inside one eager vLLM engine with the program's plan installed, read
+    from the plan's own probe state as its gates read it (:func:`steerc.runtime.vllm.probe_values`)."""
+    from steerc.runtime.capture import encode
+    from steerc.runtime.vllm import probe_values
+
+    with vllm_engine(path, facts, "derive --calibrate", plan=plan) as (llm, tokenizer):
+        return probe_values(llm, [encode(tokenizer, t, None, chat)[0] for t in texts], name)
 
 
 def _probe_values(model, tokenizer, plan, name: str, texts: list[str], args):

@@ -191,3 +191,34 @@ def test_the_text_api_gives_the_hf_engines_arrays(engine, folder, read):
     if read == "all":
         for i, n in enumerate(got.lengths):
             assert not got["resid_post[6]"][i, n:].any()
+
+
+PROBES = ('steer 1\nvector v = load("v.npy")\n'
+          "probe tok {\n  at resid_post[5]\n  read cosine(v)\n  pool token\n}\n"
+          "probe pooled {\n  at resid_pre[9]\n  read dot(v)\n  pool prompt.mean\n}\n"
+          "intervention x {\n  at resid_post[12]\n  add 2.0 * v\n  tokens generated\n  when tok > -1.0 and pooled > -1000.0\n}\n")
+
+
+def test_probe_values_are_what_the_gates_read_as_on_hf(engine, folder, root, plan):
+    """``probe_values``: a per-token probe at each text's last token and a prompt-pooled one, read from the
+    installed plan's own probe state, equal the HF runtime's values (``derive --calibrate``'s)."""
+    from types import SimpleNamespace
+
+    from steerc.cli.derive import _probe_values
+    from steerc.runtime.vllm import install, probe_values
+
+    probes = checked_plan(folder, PROBES, root=str(root))
+    tok = model_tokenizer(folder)
+    ids = [list(tok(t)["input_ids"]) for t in TEXTS]
+    install(engine.llm, vllm_bytes(folder, probes))
+    try:
+        got = {name: probe_values(engine.llm, ids, name, batch_size=2) for name in ("tok", "pooled")}
+        with pytest.raises(Exception, match="no probe 'mood'"):
+            probe_values(engine.llm, ids, "mood")
+    finally:
+        install(engine.llm, vllm_bytes(folder, plan))
+    args = SimpleNamespace(batch_size=2, chat=False)
+    for name, values in got.items():
+        want = _probe_values(hf_model(folder), tok, probes, name, TEXTS, args)
+        assert values.shape == (len(TEXTS),)
+        np.testing.assert_allclose(values, want, rtol=1e-4, atol=1e-5 * float(np.abs(want).max()))

@@ -1,7 +1,8 @@
 """``steerc derive --engine vllm`` on the real engine: the README's derive (SmolLM2, the joy pairs, every
 layer, mean of the tokens, every method, normalized) gives the bank ``--engine hf`` gives, to 1e-4
-relative, sign included, and its metadata names the engine. Each command boots what it needs (the vLLM
-one: one eager engine steering nothing, read through ``steerc.runtime.vllm.capture``)."""
+relative, sign included, and its metadata names the engine; ``--calibrate --engine vllm`` finds the HF
+engine's threshold. Each command boots what it needs (the vLLM one: one eager engine, steering nothing
+for derive, with the program's plan for --calibrate)."""
 
 from __future__ import annotations
 
@@ -58,10 +59,25 @@ def test_the_bank_equals_the_hf_engine_s_sign_included(banks):
     assert vl["scores"].keys() == hf["scores"].keys()
 
 
-def test_calibrate_through_vllm_is_refused_with_the_reason(tmp_path):
-    from support import run_cli
-
-    shutil.copy(os.path.join(REPO, "examples", "smollm2", "joy.jsonl"), tmp_path / "joy.jsonl")
-    code, _, err = run_cli(["derive", "--model", "smollm2", "--data", str(tmp_path / "joy.jsonl"), "--engine",
-                            "vllm", "--calibrate", "x.steer", "--probe", "p"])
-    assert code != 0 and "--engine hf" in err
+def test_calibrate_through_vllm_finds_the_hf_engines_threshold(tmp_path):
+    """The README's CAST calibration (a prompt-pooled cosine probe, the chat template) with ``--engine vllm``:
+    the probe's values are read from the plan's own probe state inside the engine, and the threshold,
+    F1, accuracy and value ranges are the HF engine's."""
+    src = os.path.join(REPO, "examples", "smollm2")
+    for name in ("cheer_up.steer", "gloomy.txt", "cheerful.txt"):
+        shutil.copy(os.path.join(src, name), tmp_path / name)
+    shutil.copytree(os.path.join(src, "vectors"), tmp_path / "vectors")
+    (tmp_path / "steer.toml").write_text("")
+    argv = ["derive", "--model", "smollm2", "--chat", "--positive", "gloomy.txt", "--negative", "cheerful.txt",
+            "--calibrate", "cheer_up.steer", "--probe", "mood", "--format", "json"]
+    hf = in_folder(tmp_path, argv)
+    vl = in_folder(tmp_path, argv + ["--engine", "vllm"])
+    assert vl.pop("engine") == "vllm" and "engine" not in hf
+    assert (vl["op"], vl["f1"], vl["accuracy"]) == (hf["op"], hf["f1"], hf["accuracy"])
+    worst = abs(vl["threshold"] - hf["threshold"]) / abs(hf["threshold"])
+    for side in ("positive", "negative"):
+        assert vl[side]["n"] == hf[side]["n"]
+        for stat in ("min", "mean", "max"):
+            worst = max(worst, abs(vl[side][stat] - hf[side][stat]) / abs(hf[side][stat]))
+    print(f"\ncalibrate --engine vllm against --engine hf: {worst:.3g} relative at most")
+    assert worst <= 1e-4

@@ -32,6 +32,23 @@ def folder():
     return model_folder("tiny-llama")
 
 
+CAPTURED = [("head", 1, 0), ("head", 1, 3), ("head", 2, 1), ("head", 2, 2), ("resid_post", 1, None),
+            ("attn_out", 2, None), ("resid_pre", 3, None)]
+
+
+def _capture(eng, folder) -> dict:
+    """Each prompt read at every site (mean, and every position), with the last plan installed."""
+    from harness import PROMPTS, hf_model
+    from steerc.runtime.capture import Site
+    from steerc.runtime.hf import facts_from_model
+    from steerc.runtime.vllm import capture_items
+
+    facts, sites = facts_from_model(hf_model(folder)), [Site(*s) for s in CAPTURED]
+    items = [(list(p), 0, len(p)) for p in PROMPTS]
+    return {"mean": capture_items(eng.llm, items, sites, facts, batch_size=2),
+            "all": capture_items(eng.llm, items, sites, facts, per_position=True)}
+
+
 def _runs(folder, tp: int):
     os.environ["VLLM_CPU_OMP_THREADS_BIND"] = "0|1" if tp == 2 else "0"
     plans = [checked_plan(folder, c) for c in CASES]
@@ -41,6 +58,7 @@ def _runs(folder, tp: int):
         for plan in plans:
             statuses = eng.install(vllm_bytes(folder, plan))
             out.append((statuses, eng.run()))
+        captured = _capture(eng, folder)
         probe = ("steer 1\nprobe h {\n  at head[1, 0]\n  read norm\n  pool token\n}\n"
                  f"intervention x {{\n  at resid_post[2]\n  add {vec(W, 1)}\n  when h > 0.0\n}}\n")
         refused = None
@@ -52,12 +70,16 @@ def _runs(folder, tp: int):
     finally:
         eng.close()
         os.environ.pop("VLLM_CPU_OMP_THREADS_BIND", None)
-    return plans, out, refused
+    return plans, out, refused, captured
 
 
-def test_tensor_parallel_equals_tp1_and_hf(folder):
-    plans, tp2, refused = _runs(folder, 2)
-    _, tp1, _ = _runs(folder, 1)
+@pytest.fixture(scope="module")
+def both(folder):
+    return _runs(folder, 2), _runs(folder, 1)
+
+
+def test_tensor_parallel_equals_tp1_and_hf(folder, both):
+    (plans, tp2, refused, _), (_, tp1, _, _) = both
     # The refused plan left the last one in place, on both ranks (TP=2 on the CPU sums its ranks'
     # partial results in a varying order, so two runs agree to rounding, not bit for bit).
     recovered = tp2.pop()
@@ -148,3 +170,30 @@ def test_serve_plugin_under_parallelism(folder, tmp_path, parallel):
         eos = hf_model(folder).config.eos_token_id
         assert len(crossing) <= 1 and all(t == eos for t in crossing), \
             f"the crossing gate's request ends at once, never unsteered: {crossing}"
+
+
+def test_capture_under_tensor_parallel_equals_tp1_and_hf(folder, both):
+    """Capture with TP=2: a head is answered by the rank that holds it (heads 0 and 3 of layer 1 are on
+    different ranks), a whole site by rank 0; every array equals TP=1's and HF's read with the same plan."""
+    import numpy as np
+
+    from harness import PROMPTS, hf_model
+    from steerc.runtime.capture import Site
+    from steerc.runtime.hf import facts_from_model, install
+    from steerc.runtime.hf.capture import read_items
+
+    (plans, _, _, tp2), (_, _, _, tp1) = both
+    model, sites = hf_model(folder), [Site(*s) for s in CAPTURED]
+    items = [(list(p), 0, len(p)) for p in PROMPTS]
+    with install(model, plans[-1]):
+        want = {"mean": read_items(model, None, facts_from_model(model), items, sites),
+                "all": read_items(model, None, facts_from_model(model), items, sites, per_position=True)}
+    worst = 0.0
+    for read in ("mean", "all"):
+        for site in sites:
+            scale = float(np.abs(want[read][site]).max())
+            for got in (tp2[read][site], tp1[read][site]):
+                assert got.shape == want[read][site].shape, site.text
+                worst = max(worst, float(np.abs(got - want[read][site]).max()) / scale)
+    assert worst <= 1e-4, worst
+    print(f"\nTP=2 capture against TP=1 and HF: {worst:.3g} relative at most")

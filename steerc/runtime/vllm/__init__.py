@@ -10,7 +10,8 @@
 * :mod:`.loader` — steerc's model loader, choosing the mode from a table, and the vLLM plugin;
 * :mod:`.api` — the offline API on top: :func:`load`, :func:`swap`, :func:`install`,
   :func:`set_params`, :func:`enable`, :func:`status`, :func:`call`, :func:`sampling_params`,
-  :func:`capture` (activations read through the engine, :mod:`.activations` in the workers).
+  :func:`capture` (activations read through the engine, :mod:`.activations` in the workers) and
+  :func:`probe_values` (a plan's probe, as its gates read it).
 
 The API's names are read from :mod:`.api` when first used, so that importing a lower layer (the
 ``steerc serve`` command reads :mod:`.engine`'s constants) does not import torch.
@@ -19,8 +20,8 @@ The API's names are read from :mod:`.api` when first used, so that importing a l
 from __future__ import annotations
 
 API = ("load", "swap", "install", "set_params", "enable", "status", "call", "sampling_params", "read_plan",
-       "plan_file", "check_coverage", "capture", "capture_items", "captured", "answer_array", "checkpoint_dtype",
-       "logs_to_stderr")
+       "plan_file", "check_coverage", "capture", "capture_items", "captured", "probe_values", "answer_array",
+       "checkpoint_dtype", "logs_to_stderr")
 
 
 def __getattr__(name: str):

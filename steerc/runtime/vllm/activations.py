@@ -25,6 +25,9 @@ which position). ``steerc_capture_end`` returns the means and removes the hooks.
   out of the buffers, with the same positions it would have hooked; a tap that did not run in a step
   the capture read is an error, never zeros. An eager engine reads a tapped site through its tap too,
   and any other site through a hook of its own; a compiled engine refuses a site it has no tap for.
+* A site ``{"key": "probe.<name>", "kind": "probe", "name": <name>}`` reads one of the installed plan's
+  probes, as its gates read it, after each forward: a per-token probe's value at each position, a
+  pooled one's held value of the position's request (``derive --calibrate --engine vllm``).
 * ``"per_position": true`` keeps every position instead of the mean: a site's answer is then
   ``[sum of (b - a), width]``, the rows' positions one after the other. The site ``{"key": "logprobs",
   "kind": "logprobs"}`` reads the model's final hidden states (after the final norm) and answers the
@@ -143,7 +146,7 @@ class Capture:
     """One capture in progress on one worker's model."""
 
     def __init__(self, model, spec: dict, *, tp_rank: int, tp_size: int, heads: int, head_dim: int,
-                 taps: Taps | None = None, compiled: bool = False):
+                 taps: Taps | None = None, compiled: bool = False, state=None):
         rows = spec.get("rows")
         if not isinstance(rows, list) or not 1 <= len(rows) <= MAX_ROWS:
             raise CaptureError(f"capture.rows must be a list of 1 to {MAX_ROWS} [start, end] pairs")
@@ -171,7 +174,9 @@ class Capture:
         self.tapped: list[tuple[str, object]] = []  # (site key, its reader): read from the taps after a forward
         self._fired = None
         self.failed: str | None = None  # why the capture stopped reading, answered at its end
-        untapped = [s["key"] for s in spec["sites"] if s.get("kind") != "logprobs"
+        self.state = state  # the installed plan's SteerState: its probes' values
+        self.probes: list[tuple[str, object]] = []  # (probe name, its reader): read after a forward
+        untapped = [s["key"] for s in spec["sites"] if s.get("kind") not in ("logprobs", "probe")
                     and (taps is None or s["key"] not in taps.index)]
         if compiled and untapped:
             held = ", ".join(sorted(taps.index)) if taps is not None and taps.index else "none"
@@ -183,6 +188,15 @@ class Capture:
                 if site.get("kind") == "logprobs":
                     if tp_rank == 0:  # the top-level model's output, outside any compiled graph
                         self.handles.append(model.register_forward_hook(self._reader("logprobs", None)))
+                    continue
+                if site.get("kind") == "probe":
+                    name = site.get("name")
+                    if state is None or name not in (*state.pooled, *state.per_token):
+                        names = sorted((*state.pooled, *state.per_token)) if state is not None else []
+                        raise CaptureError(f"capture.sites: the installed plan has no probe {name!r} (its probes: "
+                                           f"{', '.join(names) or 'none'})")
+                    if tp_rank == 0:  # a probe reads a whole site, on every rank alike
+                        self.probes.append((name, self._reader(site["key"], None)))
                     continue
                 mine, cols = answering(site, tp_rank=tp_rank, tp_size=tp_size, heads=heads, head_dim=head_dim)
                 if not mine:
@@ -247,7 +261,12 @@ class Capture:
         self._step_rows, self._fired = None, None
 
     def _after(self) -> None:
-        if not self.tapped or self._step_rows is None:
+        if self._step_rows is None:
+            return
+        n = len(self._step_rows)
+        for name, read in self.probes:
+            read(self.state.probe_value(name, n).unsqueeze(-1))
+        if not self.tapped:
             return
         fired, self._fired = self._fired, None
         now = self.taps.fired

@@ -322,6 +322,31 @@ def _capture_group(llm, items, sites, facts, batch_size: int, per_position: bool
     return {site: answer_array(answers, site.key, site.text) for site in sites}
 
 
+def probe_values(llm, texts, name: str, *, batch_size: int = 256):
+    """float64 ``[len(texts)]``: the installed plan's probe ``name`` on each text (token ids), as its gates
+    read it once the text has passed as a prompt: a per-token probe at the last token, a pooled probe's
+    held value (CAST's condition, what ``steerc derive --calibrate --engine vllm`` searches a threshold on).
+    Every text is one request of one sampled token with a fresh ``cache_salt``."""
+    import numpy as np
+
+    vllm = _vllm()
+    from vllm.inputs import TokensPrompt
+
+    from steerc.runtime.vllm.activations import CAPTURE_KEY
+
+    if not texts:
+        return np.zeros(0)
+    key = f"probe.{name}"
+    spec = {"sites": [{"key": key, "kind": "probe", "name": name}],
+            "rows": [[len(ids) - 1, len(ids)] for ids in texts]}
+    salt = secrets.token_hex(16)
+    batches = (([TokensPrompt(prompt_token_ids=list(ids), cache_salt=salt) for ids in texts[i:i + batch_size]],
+                [vllm.SamplingParams(max_tokens=1, temperature=0.0, detokenize=False, extra_args={CAPTURE_KEY: i + j})
+                 for j in range(len(texts[i:i + batch_size]))]) for i in range(0, len(texts), batch_size))
+    _, answers = captured(llm, spec, batches)
+    return answer_array(answers, key, f"probe {name}")[:, 0].astype(np.float64)
+
+
 def captured(llm, spec: dict, batches) -> tuple[list, list[dict]]:
     """Run ``batches`` ((prompts, sampling params) pairs; a request read by the capture carries
     ``extra_args["steerc_capture"]``, its row) inside one capture: (the outputs, in order; every rank's

@@ -264,7 +264,7 @@ class SteercWorkerExtension:
             model = self._steerc_model()
             feeder.capture = Capture(model, spec, tp_rank=tp_rank, tp_size=tp_size, heads=int(facts["heads"]),
                                      head_dim=int(facts["head_dim"]), taps=getattr(model, "steerc_taps", None),
-                                     compiled=is_compiled(self.vllm_config))
+                                     compiled=is_compiled(self.vllm_config), state=self._steerc_installed().state)
         except (CaptureError, KeyError, TypeError, AttributeError) as exc:
             raise PlanError("capture", str(exc)) from None
         return {}
