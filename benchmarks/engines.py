@@ -12,7 +12,7 @@ bank's directions relative to each row's largest entry; eval's per-item score, K
 
 Needs vLLM beside transformers: run it in ``.venv-vllm`` (``./dev test-vllm`` builds it)::
 
-    .venv-vllm/bin/python benchmarks/engines.py [--job derive|eval|both] [--rounds 1]
+    .venv-vllm/bin/python benchmarks/engines.py [--job derive|eval|both|reads] [--rounds 1]
 """
 
 from __future__ import annotations
@@ -70,9 +70,10 @@ def difference(job: str, hf: str, vllm: str) -> float:
     return worst
 
 
-def reading_only() -> tuple[float, float, float]:
-    """Derive's reads alone, in this process: (HF read s, vLLM engine boot s, vLLM capture s) of the 48 texts
-    at the 30 layers (the engine booted once, as ``derive --engine vllm`` boots it)."""
+def reading_only() -> dict:
+    """Derive's reads alone, in this process, of the 48 texts at the 30 layers: HF's read, and for an eager
+    vLLM engine (as ``derive --engine vllm`` boots it) and a compiled one with taps at the 30 sites, the
+    boot and the capture (seconds), and the compiled capture's largest difference from the eager one."""
     if __name__ != "__main__":
         raise RuntimeError("engine code runs under the main guard")
     from steerc.derive import activations as A
@@ -80,7 +81,9 @@ def reading_only() -> tuple[float, float, float]:
     from steerc.derive.api import dataset_of, sites_of
     from steerc.facts import load_facts
     from steerc.runtime.models import hf_folder, load_model, smollm2_path
-    from steerc.runtime.vllm import capture, checkpoint_dtype, load
+    import numpy as np
+
+    from steerc.runtime.vllm import capture_items, checkpoint_dtype, load
     from steerc.api import check_source
     from steerc.targets.vllm.emit import plan_bytes
 
@@ -97,15 +100,21 @@ def reading_only() -> tuple[float, float, float]:
     start = time.perf_counter()
     A.read(model, tok, facts, items, sites, label="hf")
     hf = time.perf_counter() - start
-    start = time.perf_counter()
-    llm = load(folder, plan_bytes(check_source("steer 1\n", "x.steer", facts=facts).plan, facts), enforce_eager=True,
-               enable_prefix_caching=False, dtype=checkpoint_dtype(folder))
-    boot = time.perf_counter() - start
-    start = time.perf_counter()
-    capture(llm, items, sites, facts)
-    read = time.perf_counter() - start
-    llm.llm_engine.engine_core.shutdown()
-    return hf, boot, read
+    out = {"hf": hf}
+    nothing = plan_bytes(check_source("steer 1\n", "x.steer", facts=facts).plan, facts)
+    arrays = {}
+    for mode, kwargs in (("eager", {"enforce_eager": True}), ("compiled", {"capture": "resid_post[*]"})):
+        start = time.perf_counter()
+        llm = load(folder, nothing, enable_prefix_caching=False, dtype=checkpoint_dtype(folder), **kwargs)
+        out[f"{mode}_boot"] = time.perf_counter() - start
+        capture_items(llm, items[:2], sites, facts)  # the first requests of this shape, outside the timing
+        start = time.perf_counter()
+        arrays[mode] = capture_items(llm, items, sites, facts)
+        out[f"{mode}_read"] = time.perf_counter() - start
+        llm.llm_engine.engine_core.shutdown()
+    out["compiled_vs_eager"] = max(float(np.abs(arrays["compiled"][s] - arrays["eager"][s]).max()
+                                         / np.abs(arrays["eager"][s]).max()) for s in sites)
+    return out
 
 
 WHAT = {"derive": "48 texts x 30 layers, every method; bank directions, relative",
@@ -114,10 +123,11 @@ WHAT = {"derive": "48 texts x 30 layers, every method; bank directions, relative
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--job", choices=("derive", "eval", "both"), default="both")
+    parser.add_argument("--job", choices=("derive", "eval", "both", "reads"), default="both",
+                        help="reads: derive's reads alone (HF, eager vLLM, compiled vLLM with taps)")
     parser.add_argument("--rounds", type=int, default=1)
     args = parser.parse_args()
-    jobs = ("derive", "eval") if args.job == "both" else (args.job,)
+    jobs = {"both": ("derive", "eval"), "reads": ()}.get(args.job, (args.job,))
     print(f"steerc's engines on the README's jobs, median of {args.rounds} (wall seconds of the whole command, "
           "model load and engine boot included)")
     print("| job | --engine hf | --engine vllm | vllm over hf | largest difference |")
@@ -132,10 +142,12 @@ def main() -> None:
             hf, vl = statistics.median(times["hf"]), statistics.median(times["vllm"])
             print(f"| {job} ({WHAT[job]}) | {hf:.1f} | {vl:.1f} | {vl / hf:.2f} | "
                   f"{difference(job, paths['hf'], paths['vllm']):.2g} |", flush=True)
-    if "derive" in jobs:
-        hf, boot, read = reading_only()
-        print(f"derive's reads alone: HF {hf:.2f} s; vLLM {read:.2f} s ({read / hf:.2f} of HF) after an engine boot "
-              f"of {boot:.1f} s")
+    if "derive" in jobs or args.job == "reads":
+        r = reading_only()
+        print(f"derive's reads alone: HF {r['hf']:.2f} s; eager vLLM {r['eager_read']:.2f} s "
+              f"({r['eager_read'] / r['hf']:.2f} of HF) after a boot of {r['eager_boot']:.1f} s; compiled vLLM "
+              f"with taps {r['compiled_read']:.2f} s ({r['compiled_read'] / r['hf']:.2f} of HF) after a boot of "
+              f"{r['compiled_boot']:.1f} s; compiled against eager {r['compiled_vs_eager']:.2g} relative")
 
 
 if __name__ == "__main__":
