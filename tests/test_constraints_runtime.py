@@ -50,12 +50,12 @@ def _valid(kind: str, text: str) -> bool:
     return re.fullmatch(r"[0-9][0-9][+\-*][0-9]", text) is not None
 
 
-def _generate(model, tok, plan, package=None):
+def _generate(model, tok, plan, package=None, **kwargs):
     tok.padding_side = "left"
     ids = tok(PROMPTS, return_tensors="pt", padding=True)
     handle = package.install(model, tok) if package else install(model, plan, tok)
     with handle:
-        out = model.generate(**ids, max_new_tokens=48, do_sample=False, pad_token_id=0, eos_token_id=2)
+        out = model.generate(**ids, max_new_tokens=48, do_sample=False, pad_token_id=0, eos_token_id=2, **kwargs)
     return [tok.decode(r[ids["input_ids"].shape[1]:], skip_special_tokens=True) for r in out]
 
 
@@ -68,6 +68,15 @@ def test_constrained_output_is_valid_and_steering_still_applies(kind):
         assert _valid(kind, text), (kind, text)
     if kind != "choice":
         assert plain != steered, "the constraint leaves room: steering must still change the output"
+
+
+@pytest.mark.parametrize("kind", sorted(CONSTRAINTS))
+def test_a_static_cache_constrains_and_steers_as_the_dynamic_one(kind):
+    model, tok = tiny_model("llama"), byte_bpe()
+    plan = plan_for(model, "steer 1\n" + STEER + CONSTRAINTS[kind])
+    static = _generate(model, tok, plan, cache_implementation="static")
+    assert static == _generate(model, tok, plan)
+    assert all(_valid(kind, text) for text in static)
 
 
 def test_constraint_needs_the_tokenizer():

@@ -240,32 +240,63 @@ class Context:
         self.bound_tensors = Tensors({})
 
     # called by the base model's pre-hook
-    def begin_forward(self, input_ids, embeds, attention_mask, past_len: int) -> None:
+    def begin_forward(self, input_ids, embeds, attention_mask, past_len: int = 0, position_ids=None) -> None:
+        """Positions and padding of this forward's tokens.
+
+        From a 2-D mask ``[batch, length]`` (ones for real tokens; the past's columns first, or none),
+        positions are the real tokens counted. With a static cache transformers hands a 4-D mask
+        ``[batch, 1, queries, keys]`` (or one per attention type) instead, and ``position_ids``: then
+        positions are ``position_ids`` (transformers counts them the same way, from the 2-D mask) and a
+        token is real when its query row attends to any key. Neither path reads the cache's length.
+        """
         ref = input_ids if input_ids is not None else embeds
         batch, length = ref.shape[0], ref.shape[1]
         device = ref.device
+        if isinstance(attention_mask, dict):  # one mask per attention type: the full one sees every key
+            attention_mask = attention_mask.get("full_attention", next(iter(attention_mask.values()), None))
+        if attention_mask is not None and not torch.is_tensor(attention_mask):
+            raise ValueError(f"steerc reads the attention mask as a tensor, got {type(attention_mask).__name__}")
+        if position_ids is not None and (attention_mask is None or attention_mask.dim() == 4):
+            pos = position_ids.to(device=device, dtype=torch.long)
+            if pos.dim() == 3:  # multimodal rotary sections: the text positions are the first
+                pos = pos[0]
+            pos = pos.reshape(-1, length).expand(batch, length).clamp_min(0)
+            if attention_mask is None:
+                real = torch.ones(batch, length, dtype=torch.bool, device=device)
+            else:
+                visible = attention_mask if attention_mask.dtype == torch.bool else \
+                    attention_mask > torch.finfo(attention_mask.dtype).min / 2
+                real = visible[:, 0].any(dim=-1).expand(batch, length)
+            total = torch.where(real, pos + 1, torch.zeros_like(pos)).amax(dim=1)  # real tokens up to here
+            self._start(input_ids, pos, real, total)
+            return
         if attention_mask is None:
             mask = torch.ones(batch, past_len + length, dtype=torch.long, device=device)
         else:
             mask = attention_mask.to(device=device, dtype=torch.long)
             if mask.dim() != 2:
-                raise ValueError("steerc needs a 2-D attention mask [batch, length] to count positions")
+                raise ValueError("steerc needs a 2-D attention mask [batch, length] to count positions, or "
+                                 "position_ids beside a 4-D one")
             if mask.shape[1] < past_len + length:
                 pad = torch.ones(batch, past_len + length - mask.shape[1], dtype=torch.long, device=device)
                 mask = torch.cat([pad, mask], dim=1)
         counts = mask.cumsum(dim=1)
-        self.pos = (counts[:, -length:] - 1).clamp_min(0)
-        self.real = mask[:, -length:].bool()
+        self._start(input_ids, (counts[:, -length:] - 1).clamp_min(0), mask[:, -length:].bool(), counts[:, -1])
+
+    def _start(self, input_ids, pos, real, total) -> None:
+        """This forward's positions ``pos`` and real tokens ``real`` ([B, T]); ``total`` ([B]) counts the
+        real tokens up to its last, the prompt's length when this forward is a prompt."""
+        batch = pos.shape[0]
+        self.pos, self.real = pos, real
         new_prompt = not self.generating or self.expect_prompt or self.prompt_len is None
         if new_prompt:
             forced = self.forced_prompt_len
             if forced is not None and forced.shape[0] != batch:
                 raise ValueError(f"teacher_forced() was given {forced.shape[0]} prompt lengths for a batch of {batch}")
-            self.prompt_len = counts[:, -1].clone() if forced is None else forced.to(device)
+            self.prompt_len = total.clone() if forced is None else forced.to(pos.device)
             self.held = {}
-            in_prompt = mask[:, -length:] if forced is None else \
-                mask[:, -length:] * (self.pos < self.prompt_len.unsqueeze(1))
-            self._find_after(input_ids, in_prompt)
+            in_prompt = real if forced is None else real & (pos < self.prompt_len.unsqueeze(1))
+            self._find_after(input_ids, in_prompt.long())
             self.expect_prompt = False
         elif self.prompt_len.shape[0] != batch:
             raise ValueError("the batch changed size during generation; steerc cannot follow rows")
@@ -502,8 +533,10 @@ def install(model, base_path: str, hooks, context: Context, family: str = "?") -
         def begin(module, args, kwargs):
             bound = dict(zip(params, args))
             bound.update(kwargs)
-            context.begin_forward(bound.get("input_ids"), bound.get("inputs_embeds"),
-                                  bound.get("attention_mask"), _past_length(bound))
+            mask, position_ids = bound.get("attention_mask"), bound.get("position_ids")
+            tensors = position_ids is not None and not (torch.is_tensor(mask) and mask.dim() == 2)
+            context.begin_forward(bound.get("input_ids"), bound.get("inputs_embeds"), mask,
+                                  0 if tensors else _past_length(bound), position_ids)
             if not handle.verified:
                 ran[:] = [False] * len(ran)
 
