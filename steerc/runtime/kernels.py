@@ -231,6 +231,7 @@ class Context:
         self.prompt_len = None  # [B] held during generate
         self.forced_prompt_len = None  # [B] under Handle.teacher_forced: where each row's prompt ends
         self.after_start: dict[str, torch.Tensor] = {}
+        self.pending_after: dict[str, torch.Tensor] | None = None  # found by generate's wrapper, outside any graph
         self.held: dict[str, torch.Tensor] = {}  # pooled probe values, [B]
         self.values: dict[str, torch.Tensor] = {}  # per-token probe values this forward, [B, T]
         self.pos = self.real = self.plen = None
@@ -295,8 +296,12 @@ class Context:
                 raise ValueError(f"teacher_forced() was given {forced.shape[0]} prompt lengths for a batch of {batch}")
             self.prompt_len = total.clone() if forced is None else forced.to(pos.device)
             self.held = {}
-            in_prompt = real if forced is None else real & (pos < self.prompt_len.unsqueeze(1))
-            self._find_after(input_ids, in_prompt.long())
+            pending, self.pending_after = self.pending_after, None
+            if pending is not None and all(v.shape[0] == batch for v in pending.values()):
+                self.after_start = pending
+            else:
+                in_prompt = real if forced is None else real & (pos < self.prompt_len.unsqueeze(1))
+                self._find_after(input_ids, in_prompt.long())
             self.expect_prompt = False
         elif self.prompt_len.shape[0] != batch:
             raise ValueError("the batch changed size during generation; steerc cannot follow rows")
@@ -467,6 +472,7 @@ class Handle:
         self._generate = None
         self.removed = False
         self.verified = False  # True once a forward has run every planned hook
+        self._warm_up = None
 
     def remove(self) -> None:
         for h in self._hooks:
@@ -477,6 +483,17 @@ class Handle:
         self._generate = None
         self.context.generating = False
         self.removed = True
+
+    def warm_up(self) -> None:
+        """Check, with one eager forward of one token, that every planned hook runs (raises
+        :class:`HookNeverRan` naming those that do not). Eager forwards check themselves until one ran every
+        hook; a compiled forward cannot (the check is Python state outside the graph), so ``generate`` calls
+        this before its first call when the model's forward is compiled (``model.forward =
+        torch.compile(model.forward)``, ``model.compile()``), and a compiled forward that meets an unchecked
+        plan calls it from outside its graph (one graph break and one recompile, the first time only). Call it
+        before compiling to have neither."""
+        if not self.verified and self._warm_up is not None:
+            self._warm_up()
 
     @contextlib.contextmanager
     def teacher_forced(self, prompt_lengths):
@@ -535,10 +552,13 @@ def install(model, base_path: str, hooks, context: Context, family: str = "?") -
             bound.update(kwargs)
             mask, position_ids = bound.get("attention_mask"), bound.get("position_ids")
             tensors = position_ids is not None and not (torch.is_tensor(mask) and mask.dim() == 2)
+            if not handle.verified:
+                if torch.compiler.is_compiling():  # the check is Python state: it runs eagerly, outside the graph
+                    torch.compiler.disable(handle.warm_up)()
+                else:
+                    ran[:] = [False] * len(ran)
             context.begin_forward(bound.get("input_ids"), bound.get("inputs_embeds"), mask,
                                   0 if tensors else _past_length(bound), position_ids)
-            if not handle.verified:
-                ran[:] = [False] * len(ran)
 
         handle._hooks.append(base.register_forward_pre_hook(begin, with_kwargs=True, prepend=True))
         for i, (path, kind, tensor, fn) in enumerate(hooks):
@@ -556,6 +576,21 @@ def install(model, base_path: str, hooks, context: Context, family: str = "?") -
 
         checker.append(outer.register_forward_hook(end))
         handle._hooks.append(checker[0])
+
+        def warm_up():
+            # the outer module's own forward through its hooks; a compiled forward set on the instance
+            # (model.forward = torch.compile(model.forward)) or by model.compile() is stepped around
+            device = next(iter(model.parameters())).device
+            override = vars(outer).pop("forward", None)
+            try:
+                with torch.no_grad():
+                    torch.nn.Module._call_impl(outer, input_ids=torch.zeros(1, 1, dtype=torch.long, device=device),
+                                               use_cache=False)
+            finally:
+                if override is not None:
+                    outer.forward = override
+
+        handle._warm_up = warm_up
         _wrap_generate(model, handle)
     except Exception:
         handle.remove()
@@ -565,7 +600,8 @@ def install(model, base_path: str, hooks, context: Context, family: str = "?") -
 
 def _counted(fn, ran: list, i: int):
     def counted(h, ctx):
-        ran[i] = True
+        if not torch.compiler.is_compiling():  # the check runs eagerly (Handle.warm_up): no Python state in a graph
+            ran[i] = True
         return fn(h, ctx)
 
     return counted
@@ -660,8 +696,17 @@ def _wrap_generate(model, handle: Handle) -> None:
     context = handle.context
 
     def generate(*args, **kwargs):
+        if not handle.verified and ("forward" in vars(model) or getattr(model, "_compiled_call_impl", None)):
+            handle.warm_up()  # a forward compiled by the user: the check runs before it, eagerly
         if context.constraint is not None:
             kwargs = _with_processor(kwargs, context.constraint())
+        ids = kwargs.get("input_ids", kwargs.get("inputs", args[0] if args else None))
+        if context.after_texts and torch.is_tensor(ids) and ids.dim() == 2:  # outside the graph: decoding is Python
+            mask = kwargs.get("attention_mask")
+            real = mask.to(ids.device).long() if torch.is_tensor(mask) and mask.shape == ids.shape else \
+                torch.ones_like(ids)
+            context._find_after(ids, real)
+            context.pending_after = context.after_start
         context.generating = True
         context.expect_prompt = True
         try:
@@ -669,6 +714,7 @@ def _wrap_generate(model, handle: Handle) -> None:
         finally:
             context.generating = False
             context.prompt_len = None
+            context.pending_after = None
 
     generate.__doc__ = original.__doc__
     handle._generate = original
