@@ -64,10 +64,12 @@ def test_calibrate_through_vllm_finds_the_hf_engines_threshold(tmp_path):
     the probe's values are read from the plan's own probe state inside the engine, and the threshold,
     F1, accuracy and value ranges are the HF engine's."""
     src = os.path.join(REPO, "examples", "smollm2")
-    for name in ("cheer_up.steer", "gloomy.txt", "cheerful.txt"):
+    for name in ("cheer_up.steer", "gloomy.txt", "cheerful.txt", "joy.jsonl"):
         shutil.copy(os.path.join(src, name), tmp_path / name)
-    shutil.copytree(os.path.join(src, "vectors"), tmp_path / "vectors")
     (tmp_path / "steer.toml").write_text("")
+    # the bank cheer_up.steer loads, as `./dev demo` derives it (the test owns it: a clone has none)
+    in_folder(tmp_path, ["derive", "--model", "smollm2", "--data", "joy.jsonl", "--at", "resid_post[*]", "--read",
+                         "mean", "--normalize", "--no-cache", "-o", "vectors/joy.safetensors", "--format", "json"])
     argv = ["derive", "--model", "smollm2", "--chat", "--positive", "gloomy.txt", "--negative", "cheerful.txt",
             "--calibrate", "cheer_up.steer", "--probe", "mood", "--format", "json"]
     hf = in_folder(tmp_path, argv)
