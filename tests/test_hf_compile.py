@@ -34,6 +34,13 @@ NEW = 8
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
+def fresh():
+    """A private copy of the tiny Llama: these tests compile, reroute and hook it (the cached one stays clean)."""
+    import copy
+
+    return copy.deepcopy(tiny_model("llama", "float32"))
+
+
 def generate(model):
     out = model.generate(input_ids=IDS, attention_mask=MASK, max_new_tokens=NEW, do_sample=False, pad_token_id=0,
                          eos_token_id=None, cache_implementation="static")
@@ -75,7 +82,7 @@ def test_a_compiled_generation_steers_as_eager_without_recompiling(name, dynamo,
     rng = np.random.default_rng(3)
     save_file({f"mean_diff.{layer}": rng.normal(0, 1, 64).astype(np.float32) for layer in range(4)},
               str(tmp_path / "bank.safetensors"))
-    model = tiny_model("llama", "float32")
+    model = fresh()
     plan = plan_for(model, PROGRAMS[name], base_dir=str(tmp_path))
     eager, warm, fixed = _compiled_run(model, install(model, plan, CharTokenizer()), dynamo)
     assert warm == eager and fixed == eager
@@ -85,7 +92,7 @@ def test_the_emitted_package_compiles_the_same_way(dynamo, tmp_path):
     from steerc.targets.hf.emit import emit
     from steerc.targets.hooks import lower_hf
 
-    model = tiny_model("llama", "float32")
+    model = fresh()
     plan = plan_for(model, PROGRAMS["gates"])
     emit(lower_hf(plan, facts_from_model(model)), str(tmp_path / "pkg"), "test")
     package = load_emitted(str(tmp_path / "pkg"), "steer_compiled_gates")
@@ -96,7 +103,7 @@ def test_the_emitted_package_compiles_the_same_way(dynamo, tmp_path):
 
 
 def test_inductor_gives_the_eager_tokens(dynamo):
-    model = tiny_model("llama", "float32")
+    model = fresh()
     plan = plan_for(model, PROGRAMS["schedules"])
     eager, warm, fixed = _compiled_run(model, install(model, plan, CharTokenizer()), dynamo, backend="inductor")
     assert warm == eager and fixed == eager
@@ -105,7 +112,7 @@ def test_inductor_gives_the_eager_tokens(dynamo):
 def test_a_compiled_plain_forward_is_checked_eagerly_first(dynamo):
     """Warmed up by hand, a compiled plain forward has no graph break; met unchecked, it runs the check from
     outside its graph; either way it steers as eager."""
-    model = tiny_model("llama", "float32")
+    model = fresh()
     plan = plan_for(model, f"steer 1\nintervention x {{\n  at resid_post[1]\n  add 4.0 * {vec(64, 3)}\n}}\n")
     with install(model, plan):
         want = model(input_ids=IDS, attention_mask=MASK).logits
@@ -125,7 +132,7 @@ def test_a_compiled_plain_forward_is_checked_eagerly_first(dynamo):
 def test_the_warm_up_finds_a_hook_that_never_runs(dynamo, how):
     from test_hf_runtime import _reroute
 
-    model = tiny_model("llama", "float32")
+    model = fresh()
     plan = plan_for(model, f"steer 1\nintervention x {{\n  at mlp_out[1]\n  add 4.0 * {vec(64, 3)}\n}}\n")
     with install(model, plan):
         _reroute(model, 1)
@@ -141,9 +148,9 @@ sys.path.insert(0, {tests!r})
 from tiny_models import CharTokenizer, tiny_model
 from hf_util import plan_for
 from test_hf_static_cache import PROGRAMS
-from test_hf_compile import generate
+from test_hf_compile import fresh, generate
 from steerc.runtime.hf import install
-model = tiny_model("llama", "float32")
+model = fresh()
 with install(model, plan_for(model, PROGRAMS["gates"]), CharTokenizer()):
     model.forward = torch.compile(model.forward, backend="eager")
     generate(model)
@@ -159,3 +166,35 @@ def test_torch_logs_show_no_graph_break():
                           env=env, timeout=600)
     assert proc.returncode == 0 and "DONE" in proc.stdout, proc.stderr[-3000:]
     assert "graph break" not in proc.stderr.lower(), proc.stderr[-3000:]
+
+
+@pytest.mark.parametrize("how", ["forward", "module"])
+def test_installing_or_removing_after_compiling_is_never_silent(dynamo, how):
+    """Dynamo does not guard on hooks by default: without steerc dropping the compiled code, a graph traced
+    before install would run unsteered, and one traced before remove would go on steering."""
+    model = fresh()
+    plan = plan_for(model, PROGRAMS["schedules"])
+    plain = generate(model)
+    with install(model, plan, CharTokenizer()):
+        steered = generate(model)
+    assert steered != plain
+    if how == "forward":
+        model.forward = torch.compile(model.forward, backend="eager")
+    else:
+        model.compile(backend="eager")
+    assert generate(model) == plain  # traced without hooks
+    with install(model, plan, CharTokenizer()):
+        assert generate(model) == steered, "the graph traced before install ran unsteered"
+    assert generate(model) == plain, "the graph traced with the steering went on steering after remove"
+
+
+def test_two_models_of_one_class_compiled_with_different_plans_keep_their_own(dynamo):
+    model, other = fresh(), fresh()
+    plan = plan_for(model, PROGRAMS["schedules"])
+    with install(model, plan, CharTokenizer()):
+        steered = generate(model)
+    plain = generate(other)
+    with install(model, plan, CharTokenizer()):
+        model.forward = torch.compile(model.forward, backend="eager")
+        other.forward = torch.compile(other.forward, backend="eager")
+        assert generate(other) == plain and generate(model) == steered

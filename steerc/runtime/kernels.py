@@ -478,6 +478,8 @@ class Handle:
         for h in self._hooks:
             h.remove()
         self._hooks = []
+        if not self.removed:
+            forget_compiled(self.model)  # a graph traced with the steering would go on steering
         if self._generate is not None and "generate" in vars(self.model):
             del self.model.generate
         self._generate = None
@@ -523,6 +525,37 @@ class Handle:
         return False
 
 
+def forget_compiled(model) -> None:
+    """Make torch.compile see hooks that were just added or removed.
+
+    Dynamo does not guard on module hooks by default (``skip_nnmodule_hook_guards``), so a graph traced
+    before ``install`` would run unsteered and one traced before ``remove`` would go on steering, silently;
+    and two models of one class compiled with different hooks would share a graph. So the guards are turned
+    on, and the compiled code of the model's forwards (and ``nn.Module.__call__``'s, which
+    ``torch.compile(model)`` compiles) is dropped: the next compiled call traces the hooks as they are.
+    """
+    try:
+        import torch._dynamo as dynamo
+    except ImportError:
+        return
+    if getattr(dynamo.config, "skip_nnmodule_hook_guards", False):
+        dynamo.config.skip_nnmodule_hook_guards = False
+    reset = getattr(dynamo, "reset_code", None)
+    if reset is None:
+        return
+    codes = {torch.nn.Module._call_impl.__code__, torch.nn.Module._wrapped_call_impl.__code__}
+    for module in model.modules():
+        forward = getattr(type(module), "forward", None)
+        if getattr(forward, "__code__", None) is not None:
+            codes.add(forward.__code__)
+        own = vars(module).get("forward")
+        original = getattr(own, "_torchdynamo_orig_callable", None)
+        if getattr(original, "__code__", None) is not None:
+            codes.add(original.__code__)
+    for code in codes:
+        reset(code)
+
+
 class HookNeverRan(RuntimeError):
     """A forward after ``install`` did not go through a module the plan hooks: steering would silently not
     apply, so the forward is refused instead."""
@@ -543,6 +576,7 @@ def install(model, base_path: str, hooks, context: Context, family: str = "?") -
     """
     handle = Handle(model, context)
     ran = [False] * len(hooks)
+    forget_compiled(model)
     try:
         base = model.get_submodule(base_path)
         params = list(inspect.signature(base.forward).parameters)
