@@ -526,20 +526,23 @@ class Handle:
 
 
 def forget_compiled(model) -> None:
-    """Make torch.compile see hooks that were just added or removed.
+    """Make torch.compile see hooks that are added or removed.
 
     Dynamo does not guard on module hooks by default (``skip_nnmodule_hook_guards``), so a graph traced
     before ``install`` would run unsteered and one traced before ``remove`` would go on steering, silently;
     and two models of one class compiled with different hooks would share a graph. So the guards are turned
-    on, and the compiled code of the model's forwards (and ``nn.Module.__call__``'s, which
-    ``torch.compile(model)`` compiles) is dropped: the next compiled call traces the hooks as they are.
+    on, once, and the compiled code traced without them (of the model's forwards, and of
+    ``nn.Module.__call__``, which ``torch.compile(model)`` compiles) is dropped. From then on the guards
+    see every change of hooks: the next compiled call traces the hooks as they are, and graphs of other
+    models stay.
     """
     try:
         import torch._dynamo as dynamo
     except ImportError:
         return
-    if getattr(dynamo.config, "skip_nnmodule_hook_guards", False):
-        dynamo.config.skip_nnmodule_hook_guards = False
+    if not getattr(dynamo.config, "skip_nnmodule_hook_guards", False):
+        return
+    dynamo.config.skip_nnmodule_hook_guards = False
     reset = getattr(dynamo, "reset_code", None)
     if reset is None:
         return
@@ -548,8 +551,7 @@ def forget_compiled(model) -> None:
         forward = getattr(type(module), "forward", None)
         if getattr(forward, "__code__", None) is not None:
             codes.add(forward.__code__)
-        own = vars(module).get("forward")
-        original = getattr(own, "_torchdynamo_orig_callable", None)
+        original = getattr(vars(module).get("forward"), "_torchdynamo_orig_callable", None)
         if getattr(original, "__code__", None) is not None:
             codes.add(original.__code__)
     for code in codes:
