@@ -37,6 +37,15 @@ def _xgrammar_available() -> bool:
     return importlib.util.find_spec("xgrammar") is not None
 
 
+def _weights(args, project):
+    """The model a target builds from (``needs_model``): loaded as ``steerc run`` loads it."""
+    from steerc.cli.common import model_path_for
+    from steerc.runtime.models import load_model
+
+    model, _ = load_model(model_path_for(args))
+    return model
+
+
 def run(args) -> int:
     from steerc.api import check_source
     from steerc.targets import check_target
@@ -69,8 +78,9 @@ def run(args) -> int:
     if not result.ok:
         return EXIT_ERRORS
     command = _command(args)
+    extra = {"model": lambda: _weights(args, project)} if target.needs_model else {}
     try:
-        written = target.emit(result.plan, result.facts, args.output, command=command, key=key)
+        written = target.emit(result.plan, result.facts, args.output, command=command, key=key, **extra)
     except OSError as exc:
         raise UsageError(f"cannot write {args.output}: {exc}") from None
     for name in written:

@@ -1,15 +1,16 @@
 """Every target steerc lowers to, each one entry: its folder's ``TARGET`` (:class:`~steerc.targets.seat.Target`).
 
 >>> list(REGISTRY)
-['hf', 'vllm', 'serve', 'vllm-hook', 'llamacpp']
+['hf', 'vllm', 'serve', 'vllm-hook', 'llamacpp', 'export']
 >>> TARGET_NAMES
-('hf', 'vllm', 'serve', 'llamacpp')
+('hf', 'vllm', 'serve', 'llamacpp', 'export')
 >>> selected("serve", "vllm-hook").name
 'vllm-hook'
 """
 
 from __future__ import annotations
 
+from steerc.targets.export.target import TARGET as EXPORT
 from steerc.targets.hf.target import TARGET as HF
 from steerc.targets.llamacpp.target import TARGET as LLAMACPP
 from steerc.targets.seat import Target
@@ -17,7 +18,7 @@ from steerc.targets.serve.target import TARGET as SERVE
 from steerc.targets.vllm.target import TARGET as VLLM
 from steerc.targets.vllm_hook.target import TARGET as VLLM_HOOK
 
-REGISTRY: dict[str, Target] = {t.name: t for t in (HF, VLLM, SERVE, VLLM_HOOK, LLAMACPP)}
+REGISTRY: dict[str, Target] = {t.name: t for t in (HF, VLLM, SERVE, VLLM_HOOK, LLAMACPP, EXPORT)}
 
 # What ``--target`` (and ``steer.toml``'s ``target``) may name, and ``--dialect``.
 TARGET_NAMES = tuple(dict.fromkeys(t.selected_by[0] for t in REGISTRY.values()))

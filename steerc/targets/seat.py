@@ -29,6 +29,7 @@ class Target:
     signs: bool = False  # it takes ``--hmac-key-file``
     target: str = ""  # the ``--target`` that selects it (default: its name)
     dialect: str = "steerc"  # with this ``--dialect``
+    needs_model: bool = False  # its emit builds from the model's weights: ``emit(..., model=load)``, load() -> model
 
     @property
     def selected_by(self) -> tuple[str, str]:
