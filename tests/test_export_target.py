@@ -2,7 +2,8 @@
 
 On a tiny random Llama: the exported program, loaded with ``torch.export.load`` in a process where steerc
 cannot be imported, and its AOTInductor package, give the HF target's logits for the prefill and every
-decode step of a greedy generation (scopes, a schedule, a per-token gate, a head); its steering tensors are
+decode step of a greedy generation (scopes, a schedule, a per-token gate, a prompt-pooled gate, a head); its
+steering tensors are
 buffers (new values change the logits: zero gives the unsteered model's); what it cannot express is refused
 before anything is built, with the reason."""
 
@@ -27,7 +28,10 @@ PROGRAM = ("steer 1\n"
            f"intervention a {{\n  at resid_post[1]\n  add 6.0 * decay(0.8) * {vec(64, 70)}\n"
            "  tokens prompt[-1:], generated\n}\n"
            f"intervention b {{\n  at head[2, 1]\n  scale 2.0\n  tokens generated[:3]\n  when q > 0.5\n}}\n"
-           f"intervention c {{\n  at mlp_out[3]\n  ablate {vec(64, 71)}\n  tokens prompt\n}}\n")
+           f"intervention c {{\n  at mlp_out[3]\n  ablate {vec(64, 71)}\n  tokens prompt\n}}\n"
+           f"probe m {{\n  at resid_pre[1]\n  read cosine({vec(64, 72)})\n  pool prompt.mean\n}}\n"
+           f"intervention d {{\n  at resid_post[2]\n  add 5.0 * {vec(64, 73)}\n  tokens generated\n"
+           "  when m > -2.0\n}\n")
 PROMPT = [3, 4, 5, 6, 7, 8]
 NEW = 5
 
@@ -115,7 +119,8 @@ def test_the_artifacts_and_their_description(built):
 
 def test_the_steering_tensors_are_buffers_that_take_new_values(built):
     """The program's tensors are (persistent) buffers, not constants; written to zero, the prompt's logits are
-    the plain model's (on the prompt only the add, at zero, and the ablation, of a zero basis, act)."""
+    the plain model's (on the prompt only the add, at zero, and the ablation, of a zero basis, act; the pooled
+    gate's add is on generated tokens)."""
     from transformers import AutoModelForCausalLM
 
     root, _ = built
@@ -139,8 +144,7 @@ def test_the_steering_tensors_are_buffers_that_take_new_values(built):
 
 
 @pytest.mark.parametrize("line,feature", [
-    ("probe m {\n  at resid_pre[1]\n  read norm\n  pool prompt.mean\n}\n"
-     "intervention x {\n  at resid_post[2]\n  scale 2.0\n  tokens generated\n  when m > 1.0\n}\n", "gate:prompt.mean"),
+    ("param s = 2.0 per request\nintervention x {\n  at resid_post[2]\n  scale s\n}\n", "param:per-request"),
     ('intervention x {\n  at resid_post[2]\n  scale 2.0\n  tokens after "c"\n}\n', "scope:after"),
     ('intervention x {\n  at resid_post[2]\n  scale 2.0\n}\nconstrain regex "a+"\n', "constraint:regex"),
 ])

@@ -233,6 +233,7 @@ class Context:
         self.after_start: dict[str, torch.Tensor] = {}
         self.pending_after: dict[str, torch.Tensor] | None = None  # found by generate's wrapper, outside any graph
         self.held: dict[str, torch.Tensor] = {}  # pooled probe values, [B]
+        self.carried_held: dict | None = None  # pooled values a new forward starts from (the export target's buffers)
         self.values: dict[str, torch.Tensor] = {}  # per-token probe values this forward, [B, T]
         self.pos = self.real = self.plen = None
         self._masks: dict = {}
@@ -295,7 +296,7 @@ class Context:
             if forced is not None and forced.shape[0] != batch:
                 raise ValueError(f"teacher_forced() was given {forced.shape[0]} prompt lengths for a batch of {batch}")
             self.prompt_len = total.clone() if forced is None else forced.to(pos.device)
-            self.held = {}
+            self.held = dict(self.carried_held) if self.carried_held is not None else {}
             pending, self.pending_after = self.pending_after, None
             if pending is not None and all(v.shape[0] == batch for v in pending.values()):
                 self.after_start = pending

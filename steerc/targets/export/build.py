@@ -10,7 +10,9 @@ schedules and per-token gates meaning what they mean in ``generate``:
 ``position_ids`` are the tokens' positions in the sequence (also where they go in the cache: a prefill at
 0..T-1, then one decode step at a time), ``prompt_len`` the prompt's length (the same for every step of one
 sequence). ``torch.export.export`` (non-strict) traces it with a dynamic ``T``; the steering tensors are
-buffers of the exported program, not constants, so its ``state_dict`` can take new values.
+buffers of the exported program, not constants, so its ``state_dict`` can take new values. A prompt-pooled
+probe's value is a buffer too: the call that holds the prompt's last position decides it, and the decode
+steps after it read it (prefill the prompt in one call, as ``generate`` does).
 
 Written: ``program.pt2`` (``torch.export.save``, loaded by ``torch.export.load`` without steerc; its sample
 inputs, a pickle, are left out), ``model.aoti.pt2`` (the same program compiled by AOTInductor, loaded by
@@ -49,7 +51,8 @@ def build(plan, facts, out_dir: str, command: str, load) -> list[str]:
     steered = None
     try:
         handle.warm_up()  # every planned hook runs: checked eagerly, before tracing
-        steered = Steered(model, handle.context, package._T)
+        pooled = sorted({p.name for h in program.hooks for site in h.sites for p in site.probes if p.pool != "token"})
+        steered = Steered(model, handle.context, package._T, pooled)
         ids = torch.tensor([[1, 2, 3, 4]])
         length = torch.export.Dim("tokens", min=1, max=MAX_LEN - 1)
         exported = torch.export.export(
@@ -119,10 +122,12 @@ def _save_program(exported, path: str) -> None:
 def _steered_class():
     import torch
 
+    compute_dtype = (lambda d: torch.float32 if d in (torch.float16, torch.bfloat16) else d)
+
     class Steered(torch.nn.Module):
         """The model with its static cache and the steering tensors as buffers."""
 
-        def __init__(self, model, context, tensors):
+        def __init__(self, model, context, tensors, pooled):
             from transformers.cache_utils import StaticCache
 
             super().__init__()
@@ -145,6 +150,11 @@ def _steered_class():
                 self.names[name] = f"steer_{i}"
             tensors._base = _Buffers(self, self.names)
             tensors._cache = {}
+            # a prompt-pooled probe's value, decided by the prefill, read by the decode steps that follow
+            self.pooled = {name: f"held_{i}" for i, name in enumerate(pooled)}
+            for name, buffer in self.pooled.items():
+                self.register_buffer(buffer, torch.full((1,), float("nan"), dtype=compute_dtype(param.dtype),
+                                                        device=param.device))
 
         def forward(self, input_ids, position_ids, prompt_len):
             for i, layer in enumerate(self.cache.layers):  # the cache reads its buffers through the module
@@ -153,8 +163,11 @@ def _steered_class():
                 layer.cumulative_length = getattr(self, f"cumulative_length_{i}")
                 layer.cumulative_length.copy_(position_ids[0, 0])
             self.context.forced_prompt_len = prompt_len
+            self.context.carried_held = {name: getattr(self, b) for name, b in self.pooled.items()}
             out = self.model(input_ids=input_ids, position_ids=position_ids, attention_mask=None, cache=self.cache,
                              use_cache=True)
+            for name, buffer in self.pooled.items():
+                getattr(self, buffer).copy_(self.context.held[name])
             return out.logits
 
     return Steered
@@ -177,5 +190,5 @@ class _Buffers:
         return len(self.names)
 
 
-def Steered(model, context, tensors):  # noqa: N802 - the class, built on first use (torch imported lazily)
-    return _steered_class()(model, context, tensors)
+def Steered(model, context, tensors, pooled=()):  # noqa: N802 - the class, built on first use (torch lazily)
+    return _steered_class()(model, context, tensors, pooled)

@@ -18,9 +18,10 @@ CAPABILITIES = table(
     "export",
     "a torch.export'ed steered model: input ids, positions and the prompt's length in, logits out",
     every("traced into the exported graph (the hf target's kernels)"),
-    **{k.replace(":", "_").replace(".", "_"): no(
-        k, "a pooled probe's value is held across calls, and the exported program carries no state but its KV "
-           "cache", _HF) for k in ("gate:prompt.mean", "gate:prompt.last")},
+    **{k.replace(":", "_").replace(".", "_"): yes(
+        k, "its value is a buffer of the exported program, decided by the call that holds the prompt's last "
+           "position (prefill the prompt in one call) and read by the decode steps after it")
+       for k in ("gate:prompt.mean", "gate:prompt.last")},
     after=no("scope:after", "where a text ends is found by decoding tokens, which an exported graph cannot do",
              "steer `prompt[...]` or `generated[...]` positions, or " + _HF),
     **{k.split(":")[1]: no(k, "the exported program computes logits; a constraint belongs to the sampler",
