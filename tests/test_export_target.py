@@ -158,3 +158,16 @@ def test_what_it_cannot_express_is_refused_before_building(tmp_path, monkeypatch
     code, _, err = run_cli(["compile", "p.steer", "--model", "model", "--target", "export", "-o", "out"])
     assert code == 1 and "unsupported-by-target" in err and "^" in err, err
     assert not (tmp_path / "out").exists()
+
+
+def test_a_model_without_weights_is_a_diagnostic_before_building(tmp_path, monkeypatch):
+    from tiny_models import tiny_model
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "cfg").mkdir()
+    tiny_model("llama", "float32").config.save_pretrained(tmp_path / "cfg")
+    (tmp_path / "steer.toml").write_text("")
+    (tmp_path / "p.steer").write_text("steer 1\nintervention x {\n  at resid_post[1]\n  scale 2.0\n}\n")
+    code, _, err = run_cli(["compile", "p.steer", "--model", "cfg", "--target", "export", "-o", "out"])
+    assert code == 1 and "model-without-weights" in err and "^" in err and "Traceback" not in err, err
+    assert not (tmp_path / "out").exists()

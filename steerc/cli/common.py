@@ -288,7 +288,7 @@ def fail_with(args, diagnostics, sources) -> int:
     """Print ``diagnostics`` as every command does (at most MAX_REPEATS per code, the last counting the rest)."""
     from steerc.diagnostics import capped, to_json_dict
 
-    if args.format == "json":
+    if getattr(args, "format", "text") == "json":  # commands without --format print text
         print(json_dumps({"diagnostics": [to_json_dict(d) for d in capped(diagnostics)]}, indent=2))
     else:
         print_diagnostics(Report(list(diagnostics), sources))

@@ -37,12 +37,11 @@ def _xgrammar_available() -> bool:
     return importlib.util.find_spec("xgrammar") is not None
 
 
-def _weights(args, project):
+def _weights(path: str):
     """The model a target builds from (``needs_model``): loaded as ``steerc run`` loads it."""
-    from steerc.cli.common import model_path_for
     from steerc.runtime.models import load_model
 
-    model, _ = load_model(model_path_for(args))
+    model, _ = load_model(path)
     return model
 
 
@@ -78,7 +77,12 @@ def run(args) -> int:
     if not result.ok:
         return EXIT_ERRORS
     command = _command(args)
-    extra = {"model": lambda: _weights(args, project)} if target.needs_model else {}
+    extra = {}
+    if target.needs_model:  # weights, before anything is built (a model without them is a diagnostic)
+        from steerc.cli.common import model_path_for
+
+        path = model_path_for(args)
+        extra["model"] = lambda: _weights(path)
     try:
         written = target.emit(result.plan, result.facts, args.output, command=command, key=key, **extra)
     except OSError as exc:
