@@ -100,23 +100,24 @@ def _import(folder: str):
 
 
 def _save_program(exported, path: str) -> None:
-    """``torch.export.save``, without the archive's sample inputs (a pickle): written to a temporary file and
-    copied entry by entry, the sample inputs' entry left empty (``torch.export.load`` reads an empty one as
-    none)."""
+    """``torch.export.save``, without the archive's sample inputs (a pickle): saved under its own name in a
+    temporary folder (the archive's entries are named after the file) and copied entry by entry, the sample
+    inputs' entry left empty (``torch.export.load`` reads an empty one as none). Same program, same bytes."""
+    import shutil
     import tempfile
 
     import torch
 
-    fd, tmp = tempfile.mkstemp(prefix=".program-", suffix=".pt2", dir=os.path.dirname(path))
-    os.close(fd)
+    folder = tempfile.mkdtemp(prefix=".export-", dir=os.path.dirname(path))
     try:
+        tmp = os.path.join(folder, os.path.basename(path))
         torch.export.save(exported, tmp)
         with zipfile.ZipFile(tmp) as src, zipfile.ZipFile(path, "w", zipfile.ZIP_STORED) as dst:
             for entry in src.infolist():
                 empty = "/data/sample_inputs/" in entry.filename
                 dst.writestr(entry, b"" if empty else src.read(entry.filename))
     finally:
-        os.unlink(tmp)
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 def _steered_class():
