@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import contextlib
-import importlib.util
 import os
-import sys
 
 import numpy as np
 import torch
@@ -84,12 +82,9 @@ def expected_site(site_plan, h: torch.Tensor, mask_of, columns=None) -> torch.Te
 
 def load_emitted(path: str, name: str):
     """Import an emitted package from ``path`` under a unique module name."""
-    spec = importlib.util.spec_from_file_location(name, os.path.join(path, "__init__.py"),
-                                                  submodule_search_locations=[path])
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
+    from steerc.targets.hf.emit import import_package
+
+    return import_package(path, name)
 
 
 def count_hooks(model) -> int:

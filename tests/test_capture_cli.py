@@ -121,13 +121,9 @@ def test_the_same_inputs_give_the_same_bytes_and_a_head_is_its_slice(project):
 
 @pytest.fixture(scope="module")
 def tiny_folder(tmp_path_factory):
-    from tiny_models import tiny_model
-    from tokenizer_util import byte_bpe
+    from tiny_models import save_tiny_llama
 
-    path = tmp_path_factory.mktemp("tiny-capture")
-    tiny_model("llama", "float32").save_pretrained(path)
-    byte_bpe(512).save_pretrained(path)
-    return str(path)
+    return save_tiny_llama(tmp_path_factory.mktemp("tiny-capture"))
 
 
 def test_a_program_is_read_at_its_sites_as_it_steers(project, tiny_folder):

@@ -131,13 +131,9 @@ NEG = ["no, because the sun is out.", "goodbye world", "The lazy dog sleeps.", "
 @pytest.fixture(scope="module")
 def folder(tmp_path_factory):
     """A tiny random Llama with a real (small, in-memory-trained) tokenizer, saved as a model folder."""
-    from tiny_models import tiny_model
-    from tokenizer_util import byte_bpe
+    from tiny_models import save_tiny_llama
 
-    path = tmp_path_factory.mktemp("tiny-model")
-    tiny_model("llama", "float32").save_pretrained(path)
-    byte_bpe(512).save_pretrained(path)
-    return str(path)
+    return save_tiny_llama(tmp_path_factory.mktemp("tiny-model"))
 
 
 @pytest.fixture()

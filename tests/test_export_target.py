@@ -56,13 +56,10 @@ print(json.dumps(torch.stack(rows).tolist()))
 
 @pytest.fixture(scope="module")
 def built(tmp_path_factory):
-    from tiny_models import tiny_model
-    from tokenizer_util import byte_bpe
+    from tiny_models import save_tiny_llama
 
     root = tmp_path_factory.mktemp("export")
-    model = tiny_model("llama", "float32")
-    model.save_pretrained(root / "model")
-    byte_bpe(512).save_pretrained(root / "model")
+    save_tiny_llama(root / "model")
     (root / "steer.toml").write_text("")
     (root / "p.steer").write_text(PROGRAM)
     old = os.getcwd()

@@ -22,7 +22,7 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
 from hf_util import load_emitted, plan_for, vec  # noqa: E402
-from test_hf_static_cache import PROGRAMS  # noqa: E402
+from test_hf_static_cache import PROGRAMS, write_bank  # noqa: E402
 from tiny_models import CharTokenizer, tiny_model  # noqa: E402
 
 from steerc.runtime.hf import facts_from_model, install  # noqa: E402
@@ -76,14 +76,8 @@ def _compiled_run(model, handle_ctx, counters, backend: str = "eager"):
 
 @pytest.mark.parametrize("name", sorted(PROGRAMS))
 def test_a_compiled_generation_steers_as_eager_without_recompiling(name, dynamo, tmp_path):
-    import numpy as np
-    from safetensors.numpy import save_file
-
-    rng = np.random.default_rng(3)
-    save_file({f"mean_diff.{layer}": rng.normal(0, 1, 64).astype(np.float32) for layer in range(4)},
-              str(tmp_path / "bank.safetensors"))
     model = fresh()
-    plan = plan_for(model, PROGRAMS[name], base_dir=str(tmp_path))
+    plan = plan_for(model, PROGRAMS[name], base_dir=write_bank(tmp_path))
     eager, warm, fixed = _compiled_run(model, install(model, plan, CharTokenizer()), dynamo)
     assert warm == eager and fixed == eager
 

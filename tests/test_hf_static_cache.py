@@ -6,6 +6,8 @@ in the in-process runtime and in the emitted package."""
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pytest
 
@@ -13,6 +15,7 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
 from hf_util import load_emitted, plan_for, vec  # noqa: E402
+from test_hf_generate import EMITTED_PROGRAMS  # noqa: E402  (every op, and the gates, as the emitted package runs them)
 from tiny_models import CharTokenizer, tiny_model, tolerance  # noqa: E402
 
 from steerc.runtime.hf import facts_from_model, install  # noqa: E402
@@ -24,14 +27,7 @@ SINGLE = [[5, 2, 7, 8, 9, 10, 3]]
 NEW = 6
 
 PROGRAMS = {
-    "ops": "steer 1\n"
-           f"intervention a {{\n  at resid_pre[0]\n  scale {vec(64, 50)}\n  tokens [0, 2]\n}}\n"
-           f"intervention b {{\n  at mlp_out[1]\n  ablate {vec(64, 51)}, {vec(64, 52)}\n  tokens prompt[-2:]\n}}\n"
-           f"intervention c {{\n  at head[2, (0, 3)]\n  scale 1.5\n}}\n"
-           f"intervention d {{\n  at resid_post[2]\n  rotate in ({vec(64, 53)}, {vec(64, 54)}) to 90deg\n"
-           "  tokens generated\n}\n"
-           f"intervention e {{\n  at attn_out[3]\n  clamp {vec(64, 55)} to -1.0\n  tokens after \"c\"\n"
-           "  preserve norm\n}\n",
+    "ops": EMITTED_PROGRAMS["ops"],
     "schedules": "steer 1\n"
                  f"intervention a {{\n  at resid_post[1]\n  add 6.0 * decay(0.8) * ramp(3) * {vec(64, 70)}\n"
                  "  tokens prompt[-1:], generated\n}\n"
@@ -39,13 +35,8 @@ PROGRAMS = {
                  "  tokens generated[:5]\n}\n"
                  f"intervention c {{\n  at mlp_out[0]\n  rotate in ({vec(64, 72)}, {vec(64, 73)}) by 30deg\n"
                  "  tokens generated[2:]\n  preserve norm\n}\n",
-    "gates": "steer 1\n"
-             f"probe p {{\n  at   resid_post[0]\n  read projected_cosine({vec(64, 60)}, {vec(64, 61)})\n"
-             "  pool prompt.last\n}\n"
-             f"probe m {{\n  at   resid_pre[1]\n  read cosine({vec(64, 63)})\n  pool prompt.mean\n}}\n"
-             f"probe q {{\n  at   head[1, 1]\n  read norm\n  pool token\n}}\n"
-             f"intervention x {{\n  at     resid_post[2]\n  add    8.0 * {vec(64, 62)}\n  tokens generated\n"
-             "  when   p > -0.5 and not (q < 0.0) or q > 1000.0\n}\n"
+    "gates": EMITTED_PROGRAMS["gates"]  # and a prompt-pooled mean beside its prompt.last and per-token probes
+             + f"probe m {{\n  at   resid_pre[1]\n  read cosine({vec(64, 63)})\n  pool prompt.mean\n}}\n"
              f"intervention y {{\n  at     resid_post[3]\n  add    6.0 * {vec(64, 64)}\n  tokens generated\n"
              "  when   m > 0.0\n}\n",
     "bank": "steer 1\n"
@@ -54,15 +45,19 @@ PROGRAMS = {
 }
 
 
-@pytest.fixture(scope="module")
-def bank_dir(tmp_path_factory):
+def write_bank(folder) -> str:
+    """The per-layer bank the "bank" program loads, written into ``folder``."""
     from safetensors.numpy import save_file
 
-    path = tmp_path_factory.mktemp("bank")
     rng = np.random.default_rng(3)
     save_file({f"mean_diff.{layer}": rng.normal(0, 1, 64).astype(np.float32) for layer in range(4)},
-              str(path / "bank.safetensors"))
-    return str(path)
+              os.path.join(folder, "bank.safetensors"))
+    return str(folder)
+
+
+@pytest.fixture(scope="module")
+def bank_dir(tmp_path_factory):
+    return write_bank(tmp_path_factory.mktemp("bank"))
 
 
 def _left_pad(rows):

@@ -95,6 +95,16 @@ def tiny_model(family: str, dtype: str | None = None, seed: int = 0):
     return model.eval()
 
 
+def save_tiny_llama(path) -> str:
+    """The tiny float32 Llama with a real (small, in-memory-trained) byte-BPE tokenizer, saved as a model
+    folder at ``path`` (what the commands load as ``--model FOLDER``)."""
+    from tokenizer_util import byte_bpe
+
+    tiny_model("llama", "float32").save_pretrained(path)
+    byte_bpe(512).save_pretrained(path)
+    return str(path)
+
+
 class CharTokenizer:
     """A tokenizer stand-in for `after "..."` scopes: token i decodes to one character."""
 

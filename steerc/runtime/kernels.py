@@ -479,8 +479,6 @@ class Handle:
         for h in self._hooks:
             h.remove()
         self._hooks = []
-        if not self.removed:
-            forget_compiled(self.model)  # a graph traced with the steering would go on steering
         if self._generate is not None and "generate" in vars(self.model):
             del self.model.generate
         self._generate = None

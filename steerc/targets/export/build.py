@@ -38,6 +38,7 @@ def build(plan, facts, out_dir: str, command: str, load) -> list[str]:
     import torch
 
     from steerc.targets.hf.emit import emit as write_package
+    from steerc.targets.hf.emit import import_package
     from steerc.targets.hooks import lower_hf
 
     if load is None:
@@ -45,14 +46,15 @@ def build(plan, facts, out_dir: str, command: str, load) -> list[str]:
     model = load()
     program = lower_hf(plan, facts)
     os.makedirs(out_dir, exist_ok=True)
-    hooks = [f"hooks/{n}" for n in write_package(program, os.path.join(out_dir, "hooks"), command)]
-    package = _import(os.path.join(out_dir, "hooks"))
+    folder = os.path.join(out_dir, "hooks")
+    hooks = [f"hooks/{n}" for n in write_package(program, folder, command)]
+    package = import_package(folder, "steerc_export_" + os.path.basename(os.path.abspath(out_dir)).replace("-", "_"))
     handle = package.install(model)
     steered = None
     try:
         handle.warm_up()  # every planned hook runs: checked eagerly, before tracing
         pooled = sorted({p.name for h in program.hooks for site in h.sites for p in site.probes if p.pool != "token"})
-        steered = Steered(model, handle.context, package._T, pooled)
+        steered = Steered(model, handle.context, package._T, pooled, package.S.compute_dtype)
         ids = torch.tensor([[1, 2, 3, 4]])
         length = torch.export.Dim("tokens", min=1, max=MAX_LEN - 1)
         exported = torch.export.export(
@@ -86,19 +88,6 @@ def build(plan, facts, out_dir: str, command: str, load) -> list[str]:
     return sorted(written)
 
 
-def _import(folder: str):
-    import importlib.util
-    import sys
-
-    name = "steerc_export_hooks_" + os.path.basename(os.path.dirname(os.path.abspath(folder))).replace("-", "_")
-    spec = importlib.util.spec_from_file_location(name, os.path.join(folder, "__init__.py"),
-                                                  submodule_search_locations=[folder])
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
 def _save_program(exported, path: str) -> None:
     """``torch.export.save``, without the archive's sample inputs (a pickle): saved under its own name in a
     temporary folder (the archive's entries are named after the file) and copied entry by entry, the sample
@@ -123,12 +112,10 @@ def _save_program(exported, path: str) -> None:
 def _steered_class():
     import torch
 
-    compute_dtype = (lambda d: torch.float32 if d in (torch.float16, torch.bfloat16) else d)
-
     class Steered(torch.nn.Module):
         """The model with its static cache and the steering tensors as buffers."""
 
-        def __init__(self, model, context, tensors, pooled):
+        def __init__(self, model, context, tensors, pooled, compute_dtype):
             from transformers.cache_utils import StaticCache
 
             super().__init__()
@@ -191,5 +178,5 @@ class _Buffers:
         return len(self.names)
 
 
-def Steered(model, context, tensors, pooled=()):  # noqa: N802 - the class, built on first use (torch lazily)
-    return _steered_class()(model, context, tensors, pooled)
+def Steered(model, context, tensors, pooled, compute_dtype):  # noqa: N802 - the class, built on first use
+    return _steered_class()(model, context, tensors, pooled, compute_dtype)

@@ -301,6 +301,20 @@ def emit(program: HookProgram, out_dir: str, command: str) -> list[str]:
     return sorted(blobs)
 
 
+def import_package(folder: str, name: str):
+    """Import the package written to ``folder`` under the module name ``name`` (the export target installs
+    it on the model it exports; the tests import packages this way)."""
+    import importlib.util
+    import sys
+
+    spec = importlib.util.spec_from_file_location(name, os.path.join(folder, "__init__.py"),
+                                                  submodule_search_locations=[folder])
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
 def _read(path: str) -> bytes:
     with open(path, "rb") as fh:
         return fh.read()
