@@ -97,5 +97,6 @@ def _command(args) -> str:
     parts = ["steerc", "compile", os.path.basename(args.file), "--target", args.target]
     if args.dialect != "steerc":
         parts += ["--dialect", args.dialect]
-    parts += [f"--set {k}" for k in args.overrides]
-    return " ".join(shlex.quote(p) if " " not in p else p for p in parts)
+    for item in args.overrides:
+        parts += ["--set", item]
+    return shlex.join(parts)  # every word quoted: pasting it runs steerc and nothing else
