@@ -60,13 +60,6 @@ def add_arguments(cmd) -> None:
     run_.add_argument("--format", choices=("text", "json"), default="text", help="how to print the result")
 
 
-def _argument_error(args, flag: str, code: str, message: str, help: str | None = None) -> int:
-    from steerc.diagnostics import Diagnostic
-
-    source, span = argument_source(args, flag)
-    return fail_with(args, [Diagnostic.error(code, message, span, help=help)], {source.name: source})
-
-
 def _methods(args) -> list[str]:
     from steerc.derive.api import DeriveError, methods_of
 

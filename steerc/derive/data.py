@@ -65,10 +65,6 @@ class Dataset:
     files: tuple[str, ...]
     file_sha256s: tuple[str, ...] = ()
 
-    @property
-    def has_prompts(self) -> bool:
-        return any(p.prompt is not None for p in self.pairs)
-
 
 def read_source(path: str) -> Source:
     """A data file as a Source (OSError when it cannot be read; DataError when it is too big or not UTF-8)."""

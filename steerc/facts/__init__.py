@@ -20,7 +20,7 @@ import os
 from attrs import field, frozen
 
 from steerc.core.jsonio import canonical
-from steerc.facts.families import FAMILIES, MODEL_TYPES, Family
+from steerc.facts.families import FAMILIES, MODEL_TYPES
 from steerc.core.jsonio import JSONError
 from steerc.core.jsonio import read_file as read_json_file
 from steerc.core.limits import MAX_HEAD_DIM, MAX_HEADS, MAX_HIDDEN, MAX_INTERMEDIATE, MAX_LAYERS, MAX_VOCAB
@@ -73,10 +73,6 @@ class ModelFacts:
         core = {k: getattr(self, k) for k in FACT_FIELDS}
         blob = canonical(core).encode()
         return hashlib.sha256(blob).hexdigest()
-
-    @property
-    def family_info(self) -> Family | None:
-        return FAMILIES.get(self.family)
 
     def width(self, site_kind: str) -> int:
         return self.head_dim if site_kind == "head" else self.hidden
