@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from scaling import FACTOR, assert_linear
 from strategies_plan import FACTS, PROBES, assert_same_semantics, fmt, intervention_text, plan_programs, unit
 
 from steerc.api import check_source
@@ -412,28 +413,6 @@ def test_pass_functions_directly():
 # ------------------------------------------------------------ scale
 
 N_BIG = 10_000
-LIMIT_S = 3.0
-
-# A program of N_BIG interventions `at resid_post[1]` doing OP, checked once and
-# replicated (parsing 10,000 blocks is not what is timed), then build_plan under
-# a watchdog that ends the process after LIMIT_S seconds.
-_CHILD = """
-import faulthandler, json, sys, time
-import attrs
-from steerc.api import check_source
-from steerc.passes.plan_pipeline import build_plan
-from strategies_plan import FACTS
-n, op, limit = int(sys.argv[1]), sys.argv[2], float(sys.argv[3])
-one = check_source("steer 1\\nintervention i {\\n  at resid_post[1]\\n  " + op + "\\n}\\n", "big.steer").checked
-ivs = tuple(attrs.evolve(one.interventions[0], name=f"i{k}", index=k) for k in range(n))
-checked = attrs.evolve(one, interventions=ivs)
-faulthandler.dump_traceback_later(limit, exit=True)
-start = time.perf_counter()
-plan = build_plan(checked, FACTS)
-took = time.perf_counter() - start
-faulthandler.cancel_dump_traceback_later()
-print(json.dumps({"seconds": took, "kernels": plan.kernel_count}))
-"""
 
 OPS_BIG = {
     "add": (f"add {V}", 1),  # fuse-affine
@@ -441,56 +420,22 @@ OPS_BIG = {
     "set": (f"set {V}", 1),  # drop-dead
     "noop": ("scale 1", 0),  # drop-noops
 }
-IN_CHILD = ("add", "ablate")  # once quadratic: run under a watchdog, side by side
 
 
-class _TooSlow(AssertionError):
-    pass
-
-
-@pytest.fixture(scope="module")
-def big_runs():
-    """One child process per known-slow op, started together."""
-    import json
-    import os
-    import subprocess
-    import sys
-
-    tests = os.path.dirname(os.path.abspath(__file__))
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([tests, os.environ.get("PYTHONPATH", "")])}
-    procs = {kind: subprocess.Popen([sys.executable, "-c", _CHILD, str(N_BIG), OPS_BIG[kind][0], str(LIMIT_S)],
-                                    cwd=tests, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-             for kind in IN_CHILD}
-    out = {}
-    for kind, proc in procs.items():
-        stdout, stderr = proc.communicate(timeout=120)
-        out[kind] = (proc.returncode, json.loads(stdout) if proc.returncode == 0 else None, stderr)
-    return out
-
-
-def _in_process(op: str) -> dict:
-    import time
-
+def _many(op: str, n: int):
+    """A checked program of ``n`` interventions `at resid_post[1]` doing ``op``: checked once and replicated
+    (parsing 10,000 blocks is not what is measured)."""
     one = check_source(f"steer 1\nintervention i {{\n  at resid_post[1]\n  {op}\n}}\n", "big.steer").checked
-    ivs = tuple(attrs.evolve(one.interventions[0], name=f"i{k}", index=k) for k in range(N_BIG))
-    checked = attrs.evolve(one, interventions=ivs)
-    start = time.perf_counter()
-    plan = build_plan(checked, FACTS)
-    return {"seconds": time.perf_counter() - start, "kernels": plan.kernel_count}
+    ivs = tuple(attrs.evolve(one.interventions[0], name=f"i{k}", index=k) for k in range(n))
+    return attrs.evolve(one, interventions=ivs)
 
 
-@pytest.mark.parametrize("kind", [
-    "set", "noop",
-    "add",
-    "ablate",
-])
-def test_ten_thousand_interventions_at_one_site_optimise_in_linear_time(request, kind):
-    if kind in IN_CHILD:
-        code, result, stderr = request.getfixturevalue("big_runs")[kind]
-        if code != 0 and "Timeout" in stderr:
-            raise _TooSlow(f"build_plan of {N_BIG} `{OPS_BIG[kind][0]}` took more than {LIMIT_S} s")
-        assert code == 0, stderr
-    else:
-        result = _in_process(OPS_BIG[kind][0])
-    assert result["kernels"] == OPS_BIG[kind][1]
-    assert result["seconds"] < LIMIT_S
+@pytest.mark.parametrize("kind", sorted(OPS_BIG))
+def test_ten_thousand_interventions_at_one_site_optimise_in_linear_time(kind):
+    """build_plan of 10,000 interventions at one site folds them to OPS_BIG's kernel count, and costs about 4x
+    the CPU time of 2,500 (fuse-affine and fuse-projections were once quadratic). A ratio measured side by side,
+    not seconds against a limit, which a loaded machine fails (issue 32)."""
+    op, kernels = OPS_BIG[kind]
+    small, large = _many(op, N_BIG // FACTOR), _many(op, N_BIG)
+    assert build_plan(large, FACTS).kernel_count == kernels
+    assert_linear(lambda: build_plan(small, FACTS), lambda: build_plan(large, FACTS))
