@@ -8,7 +8,7 @@ work takes about 4x). How fast the work is against a clock belongs to benchmarks
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 from support import CpuSeconds
 
