@@ -214,22 +214,21 @@ def test_run_checks_the_program_before_the_model(tmp_path, examples_dir):
 
 
 def test_run_checks_the_layout_before_any_weights_load(tmp_path, monkeypatch):
-    import time
-
+    """The layout error comes from the named model's shipped config: nothing that finds, hashes, dequantizes or
+    loads its weights or tokenizer runs (what the test once stood for with "under 3 s", issue 32)."""
     import steerc.runtime.models as models
 
     def no_load(*a, **k):
-        raise AssertionError("the weights were loaded before the program was checked")
+        raise AssertionError("the weights were touched before the program was checked")
 
-    monkeypatch.setattr(models, "load_model", no_load)
-    monkeypatch.setattr(models, "runnable_path", no_load)
+    for name in ("load_model", "runnable_path", "gguf_cache_folder", "hf_folder", "_dequantize_into", "_load_gguf",
+                 "_load_folder", "load_tokenizer"):
+        monkeypatch.setattr(models, name, no_load)
     bad = tmp_path / "bad.steer"
     bad.write_text("steer 1\nintervention x {\n  at resid_post[40]\n  scale 2\n}\n")
-    start = time.monotonic()
     code, out, err = _run(str(bad), "smollm2")
-    took = time.monotonic() - start
     assert code == 1 and out == "" and "error[layer-out-of-range]" in err and "(0 to 29)" in err, err
-    assert "loading" not in err and took < 3, (took, err)
+    assert "loading" not in err and "Traceback" not in err, err
 
 
 def test_run_on_a_missing_path_is_a_usage_error(program, tmp_path):
