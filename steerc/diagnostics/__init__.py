@@ -24,8 +24,8 @@ from attrs import evolve, field, frozen
 
 from steerc.core.limits import MAX_ECHO_COLUMNS, MAX_MESSAGE_CHARS, MAX_REPEATS
 from steerc.core.source import Source, Span, normalize_newlines
-from steerc.diagnostics.codes import CODES
-from steerc.diagnostics.codes import INVALID_ENCODING
+from steerc.core.text import shown, shown_with_offsets
+from steerc.diagnostics.codes import CODES, INVALID_ENCODING
 
 __all__ = [
     "CODES",
@@ -192,6 +192,16 @@ def _window(text: str, start: int, width: int) -> tuple[str, int, int]:
     return shown, new_start, new_width
 
 
+def _escaped(text: str, start: int, width: int) -> tuple[str, int, int]:
+    """``text`` with its control characters shown as escapes, and the caret's columns moved to match."""
+    text, at = shown_with_offsets(text)
+
+    def column(i: int) -> int:  # a caret may stand past the line's end
+        return at[i] if i < len(at) else at[-1] + i - (len(at) - 1)
+
+    return printable(text), column(start), max(column(start + width) - column(start), 1)
+
+
 def _snippet(span: Span, sources: dict[str, Source], gutter: int, label: str | None,
              marker: str) -> list[str]:
     src = sources.get(span.file)
@@ -205,7 +215,7 @@ def _snippet(span: Span, sources: dict[str, Source], gutter: int, label: str | N
     else:
         width = max(len(text) - start, 1)
     text, start, width = _window(text, start, width)
-    text = printable(text.replace("\t", " "))
+    text, start, width = _escaped(text.replace("\t", " "), start, width)
     underline = " " * start + marker * width
     if label:
         underline += " " + label
@@ -256,7 +266,7 @@ def render_text(d: Diagnostic, sources: dict[str, Source]) -> str:
     if trailer:
         out.append(f"{pad} |")
         out.extend(trailer)
-    return printable("\n".join(out))
+    return printable("\n".join(shown(line) for line in out))
 
 
 def _span_fields(span: Span | None) -> dict:

@@ -13,8 +13,7 @@ first generated token; every intervention says whether it steers it.
 
 from __future__ import annotations
 
-import unicodedata
-
+from steerc.core.text import shown as escaped
 from steerc.explain.plan import gate_text, precise
 from steerc.frontend.fmt import scope as scope_text
 
@@ -91,16 +90,7 @@ def visible(text: str, width: int = TEXT_WIDTH) -> str:
     >>> visible("a\\nb\\x1b[31m"), visible("x" * 30, 8)
     ("'a\\\\nb\\\\x1b[31m'", "'xxxxxxx…'")
     """
-    escapes = {"\n": "\\n", "\t": "\\t", "\r": "\\r"}
-    out = []
-    for c in text:
-        if c in escapes:
-            out.append(escapes[c])
-        elif unicodedata.category(c) in ("Cc", "Cf", "Cs", "Co", "Cn", "Zl", "Zp"):
-            out.append(f"\\x{ord(c):02x}" if ord(c) < 256 else f"\\u{ord(c):04x}")
-        else:
-            out.append(c)
-    shown = "".join(out)
+    shown = escaped(text)
     if len(shown) > width:
         shown = shown[:width - 1] + "…"
     return f"'{shown}'"
