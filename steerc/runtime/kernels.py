@@ -463,6 +463,9 @@ def _replace(kind: str, tensor: str, args, kwargs, output, new):
     return new
 
 
+_ABSENT = object()  # no instance attribute
+
+
 class Handle:
     """Installed steering: ``remove()`` it (idempotent) or use it as a context manager."""
 
@@ -470,7 +473,7 @@ class Handle:
         self.model = model
         self.context = context
         self._hooks = []
-        self._generate = None
+        self._generate = self._before = None  # install's wrapper, and the instance's own generate before it
         self.removed = False
         self.verified = False  # True once a forward has run every planned hook
         self._warm_up = None
@@ -479,9 +482,12 @@ class Handle:
         for h in self._hooks:
             h.remove()
         self._hooks = []
-        if self._generate is not None and "generate" in vars(self.model):
-            del self.model.generate
-        self._generate = None
+        if self._generate is not None and vars(self.model).get("generate") is self._generate:
+            if self._before is _ABSENT:
+                del self.model.generate
+            else:  # a wrapper that was there before install: put it back
+                self.model.generate = self._before
+        self._generate = self._before = None
         self.context.generating = False
         self.removed = True
 
@@ -752,5 +758,6 @@ def _wrap_generate(model, handle: Handle) -> None:
             context.pending_after = None
 
     generate.__doc__ = original.__doc__
-    handle._generate = original
+    handle._before = vars(model).get("generate", _ABSENT)
+    handle._generate = generate
     model.generate = generate
