@@ -78,6 +78,7 @@ INVALID_CONFIG: Final = _code("invalid-config", "error", "a `steer.toml` is not 
 LIMIT_EXCEEDED: Final = _code("limit-exceeded", "error", "an input is larger or deeper than steerc's resource limits allow")
 UNUSED_NAME: Final = _code("unused-name", "warning", "a param, vector or probe is declared but never used")
 NO_EFFECT: Final = _code("no-effect", "warning", "a line or an intervention cannot change anything")
+SLICE_CLIPPED: Final = _code("slice-clipped", "warning", "a layer or head slice's end reaches past the model, and steers only the part that exists")
 DEAD_INTERVENTION: Final = _code("dead-intervention", "warning", "an intervention is overwritten by a later one before anything reads it")
 UNSUPPORTED_SCHEMA_KEYWORD: Final = _code("unsupported-schema-keyword", "warning", "a JSON Schema keyword that structured decoding ignores")
 

@@ -11,6 +11,8 @@ slices are half-open with open ends allowed, ``*`` is everything, ``p%`` is
 (3,)
 >>> expand((ir.SelIndex(7),), 4).out_of_range[0].index
 7
+>>> e = expand((ir.SelSlice(ir.SelIndex(2), ir.SelIndex(9)),), 4); e.indices, len(e.clipped)
+((2, 3), 1)
 >>> static_layers((ir.SelIndex(1), ir.SelSlice(ir.SelIndex(2), ir.SelIndex(4))))
 [1, 2, 3]
 """
@@ -29,6 +31,7 @@ class Expansion:
     indices: tuple[int, ...]
     out_of_range: tuple[ir.SelIndex, ...]  # atoms that point past the end
     empty: tuple[ir.SelSlice, ...]  # slices that select nothing
+    clipped: tuple[ir.SelSlice, ...] = ()  # slices with an index end past the model (Python clips it)
 
 
 def _bound(b, n: int) -> int:
@@ -41,6 +44,7 @@ def expand(atoms, n: int) -> Expansion:
     chosen: set[int] = set()
     bad: list = []
     empty: list = []
+    clipped: list = []
     for atom in atoms:
         if isinstance(atom, ir.SelAll):
             chosen.update(range(n))
@@ -59,8 +63,10 @@ def expand(atoms, n: int) -> Expansion:
             picked = range(n)[slice(start, stop)]  # Python rules: ends are clipped
             if not picked:
                 empty.append(atom)
+            elif any(isinstance(b, ir.SelIndex) and not -n <= b.index <= n for b in (atom.start, atom.stop)):
+                clipped.append(atom)
             chosen.update(picked)
-    return Expansion(tuple(sorted(chosen)), tuple(bad), tuple(empty))
+    return Expansion(tuple(sorted(chosen)), tuple(bad), tuple(empty), tuple(clipped))
 
 
 def static_layers(atoms) -> list[int] | None:

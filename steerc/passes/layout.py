@@ -27,6 +27,7 @@ from steerc.diagnostics.codes import (
     MODEL_MISMATCH,
     NO_EFFECT,
     SHAPE_MISMATCH,
+    SLICE_CLIPPED,
 )
 
 name = "layout"
@@ -85,6 +86,7 @@ def site_layers(ctx: CheckContext, site: ck.SitePattern, facts: ModelFacts) -> t
         )
     for sl in exp.empty:
         ctx.warning(NO_EFFECT, f"this slice selects no layer of a {facts.layers}-layer model", sl.span)
+    _clipped(ctx, exp, facts.layers, "layer")
     if site.heads is not None:
         heads = expand(site.heads, facts.heads)
         for atom in heads.out_of_range:
@@ -93,7 +95,33 @@ def site_layers(ctx: CheckContext, site: ck.SitePattern, facts: ModelFacts) -> t
                 f"head {atom.index} does not exist: layers have {facts.heads} attention heads (0 to {facts.heads - 1})",
                 atom.span,
             )
+        _clipped(ctx, heads, facts.heads, "head")
     return exp.indices
+
+
+def _clipped(ctx: CheckContext, exp, n: int, what: str) -> None:
+    """A slice whose end was written past the model steers only what exists: said, so that a user who thought
+    the model larger hears it (spec/language.md: ends are clipped, as in Python)."""
+    for sl in exp.clipped:
+        picked = expand((sl,), n).indices
+        ctx.warning(
+            SLICE_CLIPPED,
+            f"this slice reaches past the model, which has {n} {what}s (0 to {n - 1}): it steers only {what}s "
+            f"{_ranges(picked)}",
+            sl.span,
+            help=f"end the slice at {n} (or leave its end open, or use a percentage) to say so",
+        )
+
+
+def _ranges(indices) -> str:
+    """``28-29`` for a run, ``0-3, 7`` for several."""
+    runs, start = [], None
+    for i, v in enumerate(indices):
+        start = v if start is None else start
+        if i + 1 == len(indices) or indices[i + 1] != v + 1:
+            runs.append(str(start) if start == v else f"{start}-{v}")
+            start = None
+    return ", ".join(runs)
 
 
 def _width(vec) -> int | None:
