@@ -86,3 +86,19 @@ def test_end_of_line_is_a_span_on_that_line():
     (d,) = diagnostics.errors
     assert d.message.startswith("unexpected end of line")
     assert (d.span.line, d.span.end_line) == (2, 2)
+
+
+@pytest.mark.parametrize("text", [
+    "param strength = 4\n",
+    "# my program\n\nparam strength = 4\n",
+    "\n\n// notes\nvector v = [1.0]\n",
+    "intervention x {\n  at resid_post[1]\n  scale 0.5\n}\n",
+])
+def test_a_program_without_its_header_is_told_to_start_with_it(text):
+    """Issue 32: a program without `steer 1` got "unexpected `param`" with no help line once a comment or a blank
+    line came first."""
+    diagnostics = Diagnostics()
+    parse(Source("t.steer", text), diagnostics)
+    [error] = diagnostics.errors
+    assert "expected `steer`" in error.message
+    assert error.help and "steer 1" in error.help

@@ -370,8 +370,8 @@ def syntax_diagnostic(exc: UnexpectedInput, source: Source, state: _ParseState) 
     elif "RBRACE" in expected and state.braces and state.last_token is not None and \
             state.last_token.line == tok.line:
         help_line = "each line of a block goes on its own line"
-    elif expected == {"INT"} or (tok.line == 1 and "STEER" in expected):
-        help_line = "a program starts with the header `steer 1`"
+    elif expected == {"INT"} or "STEER" in expected:  # only the header may come first, after comments
+        help_line = "a program starts with the header `steer 1` (only comments and blank lines before it)"
     suggestion = _keyword_suggestion(tok, expected)
     if suggestion is not None and (help_line is None or not starts_statement):
         help_line = suggestion
