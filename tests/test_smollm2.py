@@ -46,17 +46,15 @@ FIRST_LOAD: dict = {}
 def smol():
     import contextlib
     import io
-    import time
 
     from steerc.runtime.models import cache_complete, gguf_cache_folder
 
     torch.set_num_threads(2)
     FIRST_LOAD["cached_before"] = cache_complete(gguf_cache_folder(smollm2_path()))
     err = io.StringIO()
-    start = time.monotonic()
     with contextlib.redirect_stderr(err):
         model, tok = load_model(smollm2_path())
-    FIRST_LOAD.update(stderr=err.getvalue(), seconds=time.monotonic() - start)
+    FIRST_LOAD["stderr"] = err.getvalue()
     return model, tok, encode_prompt(tok, "Describe a rainy Monday morning.", chat=True)
 
 
@@ -118,16 +116,25 @@ def test_loading_prints_one_progress_line(smol):
         assert "first use: dequantizing into" in line
 
 
-def test_a_second_load_reads_the_cache_and_is_fast(smol, capsys):
-    import time
+def test_a_second_load_reads_the_cache_and_not_the_gguf(smol, capsys, monkeypatch):
+    """A second load is the cached folder's safetensors: the GGUF is neither dequantized again nor loaded
+    itself, and the model is the same. (How long each load takes is benchmarks/gguf_cache.py's table, not an
+    assertion: a loaded machine fails any limit in seconds, issue 32.)"""
+    from steerc.runtime import models
 
-    model, tok, inputs = smol
-    start = time.monotonic()
+    def never(*a, **k):
+        raise AssertionError("a cached load went back to the GGUF")
+
+    read = []
+    folder = models._load_folder
+    monkeypatch.setattr(models, "_dequantize_into", never)
+    monkeypatch.setattr(models, "_load_gguf", never)
+    monkeypatch.setattr(models, "_load_folder", lambda source, *a, **k: read.append(source) or folder(source, *a, **k))
+    model, _, inputs = smol
     again, _ = load_model("smollm2")  # the name and the path are one model
-    took = time.monotonic() - start
     line = _one_progress_line(capsys.readouterr().err)
     assert "first use" not in line
-    assert took < 8.0, f"a cached load took {took:.1f} s (the first took {FIRST_LOAD['seconds']:.1f} s)"
+    assert read == [models.gguf_cache_folder(smollm2_path())]
     with torch.no_grad():
         assert torch.equal(model(**inputs).logits, again(**inputs).logits)
 
