@@ -322,9 +322,9 @@ def model_path_for(args) -> str:
                                                            notes=tuple(Note(n) for n in problem.notes))],
                                    {source.name: source}))
     if not os.path.exists(path):
-        from steerc.facts.named import names
+        from steerc.facts.named import not_found
 
-        raise UsageError(f"--model {args.model}: no such folder or file, and not a model name ({names()})")
+        raise UsageError(f"--model {args.model}: {not_found(args.model)}")
     return path
 
 

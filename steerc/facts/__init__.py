@@ -25,7 +25,7 @@ from steerc.core.jsonio import JSONError
 from steerc.core.jsonio import read_file as read_json_file
 from steerc.core.limits import MAX_HEAD_DIM, MAX_HEADS, MAX_HIDDEN, MAX_INTERMEDIATE, MAX_LAYERS, MAX_VOCAB
 from steerc.diagnostics.codes import INVALID_MODEL, UNKNOWN_FAMILY
-from steerc.facts.named import named_config, names
+from steerc.facts.named import named_config, not_found
 from steerc.facts.sites import site_table
 
 FORMAT = "steerc.facts/1"
@@ -219,7 +219,7 @@ def load_facts(path: str) -> ModelFacts:
     if not os.path.isfile(file):
         if os.path.isdir(path):
             raise FactsError("no config.json in that folder")
-        raise FactsError(f"no such file or folder, and not a model name ({names()})")
+        raise FactsError(not_found(path))
     try:
         text, data = read_json_file(file)
     except OSError as exc:

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import re
 
 from attrs import frozen
 
@@ -98,3 +99,21 @@ def named_config(path: str) -> str:
 def names() -> str:
     """The known names, for messages: ``smollm2``."""
     return ", ".join(f"`{n}`" for n in NAMED).strip()
+
+
+_HUB_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*/[A-Za-z0-9][A-Za-z0-9_.-]*")
+
+
+def not_found(path: str) -> str:
+    """Why ``path`` names no model, and, where it reads as a Hugging Face id, how to get a folder for it.
+
+    >>> print(not_found("HuggingFaceTB/SmolLM2-135M-Instruct"))  # doctest: +NORMALIZE_WHITESPACE
+    no such file or folder, and not a model name (`smollm2`); `HuggingFaceTB/SmolLM2-135M-Instruct` reads as a
+    Hugging Face id, but steerc downloads nothing: download the model first (`hf download
+    HuggingFaceTB/SmolLM2-135M-Instruct --local-dir models/SmolLM2-135M-Instruct`) and pass that folder
+    """
+    message = f"no such file or folder, and not a model name ({names()})"
+    if _HUB_ID.fullmatch(path) and not os.path.exists(path.split("/")[0]):
+        message += (f"; `{path}` reads as a Hugging Face id, but steerc downloads nothing: download the model first "
+                    f"(`hf download {path} --local-dir models/{path.split('/')[1]}`) and pass that folder")
+    return message
