@@ -9,7 +9,8 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-EXAMPLES = os.environ.get("STEERC_EXAMPLES", os.path.join(HERE, "..", "..", "shared", "examples"))
+# The examples the clone ships (a copy of the conformance examples); STEERC_EXAMPLES points elsewhere.
+EXAMPLES = os.environ.get("STEERC_EXAMPLES", os.path.join(HERE, "..", "tests", "fixtures", "examples"))
 
 
 def load_model(prompt: str, *, byte_bpe: bool = False):

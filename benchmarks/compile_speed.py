@@ -24,7 +24,8 @@ import numpy as np
 from safetensors.numpy import save_file
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-EXAMPLES = os.environ.get("STEERC_EXAMPLES", os.path.join(HERE, "..", "..", "shared", "examples"))
+# The examples the clone ships (a copy of the conformance examples); STEERC_EXAMPLES points elsewhere.
+EXAMPLES = os.environ.get("STEERC_EXAMPLES", os.path.join(HERE, "..", "tests", "fixtures", "examples"))
 SIZES = (10, 100, 1000, 10000)
 OPS = ("add {s} * v{k}", "scale {s}", "ablate v{k}", "clamp v{k} to {s}", "rotate in (v{k}, v{j}) by {s}")
 SCOPES = ("generated", "prompt[-2:]", "all", "prompt[-1:], generated")

@@ -38,7 +38,7 @@ import time
 import numpy as np
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-EXAMPLES = os.environ.get("STEERC_EXAMPLES", os.path.join(HERE, "..", "..", "shared", "examples"))
+EXAMPLES = os.environ.get("STEERC_EXAMPLES", os.path.join(HERE, "..", "tests", "fixtures", "examples"))
 PROMPTS = ["Write a short poem about the sea.", "What is the capital of France?",
            "Explain photosynthesis to a child in three sentences.", "List three uses of copper."]
 
