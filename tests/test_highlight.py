@@ -228,14 +228,20 @@ def test_edited_programs_lex_without_error_and_round_trip(path, data):
     pygments_tokens(data.draw(mutated(H.read(path))))
 
 
-def test_a_large_program_lexes_quickly():
-    import time
+def _large_program(rows: int) -> str:
+    """``rows`` vector lines with comments, then a triple-quoted string 20 characters a row long."""
+    body = "".join(f"vector v{i} = [1.0, -2.5e-3, {i}]  # row {i}\n" for i in range(rows))
+    return "steer 1\n" + body + 'constrain json_schema """' + "x" * (20 * rows) + '"""\n'
 
-    body = "".join(f"vector v{i} = [1.0, -2.5e-3, {i}]  # row {i}\n" for i in range(3000))
-    text = "steer 1\n" + body + 'constrain json_schema """' + "x" * 60000 + '"""\n'
-    start = time.perf_counter()
-    pygments_tokens(text)
-    assert time.perf_counter() - start < 5
+
+def test_a_large_program_lexes_in_linear_time():
+    """3,000 rows and a 60,000-character string lex (and round-trip) at about 4x the CPU time of a quarter of
+    that, measured side by side: no rule backtracks over a long line or string. A ratio, not seconds against a
+    limit, which a loaded machine fails (issue 32); benchmarks/editor_speed.py prints the lexer's speed."""
+    from scaling import FACTOR, assert_linear
+
+    small, large = _large_program(3000 // FACTOR), _large_program(3000)
+    assert_linear(lambda: pygments_tokens(small), lambda: pygments_tokens(large))
 
 
 # ------------------------------------------------------------- registration

@@ -8,10 +8,8 @@ from __future__ import annotations
 
 import json
 import os
-import statistics
 import subprocess
 import sys
-import time
 
 import numpy as np
 import pytest
@@ -572,22 +570,25 @@ def big_program(n: int) -> str:
     return "\n".join(lines) + "\n"
 
 
-def test_a_thousand_interventions_recheck_in_under_0_3_s(server, project):
+def test_a_thousand_interventions_are_rechecked_after_each_edit(server, project):
+    """Each edit of a 1,000-intervention program gets the diagnostics of its own version: none while the layer
+    stays in range, layer-out-of-range at the edited line when it leaves it, none again when it comes back. How
+    long a re-check takes is benchmarks/editor_speed.py's table, not a limit here (issue 32)."""
     text = big_program(1000)
     uri, got = opened(server, project, "big.steer", text)
     assert got == []
     lines = text.split("\n")
     rows = [i for i, line in enumerate(lines) if line.startswith("  at") and line.endswith("[7]")]
-    times = []
     for version in range(2, 14):
         row = rows[(version * 83) % len(rows)]
         col = lines[row].index("[") + 1
         new = "17" if version % 2 else "5"  # lengths change, and stay
-        start = time.perf_counter()
         server.change(uri, version, new, ((row, col), (row, col + 1)))
         assert server.diagnostics(uri, version) == []
-        times.append(time.perf_counter() - start)
-    median = statistics.median(times)
-    print(f"\ndidChange -> publishDiagnostics, 1,000 interventions: median {median * 1000:.0f} ms, "
-          f"max {max(times) * 1000:.0f} ms, min {min(times) * 1000:.0f} ms")
-    assert median < 0.3
+    row = rows[0]
+    col = lines[row].index("[") + 1
+    server.change(uri, 14, "70", ((row, col), (row, col + 1)))
+    [d] = server.diagnostics(uri, 14)
+    assert d["code"] == "layer-out-of-range" and d["range"]["start"] == {"line": row, "character": col}
+    server.change(uri, 15, "7", ((row, col), (row, col + 2)))
+    assert server.diagnostics(uri, 15) == []
