@@ -140,7 +140,8 @@ def test_every_truncation_steerc_reads_llamacpp_reads_the_same(tmp_path, compile
     assert _steerc_reads(path) is not None  # the whole file
 
 
-@settings(max_examples=400, deadline=1000, database=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+# No wall-clock deadline: a loaded machine would fail it (issue 32); what is tested is that both read the same.
+@settings(max_examples=400, deadline=None, database=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(edits=st.lists(st.tuples(st.integers(0, 300), st.integers(0, 255)), min_size=1, max_size=3))
 def test_mutated_files_steerc_reads_llamacpp_reads_the_same(tmp_path, edits):
     data = bytearray(_small())
