@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import contextlib
 import glob
 import json
 import os
@@ -72,11 +73,224 @@ def test_plan_is_deterministic_and_small(facts, tmp_path):
     assert len((a / "plan.json").read_bytes()) < 8192  # tensors never inline
 
 
-def test_nothing_in_the_format_is_executable(facts, tmp_path):
-    _, out = _compiled(os.path.join(EXAMPLES, "12_per_token_gate.steer"), facts, tmp_path)
-    text = (out / "plan.json").read_text()
-    for word in ("lambda", "import", "pickle", "__"):
-        assert word not in text
+# ------------------------------------------------------------ the format is data, and loading it runs none
+
+
+def _leaves(value, path=()):
+    """(path, value) of every JSON value under ``value``, containers included."""
+    yield path, value
+    if isinstance(value, dict):
+        for key, item in value.items():
+            yield from _leaves(item, (*path, key))
+    elif isinstance(value, list):
+        for i, item in enumerate(value):
+            yield from _leaves(item, (*path, i))
+
+
+def _safetensors_header(data: bytes) -> dict:
+    """The JSON header of a safetensors file (8 bytes of length, then the header)."""
+    import struct
+
+    (length,) = struct.unpack("<Q", data[:8])
+    assert 8 + length <= len(data)
+    return json.loads(data[8:8 + length])
+
+
+@pytest.mark.parametrize("path", PROGRAMS, ids=os.path.basename)
+def test_the_format_is_data_only(path, facts, tmp_path):
+    """plan.json is strict JSON (steerc's reader: no NaN, no duplicate keys) whose every value is a string,
+    number, boolean, null, list or object, and whose keys are strings; the folder holds plan.json and
+    artifacts/*.safetensors only, each one float32 tensor named `value` with no metadata. (Once a grep for
+    "lambda" in plan.json, which no format could fail: issue 32.)"""
+    from steerc.core.jsonio import loads
+
+    _, out = _compiled(path, facts, tmp_path)
+    doc = loads((out / "plan.json").read_bytes(), unique_keys=True)
+    for where, value in _leaves(doc):
+        assert type(value) in (str, int, float, bool, type(None), list, dict), (where, type(value))
+        if isinstance(value, dict):
+            assert all(type(k) is str for k in value), where
+    files = sorted(str(p.relative_to(out)) for p in out.rglob("*") if p.is_file())
+    assert files == sorted(["plan.json", *(f"artifacts/{k}.safetensors" for k in doc["artifacts"])])
+    for key in doc["artifacts"]:
+        data = (out / "artifacts" / f"{key}.safetensors").read_bytes()
+        header = _safetensors_header(data)
+        assert list(header) == ["value"] and header["value"]["dtype"] == "F32", header
+
+
+# What a loader that evaluated, imported or unpickled its input would do with these strings; the audit hook
+# below sees any of it. The module name is one nothing imports.
+CANARY_MODULE = "steerc_issue32_canary"
+RISKY_EVENTS = {"os.system", "os.exec", "os.posix_spawn", "os.spawn", "os.fork", "subprocess.Popen",
+                "pickle.find_class", "marshal.load", "marshal.loads", "ctypes.dlopen", "ctypes.dlsym"}
+_WATCH: dict = {"on": False, "canary": None, "seen": []}
+
+
+def _audit(event, args):
+    """Records, while a hostile load runs, anything that would run the payload (an audit hook stays for the
+    process: it does nothing while ``_WATCH['on']`` is off)."""
+    if not _WATCH["on"]:
+        return
+    if event in RISKY_EVENTS:
+        _WATCH["seen"].append((event, str(args)[:200]))
+    elif event == "compile" and isinstance(args[0], (str, bytes)) and CANARY_MODULE in (
+            args[0] if isinstance(args[0], str) else args[0].decode("utf-8", "replace")):
+        _WATCH["seen"].append((event, "compiled the payload"))
+    elif event == "import" and args[0] == CANARY_MODULE:
+        _WATCH["seen"].append((event, args[0]))
+    elif event == "open" and str(args[0]) == _WATCH["canary"]:
+        _WATCH["seen"].append((event, str(args[0])))
+
+
+@contextlib.contextmanager
+def _watching(canary):
+    """``with _watching(path) as seen:``: what the audit hook saw in the block (``path``: the canary file)."""
+    import sys
+
+    if not _WATCH.get("hooked"):
+        sys.addaudithook(_audit)
+        _WATCH["hooked"] = True
+    _WATCH.update(on=True, canary=str(canary), seen=[])
+    try:
+        yield _WATCH["seen"]
+    finally:
+        _WATCH["on"] = False
+
+
+def _payload(canary) -> str:
+    return (f"__import__('{CANARY_MODULE}') or __import__('os').system('touch {canary}') "
+            f"or exec(open('{canary}').read()) or eval('1+1')")
+
+
+def _hostile_inputs(facts, tmp_path, name):
+    if name == "per-request params":
+        return _per_request_doc(facts)
+    return _admission_inputs(facts, tmp_path, name)
+
+
+def _admit_or_refuse(args, facts):
+    """The Admitted request, or None when admission refuses it (a RequestError naming a field)."""
+    from steerc.targets.serve.admission import RequestError, admit
+
+    try:
+        return admit(args, facts)
+    except RequestError as exc:
+        assert exc.field.startswith(("steerc_plan", "steerc_artifacts")), exc
+        return None
+
+
+@pytest.mark.parametrize("name", ["12_per_token_gate.steer", "07_json.steer", "09_grammar.steer",
+                                  "10_regex_inline_schema.steer", "per-request params"])
+def test_code_in_any_string_of_a_plan_is_refused_or_inert(facts, tmp_path, name):
+    """Each string of a plan in turn (names, provenance, constraint schemas, grammars and regexes, kinds,
+    hashes) replaced by Python that imports, shells out and evals, re-salted: admission refuses it naming a
+    field, or admits it with the string as data in the plan. Either way nothing compiles, imports, opens,
+    runs or unpickles it (a Python audit hook watches), and the canary file is never made (issue 32)."""
+    doc, arts = _hostile_inputs(facts, tmp_path, name)
+    canary = tmp_path / "canary"
+    payload = _payload(canary)
+    strings = [where for where, value in _leaves(doc) if isinstance(value, str)]
+    assert len(strings) > 10
+    admitted = refused = 0
+    with _watching(canary) as seen:
+        for where in strings:
+            hostile = json.loads(json.dumps(doc))
+            *parent, last = where
+            node = hostile
+            for step in parent:
+                node = node[step]
+            node[last] = payload
+            if where != ("cache_salt",):
+                _resalted(hostile)
+            request = _admit_or_refuse(extra_args(hostile, arts), facts)
+            if request is None:
+                refused += 1
+                continue
+            admitted += 1
+            node = request.doc
+            for step in where:
+                node = node[step]
+            assert node == payload, where  # kept as the string it was, and nothing more
+    assert seen == [] and not canary.exists(), seen
+    assert refused and (admitted or name == "per-request params"), (admitted, refused)
+
+
+def _pickle_of_a_shell_command(canary) -> bytes:
+    """Protocol-0 pickle bytes that call os.system when unpickled (written by hand: steerc has no pickle)."""
+    return f"cos\nsystem\n(S'touch {canary}'\ntR.".encode()
+
+
+def test_an_artifact_that_is_a_pickle_or_carries_code_in_its_metadata_runs_nothing(facts, tmp_path):
+    """An artifact replaced by a pickle that shells out (rehashed, re-listed, re-salted) is refused at its
+    field and never unpickled; a well-formed safetensors artifact whose metadata holds code is read as its
+    tensor alone, the metadata never looked at (issue 32)."""
+    import numpy as np
+    from safetensors.numpy import save
+
+    canary = tmp_path / "canary"
+    for make in (lambda: _pickle_of_a_shell_command(canary),
+                 lambda: save({"value": np.full(64, 0.5, dtype=np.float32)}, metadata={"code": _payload(canary)})):
+        doc, arts = _admission_inputs(facts, tmp_path, "01_add.steer")
+        data = make()
+        old, new = doc["artifacts"][0], artifact_id(data)
+        text = json.dumps(doc).replace(old, new)
+        doc.clear()
+        doc.update(json.loads(text))
+        doc["artifacts"] = sorted(doc["artifacts"])
+        arts = {**{k: v for k, v in arts.items() if k != old}, new: data}
+        _resalted(doc)
+        with _watching(canary) as seen:
+            request = _admit_or_refuse(extra_args(doc, arts), facts)
+        assert seen == [] and not canary.exists(), seen
+        assert (request is None) == data.startswith(b"cos"), request
+
+
+def test_the_serve_loader_has_no_way_to_run_what_it_reads():
+    """Every steerc module that loading a serve plan imports (admission, the format, the JSON reader, the
+    schema checker, the verifier, the vllm program builder and all they import), read as source: no eval,
+    exec, compile or __import__, no importlib.import_module, no pickle, marshal, shelve or dill, no
+    torch.load without weights_only=True, no np.load that allows pickles (issue 32)."""
+    import ast
+    import subprocess
+    import sys
+
+    code = ("import json, sys; import steerc.targets.serve.admission, steerc.serve_client; "
+            "print(json.dumps({m: getattr(v, '__file__', None) for m, v in sys.modules.items() "
+            "if m == 'steerc' or m.startswith('steerc.')}))")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
+    modules = json.loads(proc.stdout)
+    assert "steerc.targets.serve.format" in modules and "steerc.core.jsonio" in modules
+    found = []
+    for module, path in sorted(modules.items()):
+        if path:
+            with open(path, encoding="utf-8") as fh:
+                found += [f"{module}:{line}: {what}" for line, what in _ways_to_run_text(ast.parse(fh.read()))]
+    assert found == [], "\n".join(found)
+
+
+def _ways_to_run_text(tree):
+    """(line, what) for each call or import in ``tree`` that could run data as code or unpickle it."""
+    import ast
+
+    unsafe_modules = {"pickle", "cPickle", "_pickle", "marshal", "shelve", "dill", "cloudpickle", "joblib"}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.name.split(".")[0] in unsafe_modules:
+                    yield node.lineno, f"import {alias.name}"
+        elif isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] in unsafe_modules:
+            yield node.lineno, f"from {node.module} import"
+        elif isinstance(node, ast.Call):
+            fn = node.func
+            name = fn.id if isinstance(fn, ast.Name) else fn.attr if isinstance(fn, ast.Attribute) else ""
+            owner = ast.unparse(fn.value) if isinstance(fn, ast.Attribute) else ""
+            keywords = {k.arg: ast.unparse(k.value) for k in node.keywords}
+            runs = (isinstance(fn, ast.Name) and name in ("eval", "exec", "compile", "__import__", "breakpoint")
+                    or name == "import_module"
+                    or owner == "torch" and name == "load" and keywords.get("weights_only") != "True"
+                    or owner in ("np", "numpy") and name == "load" and keywords.get("allow_pickle") != "False")
+            if runs:
+                yield node.lineno, ast.unparse(node)[:80]
 
 
 def test_constraint_becomes_request_fields(facts, tmp_path):
