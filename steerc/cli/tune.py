@@ -29,26 +29,38 @@ def add_arguments(cmd) -> None:
     cmd.add_argument("--dry-run", action="store_true", help="say what would be chosen; write nothing")
 
 
-def _diagnostic(args, message: str, flag: str, index: int, start: int, end: int, help=None) -> int:
-    """An error under ``flag``'s ``index``-th value (characters ``start``-``end`` of it)."""
-    from steerc.diagnostics import Diagnostic
+def _span(args, flag: str, index: int, start: int, end: int):
+    """(the command line as a Source, the span of characters ``start``-``end`` of ``flag``'s ``index``-th value;
+    the whole value when ``end`` is None)."""
+    src, spans = argument_spans(args, flag)
+    if not 0 <= index < len(spans):
+        return src, src.span(0, len(src.text))
+    span = spans[index]
+    shown = src.text[span.start:span.end]
+    value = (getattr(args, flag.lstrip("-").replace("-", "_")) or "")
+    value = value[index] if isinstance(value, list) else value
+    if end is None:
+        start, end = 0, len(value)
+    inner = span.start + (1 if shown != value and shown[1:-1] == value else 0)
+    return src, src.span(inner + start, inner + max(end, start + 1)) if shown in (value, f"'{value}'") else span
+
+
+def _diagnostic(args, message: str, flag: str, index: int, start: int, end: int | None, help=None,
+                notes=()) -> int:
+    """An error under ``flag``'s ``index``-th value (characters ``start``-``end`` of it); ``notes`` are
+    (``--subject-to`` index, message) pairs, each pointing at its bound."""
+    from steerc.diagnostics import Diagnostic, Note
     from steerc.diagnostics.codes import INVALID_VALUE
 
-    src, spans = argument_spans(args, flag)
-    if 0 <= index < len(spans):
-        span = spans[index]
-        shown = src.text[span.start:span.end]
-        value = (getattr(args, flag.lstrip("-").replace("-", "_")) or "")
-        value = value[index] if isinstance(value, list) else value
-        inner = span.start + (1 if shown != value and shown[1:-1] == value else 0)
-        span = src.span(inner + start, inner + max(end, start + 1)) if shown in (value, f"'{value}'") else span
-    else:
-        span = src.span(0, len(src.text))
-    return fail_with(args, [Diagnostic.error(INVALID_VALUE, message, span, help=help)], {src.name: src})
+    src, span = _span(args, flag, index, start, end)
+    notes = tuple(Note(text, _span(args, "--subject-to", k, 0, None)[1]) for k, text in notes)
+    return fail_with(args, [Diagnostic.error(INVALID_VALUE, message, span, help=help, notes=notes)],
+                     {src.name: src})
 
 
 def run(args) -> int:
-    from steerc.eval.tune import RuleError, choose, explain, parse_rule, summary
+    from steerc.eval import grid
+    from steerc.eval.tune import RuleError, choose, explain, no_winner, parse_rule, summary
 
     try:
         rule = parse_rule(args.maximize, args.minimize, args.subject_to)
@@ -57,7 +69,9 @@ def run(args) -> int:
     if not args.sweep:
         raise UsageError("tune needs at least one --sweep NAME=a:b:n: the values to choose from")
 
-    def items_hold_the_rule(items):
+    def before_load(items):
+        """The rule's metrics need items the data has, and the winner must be writable: both are known now,
+        before the model loads (the sweep has been read, so its first point stands in for the winner)."""
         behaviour, cost = items.counts()
         have = {"behaviour": behaviour, "cost": cost}
         for kind, uses in rule.needs().items():
@@ -65,26 +79,26 @@ def run(args) -> int:
                 flag, index, term = uses[0]
                 return _diagnostic(args, f"{term.metric} is measured on {kind} items, and {args.data} has none",
                                    flag, index, 0, len(term.text), help="add them to the data, or choose another metric")
-        return None
+        if args.dry_run:
+            return None
+        edited = params_edit(args, args.files[0], grid(args.sweep)[0], "tune")
+        return edited if isinstance(edited, int) else None
 
-    doc = eval_cli.scored(args, before_load=items_hold_the_rule)
+    doc = eval_cli.scored(args, before_load=before_load)
     if isinstance(doc, int):
         return doc
     choice = choose(doc, rule)
     if choice.best is None:
-        bound = rule.bounds[0]
-        best = min((p for p in doc["points"] if bound.term.of(p) is not None), default=None,
-                   key=lambda p: bound.term.of(p) if bound.op in ("<", "<=") else -bound.term.of(p))
-        nearest = f": the nearest was {bound.term.text} {bound.term.of(best):.4g} at " \
-                  f"{', '.join(f'{k}={v:g}' for k, v in best['params'].items())}" if best else ""
-        if len(rule.bounds) > 1:
-            nearest = ""
-        return _diagnostic(args, f"no point of the sweep meets every bound{nearest}", "--subject-to", bound.index,
-                           0, 0, help="widen the sweep, or relax the bound")
+        why = no_winner(doc, rule, choice)
+        return _diagnostic(args, why.message, why.flag, why.index, 0, None, help=why.help, notes=why.others)
     chosen = doc["points"][choice.best]
     swept = {k: v for k, v in chosen["params"].items()
              if any(s.partition("=")[0].strip() == k for s in args.sweep)}
-    wrote = None if args.dry_run else _write(args, swept)
+    wrote = None
+    if not args.dry_run:
+        wrote = params_write(args, args.files[0], swept, "tune")
+        if isinstance(wrote, int):
+            return wrote
     if args.format == "json":
         print_json({"format": "steerc.tune/1", "tune": summary(doc, rule, choice, wrote), "eval": doc})
         return EXIT_OK
@@ -98,31 +112,52 @@ def run(args) -> int:
     return EXIT_OK
 
 
-def _write(args, values: dict) -> str:
-    """Write ``values`` into the program's project's steer.toml (made at the project root when there is none),
-    atomically, its line ends kept; the path as shown."""
-    import tempfile
-
+def params_edit(args, program: str, values: dict, command: str):
+    """(the steer.toml path of ``program``'s project, its text with ``values`` in ``[params]``, whether it starts
+    with a byte-order mark), or an exit code after saying why it cannot be written (``command`` names who
+    writes). Everything that could make the write fail (steer.toml's form, its links, its permissions) is
+    found here, so a command calls this before its long work, and :func:`params_write` calls it again on the
+    file as it is then."""
+    from steerc.core.source import Source, normalize_newlines
     from steerc.project import MARKER, display_name
     from steerc.project.edit import EditError, set_params
+    from steerc.project.write import WriteError, read, target
 
-    project = checked_project(args, args.files[0])
+    project = checked_project(args, program)
     path = project.file or os.path.join(project.root, MARKER)
-    raw = ""
-    if project.file is not None:
-        with open(path, encoding="utf-8", newline="") as fh:
-            raw = fh.read()
-    crlf = "\r\n" in raw
+    shown = display_name(path)
     try:
-        new = set_params(raw.replace("\r\n", "\n"), values)
+        target(path)
+        text, bom = read(path)
+    except WriteError as exc:
+        raise UsageError(f"{command} cannot write its params into {shown}: it {exc}") from None
+    try:
+        return path, set_params(text, values), bom
     except EditError as exc:
-        raise UsageError(f"{display_name(path)}: {exc}") from None
-    fd, tmp = tempfile.mkstemp(prefix=".steer.toml-", dir=os.path.dirname(path))
+        if exc.span is None:
+            raise UsageError(f"{command} cannot write its params into {shown}: {exc.message}") from None
+        from steerc.diagnostics import Diagnostic
+        from steerc.diagnostics.codes import INVALID_CONFIG
+
+        src = Source(shown, normalize_newlines(text), path)
+        return fail_with(args, [Diagnostic.error(INVALID_CONFIG, f"{command} cannot write its params into "
+                                                 f"{shown}: {exc.message}", src.span(*exc.span), help=exc.help)],
+                         {src.name: src})
+
+
+def params_write(args, program: str, values: dict, command: str):
+    """Write ``values`` into the steer.toml of ``program``'s project (made at the project root when there is
+    none), keeping its other bytes, its links and its mode (:mod:`steerc.project.write`): the path as shown,
+    or an exit code after saying why not."""
+    from steerc.project import display_name
+    from steerc.project.write import WriteError, write
+
+    edited = params_edit(args, program, values, command)
+    if isinstance(edited, int):
+        return edited
+    path, text, bom = edited
     try:
-        with os.fdopen(fd, "w", encoding="utf-8", newline="") as fh:
-            fh.write(new.replace("\n", "\r\n") if crlf else new)
-        os.replace(tmp, path)
-    except OSError as exc:
-        os.unlink(tmp) if os.path.exists(tmp) else None
-        raise UsageError(f"cannot write {display_name(path)}: {exc.strerror or exc}") from None
+        write(path, text, bom)
+    except WriteError as exc:
+        raise UsageError(f"{command} cannot write its params into {display_name(path)}: it {exc}") from None
     return display_name(path)

@@ -19,6 +19,7 @@ goal; on a tie the first in sweep order. The runner-up is the next best.
 
 from __future__ import annotations
 
+import math
 import operator
 import re
 
@@ -120,7 +121,7 @@ def parse_bound(text: str, index: int) -> Bound:
         value = float(number)
     except ValueError:
         value = float("nan")
-    if value != value or value in (float("inf"), float("-inf")):
+    if not math.isfinite(value):
         raise RuleError(f"--subject-to {term.text}{op}: {number!r} is not a finite number", "--subject-to", index,
                         at, at + max(len(number), 1))
     return Bound(term, op, value, index)
@@ -142,19 +143,41 @@ class Choice:
     best: int | None  # index into the document's points; None when no point meets the bounds
     runner_up: int | None
     feasible: tuple[int, ...]
-    excluded: tuple[tuple[int, Bound, float | None], ...]  # (point, the first bound it breaks, its value there)
+    # (point, why it is out, its value there): a Bound it breaks (the first), or a Term whose value there is
+    # not a finite number (None: absent)
+    excluded: tuple[tuple[int, Bound | Term, float | None], ...]
     tied: bool  # the runner-up's goal equals the winner's
+
+
+def _finite(value) -> bool:
+    return value is not None and math.isfinite(value)
+
+
+def unfit(point: dict, rule: Rule) -> tuple[Term, float | None] | None:
+    """The first term of ``point`` that is not a finite number, or None: the goal, then each bound's term, then
+    every other metric's mean (a steered forward that overflowed float32 leaves NaN in all of them, and a
+    point with any such number is never a candidate: NaN compares false with everything, so no point would
+    ever rank above it)."""
+    terms = [rule.term, *(b.term for b in rule.bounds), *(Term(m, "mean") for m in point["metrics"])]
+    for term in terms:
+        value = term.of(point)
+        if not _finite(value):
+            return term, value
+    return None
 
 
 def choose(doc: dict, rule: Rule) -> Choice:
     """The winning point of an eval document under ``rule``."""
     feasible, excluded = [], []
     for i, point in enumerate(doc["points"]):
-        broken = next((b for b in rule.bounds if not b.holds(point)), None)
-        if broken is None and rule.term.of(point) is not None:
-            feasible.append(i)
+        bad = unfit(point, rule)
+        broken = None if bad else next((b for b in rule.bounds if not b.holds(point)), None)
+        if bad is not None:
+            excluded.append((i, *bad))
         elif broken is not None:
             excluded.append((i, broken, broken.term.of(point)))
+        else:
+            feasible.append(i)
     order = []
     for i in feasible:  # a stable selection: the first of equals stays first
         v = rule.term.of(doc["points"][i])
@@ -164,6 +187,62 @@ def choose(doc: dict, rule: Rule) -> Choice:
     runner = order[1] if len(order) > 1 else None
     tied = runner is not None and rule.term.of(doc["points"][best]) == rule.term.of(doc["points"][runner])
     return Choice(best, runner, tuple(feasible), tuple(excluded), tied)
+
+
+@frozen
+class Verdict:
+    """Why no point won, for a diagnostic at one argument: ``flag``'s ``index``-th value; ``others`` are
+    further ``--subject-to`` indexes to point at, each with a note."""
+
+    message: str
+    flag: str
+    index: int
+    help: str
+    others: tuple[tuple[int, str], ...] = ()
+
+
+def no_winner(doc: dict, rule: Rule, choice: Choice) -> Verdict:
+    """Why ``choice`` has no winner. With no finite point, the goal is to blame; otherwise the bound that
+    excludes the most points (the first of equals), with the nearest any point came to meeting it (among
+    those meeting the other bounds, when there are any), and a note at each other bound that also excludes
+    every point alone or, when none does, at those that exclude the rest."""
+    points = doc["points"]
+    n = len(points)
+    finite = [i for i in range(n) if unfit(points[i], rule) is None]
+    if not finite:
+        bad = {id(t): t for _, t, _ in choice.excluded}
+        terms = ", ".join(dict.fromkeys(t.text for t in bad.values()))
+        return Verdict(f"no point of the sweep has finite metrics ({terms} not a finite number at every point)",
+                       rule.goal_flag, 0, help="the steered model overflows there: sweep smaller values")
+    broken = [[i for i in finite if not b.holds(points[i])] for b in rule.bounds]
+    at = max(range(len(rule.bounds)), key=lambda k: (len(broken[k]), -k))
+    bound = rule.bounds[at]
+    others = [k for k in range(len(rule.bounds)) if k != at]
+    meeting = [i for i in finite if all(rule.bounds[k].holds(points[i]) for k in others)]
+    pool = meeting or finite
+    low = bound.op in ("<", "<=")
+    best = min(pool, key=lambda i: bound.term.of(points[i]) if low else -bound.term.of(points[i]))
+    which = "the nearest" if not (others and meeting) else "the nearest of the points meeting the other bounds"
+    how = f"excludes all {len(finite)} points" if len(broken[at]) == len(finite) else \
+        f"excludes {len(broken[at])} of {len(finite)} points"
+    message = (f"no point of the sweep meets every bound: {bound.text} {how}; {which} was {bound.term.text} "
+               f"{bound.term.of(points[best]):.4g} at {params_text(points[best]['params'])}")
+    if len(finite) < n:
+        message += f" ({n - len(finite)} more had metrics that are not finite)"
+    alone = [k for k in others if len(broken[k]) == len(finite)]
+    if alone:
+        notes = tuple((k, f"{rule.bounds[k].text} also excludes every point") for k in alone)
+    else:
+        left = set(finite) - set(broken[at])
+        notes = tuple((k, _leaves(rule.bounds[k], len(left & set(broken[k])), len(left), bound))
+                      for k in others if left & set(broken[k]))
+    return Verdict(message, "--subject-to", bound.index, help="widen the sweep, or relax the bound", others=notes)
+
+
+def _leaves(other: Bound, m: int, left: int, bound: Bound) -> str:
+    """``behavior>=1 excludes the 2 points kl<=0.1 leaves`` (or ``1 of the 2``)."""
+    points = "point" if left == 1 else "points"
+    return f"{other.text} excludes {'the' if m == left else f'{m} of the'} {left} {points} {bound.text} leaves"
 
 
 def params_text(params: dict) -> str:
@@ -181,8 +260,8 @@ def explain(doc: dict, rule: Rule, choice: Choice) -> list[str]:
     value = f"{rule.term.metric} {m['mean']:.4g} [{m['low']:.4g}, {m['high']:.4g}]"
     if rule.term.stat != "mean":
         value = f"{rule.term.text} {rule.term.of(best):.4g}, {value}"
-    lines = [f"chose {params_text(best['params'])} for {best['program']}: it {rule.goal}s {rule.term.text} "
-             f"({value}) among {len(choice.feasible)} of {n} points{where}"]
+    lines = [(f"chose {params_text(best['params'])} for {best['program']}: it {rule.goal}s {rule.term.text} "
+              f"({value}) among {len(choice.feasible)} of {n} points{where}")]
     others = [f"{k} {best['metrics'][k]['mean']:.4g}" for k in ("behavior_change", "win_rate", "kl",
                                                                  "perplexity_ratio")
               if k in best["metrics"] and k != rule.term.metric]
@@ -199,11 +278,17 @@ def explain(doc: dict, rule: Rule, choice: Choice) -> list[str]:
             lines.append(f"  their {rule.term.metric} intervals overlap: on these items the two are not clearly apart")
     else:
         lines.append("runner-up: none (no other point meets the bounds)")
-    for i, bound, value in choice.excluded:
-        shown = "absent" if value is None else f"{value:.4g}"
-        lines.append(f"excluded: {params_text(points[i]['params'])} ({bound.term.text} {shown}, "
-                     f"not {bound.op}{bound.value:g})")
+    for i, why, value in choice.excluded:
+        lines.append(f"excluded: {params_text(points[i]['params'])} ({excluded_text(why, value)})")
     return lines
+
+
+def excluded_text(why: Bound | Term, value: float | None) -> str:
+    """Why a point is out: ``kl 0.2, not <=0.1``, or ``behavior nan, not a finite number``."""
+    shown = "absent" if value is None else f"{value:.4g}"
+    if isinstance(why, Bound):
+        return f"{why.term.text} {shown}, not {why.op}{why.value:g}"
+    return f"{why.text} {shown}, not a finite number"
 
 
 def _overlap(a: dict, b: dict, metric: str) -> bool:
@@ -221,7 +306,10 @@ def summary(doc: dict, rule: Rule, choice: Choice, wrote: str | None) -> dict:
         "rule": {"goal": rule.goal, "metric": rule.term.text, "subject_to": [b.text for b in rule.bounds]},
         "chosen": point(choice.best),
         "runner_up": point(choice.runner_up),
-        "excluded": [{"index": i, "params": doc["points"][i]["params"], "bound": b.text, "value": v}
-                     for i, b, v in choice.excluded],
+        "excluded": [{"index": i, "params": doc["points"][i]["params"],
+                      "bound": why.text if isinstance(why, Bound) else None,
+                      "metric": why.term.text if isinstance(why, Bound) else why.text, "value": v,
+                      "why": excluded_text(why, v)}
+                     for i, why, v in choice.excluded],
         "wrote": wrote,
     }
