@@ -412,3 +412,78 @@ def test_tune_on_a_model_never_writes_an_overflowed_strength(project, folder):
     assert [e["index"] for e in tuned["excluded"]] == [0] and tuned["excluded"][0]["bound"] is None
     assert (project / "steer.toml").read_text() == "[params]\nstrength = 0.0  # by hand\n"
 
+
+CAST = ('steer 1\nparam threshold = 0.5\nvector topic = load("v.safetensors", key="v")\n\n'
+        "probe about {\n  at   resid_pre[2]\n  read cosine(topic)\n  pool prompt.mean\n}\n\n"
+        "intervention x {\n  at     resid_post[3]\n  scale  2\n  tokens generated\n  when   about OP threshold\n}\n")
+POS = ["yes, because it is raining.", "hello world, how are you today?", "Answer: yes", "ok true"]
+NEG = ["no, because the sun is out.", "goodbye world", "Answer: no", "ok false"]
+
+
+@pytest.fixture()
+def cast(project):
+    _vector(project / "v.safetensors", seed=1)
+    (project / "pos.txt").write_text("\n".join(POS) + "\n")
+    (project / "neg.txt").write_text("\n".join(NEG) + "\n")
+    return project
+
+
+def _calibrate(folder, *extra):
+    return run_cli(["derive", "--model", folder, "--positive", "pos.txt", "--negative", "neg.txt", "--calibrate",
+                    "cast.steer", "--probe", "about", *extra])
+
+
+def test_calibrate_writes_its_threshold_where_the_gate_reads_it(cast, folder):
+    """Issue 32 (friction): `derive --calibrate` printed the threshold but could not write it. `--write PARAM`
+    writes it into steer.toml [params], keeping the file's other bytes, when the gate compares the probe
+    with that param the way the calibration found; the other way round, nothing is written."""
+    (cast / "cast.steer").write_text(CAST.replace("OP", ">"))
+    code, out, _ = _calibrate(folder, "--format", "json")
+    assert code == 0
+    op, threshold = json.loads(out)["op"], json.loads(out)["threshold"]
+    flipped = "<" if op == ">" else ">"
+    (cast / "cast.steer").write_text(CAST.replace("OP", op))
+    (cast / "steer.toml").write_bytes(b"# shared\r\n[params]\r\nthreshold = 0.5  # by hand\r\n")
+    code, out, err = _calibrate(folder, "--write", "threshold")
+    assert code == 0, err
+    assert f"wrote threshold = {threshold:.6g} to steer.toml [params]" in out
+    assert (cast / "steer.toml").read_bytes() == \
+        f"# shared\r\n[params]\r\nthreshold = {threshold!r}  # by hand\r\n".encode()
+
+    (cast / "cast.steer").write_text(CAST.replace("OP", flipped))
+    before = (cast / "steer.toml").read_bytes()
+    code, _, err = _calibrate(folder, "--write", "threshold")
+    assert code == 1 and "opens the other way" in err and "nothing was written" in err, err
+    line = next(x for x in err.splitlines() if "when   about" in x)
+    caret = err.splitlines()[err.splitlines().index(line) + 1]
+    assert caret.index("^") == line.index("about")
+    assert (cast / "steer.toml").read_bytes() == before
+
+
+@pytest.mark.parametrize("program, toml, says", [
+    (CAST.replace("OP threshold", "> limit").replace("param threshold", "param limit"), "",
+     "declares no param threshold"),
+    (CAST.replace("OP threshold", "> 0.5"), "", "no gate of cast.steer compares about with threshold"),
+    (CAST.replace("OP", ">"), "read-only", "is read-only"),
+    (CAST.replace("OP", ">"), "params = {threshold = 0.5}\n", "inline table"),
+])
+def test_calibrate_write_is_refused_before_the_model_loads(cast, folder, monkeypatch, program, toml, says):
+    """Issue 32 (friction): what would keep --write from writing is found before the probe runs."""
+    from steerc.cli import derive
+
+    def never(*a, **k):
+        raise AssertionError("the model loaded")
+
+    monkeypatch.setattr(derive, "load_checked", never)
+    (cast / "cast.steer").write_text(program)
+    path = cast / "steer.toml"
+    path.write_text("[params]\nthreshold = 0.5\n" if toml == "read-only" else toml)
+    if toml == "read-only":
+        os.chmod(path, 0o444)
+    before = path.read_bytes()
+    code, _, err = _calibrate(folder, "--write", "threshold")
+    assert code in (1, 2) and says in err and "Traceback" not in err, err
+    assert path.read_bytes() == before
+    code, _, err = run_cli(["derive", "--model", folder, "--data", "x.jsonl", "--at", "resid_post[1]", "-o", "b.st",
+                            "--write", "threshold"])
+    assert code == 2 and "--write PARAM goes with --calibrate" in err

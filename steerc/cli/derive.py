@@ -50,6 +50,9 @@ def add_arguments(cmd) -> None:
                      help="find the threshold of a probe of this program that best separates --positive (the "
                           "condition should hold) from --negative")
     cal.add_argument("--probe", metavar="NAME", help="the probe to calibrate")
+    cal.add_argument("--write", metavar="PARAM",
+                     help="also write the threshold into the program's project's steer.toml [params] as PARAM, the "
+                          "param a gate of the program compares the probe with (`when PROBE > PARAM`)")
     run_ = cmd.add_argument_group("running")
     run_.add_argument("--batch-size", type=int, default=8, metavar="N", help="texts per forward pass (default 8)")
     run_.add_argument("--engine", choices=("hf", "vllm"), default="hf",
@@ -165,6 +168,8 @@ def run(args) -> int:
         raise UsageError("--batch-size must be at least 1")
     if not 0 <= args.heldout < 1:
         raise UsageError("--heldout is a fraction from 0 (no scores) up to, not including, 1")
+    if args.write and not args.calibrate:
+        raise UsageError("--write PARAM goes with --calibrate (it writes the calibrated threshold)")
     try:
         if args.calibrate:
             return _calibrate(args)
@@ -293,6 +298,11 @@ def _calibrate(args) -> int:
         raise UsageError(f"--probe {args.probe}: {args.calibrate} has no probe of that name "
                          f"({', '.join(names) or 'it declares none'})")
     probe = result.plan.probe(args.probe)
+    gates = None
+    if args.write:
+        gates = _threshold_gates(args, result)
+        if isinstance(gates, int):
+            return gates
     if args.engine == "vllm":
         values = _vllm_probe_values(model_path_for(args), facts, result.plan, args.probe, pos + neg, args.chat)
     else:
@@ -300,10 +310,17 @@ def _calibrate(args) -> int:
         values = _probe_values(model, tokenizer, result.plan, args.probe, pos + neg, args)
     vp, vn = values[:len(pos)], values[len(pos):]
     op, threshold, f1, accuracy = best_threshold(vp, vn)
+    wrote = None
+    if args.write:
+        wrote = _write_threshold(args, result, gates, op, threshold, facts)
+        if isinstance(wrote, int):
+            return wrote
     report = {"probe": args.probe, "readout": probe.kind, **({"engine": args.engine} if args.engine != "hf" else {}), "site": probe.site.text, "pool": probe.pool,
               "chat": bool(args.chat), "op": op, "threshold": threshold, "f1": f1, "accuracy": accuracy,
               "positive": {"n": len(vp), "min": float(vp.min()), "mean": float(vp.mean()), "max": float(vp.max())},
               "negative": {"n": len(vn), "min": float(vn.min()), "mean": float(vn.mean()), "max": float(vn.max())}}
+    if args.write:
+        report["wrote"] = {"param": args.write, "file": wrote}
     if args.format == "json":
         print(json_dumps(report, indent=2, sort_keys=True))
         return EXIT_OK
@@ -315,7 +332,90 @@ def _calibrate(args) -> int:
     print(f"  when {args.probe} {op} {threshold:.6g}    # F1 {f1:.3f}, accuracy {accuracy:.3f}")
     for label, v in (("should hold", vp), ("should not", vn)):
         print(f"  {label:11s}: min {v.min():#.4g}  mean {v.mean():#.4g}  max {v.max():#.4g}")
+    if args.write:
+        print(f"wrote {args.write} = {threshold:.6g} to {wrote} [params], which `when {args.probe} {op} "
+              f"{args.write}` reads")
     return EXIT_OK
+
+
+def _threshold_gates(args, result):
+    """The comparisons of ``--probe`` with ``--write``'s param in the program's gates, as (the direction the
+    gate opens in, ``<`` or ``>``, the comparison's span); or an exit code after saying why the threshold
+    cannot be written: not a param the program declares, no gate comparing the probe with it, or a
+    steer.toml that cannot be written (all found before the model loads)."""
+    from steerc.cli.tune import params_edit
+    from steerc.ir import nodes as ir
+
+    name, probe = args.write, args.probe
+    declared = [p.name for p in result.program.of_type(ir.ParamDecl)]
+    if name not in declared:
+        return _write_refused(args, f"--write {name}: {args.calibrate} declares no param {name}",
+                              help=f"declare `param {name} = 0.5` and gate on it: `when {probe} > {name}`")
+    gates = []
+    for decl in result.program.of_type(ir.InterventionDecl):
+        if decl.gate is not None:
+            gates.extend(_comparisons(decl.gate, probe, name, False))
+    if not gates:
+        return _write_refused(args, f"--write {name}: no gate of {args.calibrate} compares {probe} with {name}",
+                              help=f"gate on it: `when {probe} > {name}` (or <), so that the gate reads the "
+                                   "threshold written")
+    edited = params_edit(args, args.calibrate, {name: 0.0}, "derive --calibrate")
+    return edited if isinstance(edited, int) else gates
+
+
+def _write_refused(args, message: str, help: str) -> int:
+    """An ``invalid-value`` error under ``--write``'s value."""
+    from steerc.diagnostics import Diagnostic
+    from steerc.diagnostics.codes import INVALID_VALUE
+
+    source, span = argument_source(args, "--write")
+    return fail_with(args, [Diagnostic.error(INVALID_VALUE, message, span, help=help)], {source.name: source})
+
+
+def _comparisons(gate, probe: str, name: str, negated: bool) -> list:
+    """(direction, span) of each ``probe OP name`` or ``name OP probe`` in ``gate``: the direction in which the
+    gate opens as the probe grows past the param (``>``) or falls below it (``<``), ``not`` counted."""
+    from steerc.ir import nodes as ir
+
+    if isinstance(gate, ir.GateNot):
+        return _comparisons(gate.operand, probe, name, not negated)
+    if isinstance(gate, (ir.GateAnd, ir.GateOr)):
+        return _comparisons(gate.left, probe, name, negated) + _comparisons(gate.right, probe, name, negated)
+    sides = [s.id if isinstance(s, ir.Name) else None for s in (gate.left, gate.right)]
+    if sorted(sides, key=str) != sorted([probe, name]):
+        return []
+    up = gate.op.startswith(">") == (sides[0] == probe)
+    return [(">" if up != negated else "<", gate.span)]
+
+
+def _write_threshold(args, result, gates, op: str, threshold: float, facts):
+    """Write the threshold into steer.toml as ``--write``'s param: the path as shown, or an exit code when a gate
+    compares the other way (the threshold would open it on the wrong texts) or the param's range refuses it."""
+    from steerc.api import check_source
+    from steerc.cli.common import checked_project, root_of
+    from steerc.cli.tune import params_write
+    from steerc.diagnostics import Diagnostic
+    from steerc.diagnostics.codes import INVALID_VALUE
+    from steerc.project.session import check_options
+
+    name, probe = args.write, args.probe
+    wrong = [span for direction, span in gates if direction != op]
+    if wrong:
+        flipped = [Diagnostic.error(INVALID_VALUE, f"the calibration found `{probe} {op} {threshold:.6g}`, and this "
+                                    f"gate opens the other way: with {name} = {threshold:.6g} it would hold on the "
+                                    f"wrong texts, so nothing was written", span,
+                                    help=f"compare `{probe} {op} {name}`, or swap --positive and --negative")
+                   for span in wrong]
+        return fail_with(args, flipped, result.sources)
+    src, span = argument_source(args, "--write")  # the program as it will run: its steer.toml, this threshold
+    options = check_options(checked_project(args, args.calibrate), root=root_of(args), overrides={name: threshold},
+                            origins={name: span}, sources={src.name: src})
+    again = check_source(result.source.text, args.calibrate, path=os.path.abspath(args.calibrate),
+                         options=options, facts=facts)
+    if not again.ok:
+        print(again.render(), file=sys.stderr)
+        return EXIT_ERRORS
+    return params_write(args, args.calibrate, {name: threshold}, "derive --calibrate")
 
 
 def _vllm_probe_values(path: str, facts, plan, name: str, texts: list[str], chat: bool):
