@@ -218,6 +218,7 @@ def test_a_new_file_gets_the_mode_the_umask_gives(tmp_path):
     (lambda d: _read_only(d / "steer.toml", "a = 1\n"), "is read-only"),
     (lambda d: (d / "steer.toml").symlink_to(d / "gone.toml"), "which does not exist"),
     (lambda d: (d / "steer.toml").mkdir(), "not a regular file"),
+    (lambda d: os.chmod(d, 0o555), "cannot be created: its folder .* is read-only"),
     (lambda d: (d / "steer.toml").write_bytes(b"a = '\xff'\n"), "not UTF-8"),
 ])
 def test_the_writer_refuses_before_writing(tmp_path, make, says):

@@ -66,22 +66,27 @@ def target(path: str) -> str:
         folder = os.path.dirname(real)
         if not os.path.isdir(folder):
             raise WriteError(f"cannot be created: there is no folder {folder}")
-        _writable(folder, "its folder")
+        _writable(folder, f"cannot be created: its folder {folder}")
         return real
     st = os.stat(real)
     if not stat.S_ISREG(st.st_mode):
         raise WriteError("is not a regular file" + (f" (it leads to {real})" if real != os.path.abspath(path) else ""))
-    _writable(real, "it")
+    _writable(real, "")
     return real
 
 
-def _writable(path: str, what: str) -> None:
-    mode = os.stat(path).st_mode
-    if not mode & 0o222:
-        raise WriteError(f"is read-only ({what} has mode {stat.filemode(mode)}): steerc does not overwrite a "
-                         "read-only file; make it writable (chmod u+w) to let it")
+def _writable(path: str, folder: str) -> None:
+    """Refuse ``path`` without a write permission bit, or not writable by this user; ``folder`` starts the
+    message when ``path`` is the folder of a file to create."""
+    mode = stat.filemode(os.stat(path).st_mode)
+    if not os.stat(path).st_mode & 0o222:
+        if folder:
+            raise WriteError(f"{folder} is read-only (mode {mode})")
+        raise WriteError(f"is read-only (mode {mode}): steerc does not overwrite a read-only file; make it "
+                         "writable (chmod u+w) to let it")
     if not os.access(path, os.W_OK):
-        raise WriteError(f"cannot be written by this user ({what} has mode {stat.filemode(mode)})")
+        raise WriteError(f"{folder} cannot be written by this user (mode {mode})" if folder
+                         else f"cannot be written by this user (mode {mode})")
 
 
 def read(path: str) -> tuple[str, bool]:
