@@ -23,19 +23,19 @@ COMMANDS = {
     "parse": ("parse", "print the parse tree (--emit ast) or the IR as JSON (--emit ir)"),
     "facts": ("facts", "print a model's layout facts and site table as JSON"),
     "explain": ("explain", "show the per-site plan a program compiles to"),
-    "compile": ("compile", "compile a program for a target (hf, vllm, serve, llamacpp)"),
+    "compile": ("compile", "compile a program for a target ({targets})"),
     "run": ("run", "steer a Hugging Face model with a program and print the completion"),
     "serve": ("serve", "run vLLM's OpenAI-compatible server with the steerc plugin (per-request plans)"),
-    "derive": ("derive", "make steering vectors from contrastive data (mean difference, PCA, logistic), or "
-                         "calibrate a probe's threshold"),
-    "capture": ("capture", "read activations at sites over texts into a safetensors file, with provenance "
-                           "(--engine hf or vllm)"),
-    "eval": ("eval", "measure programs' effect (behaviour pairs) and cost (KL, perplexity) on data, over a sweep "
-                     "of their params"),
-    "tune": ("tune", "pick a program's params by a rule over eval's metrics (--maximize behavior --subject-to "
-                     "\"kl<=0.1\") and write them into steer.toml [params]"),
-    "lsp": ("lsp", "the language server (diagnostics, hover, definitions, rename, formatting, completion) "
-                   "over stdio; needs steerc[lsp]"),
+    "derive": ("derive", ("make steering vectors from contrastive data (mean difference, PCA, logistic), or "
+                          "calibrate a probe's threshold")),
+    "capture": ("capture", ("read activations at sites over texts into a safetensors file, with provenance "
+                            "(--engine hf or vllm)")),
+    "eval": ("eval", ("measure programs' effect (behaviour pairs) and cost (KL, perplexity) on data, over a "
+                      "sweep of their params")),
+    "tune": ("tune", ("pick a program's params by a rule over eval's metrics (--maximize behavior --subject-to "
+                      "\"kl<=0.1\") and write them into steer.toml [params]")),
+    "lsp": ("lsp", ("the language server (diagnostics, hover, definitions, rename, formatting, completion) "
+                    "over stdio; needs steerc[lsp]")),
 }
 
 # Commands whose arguments after `--` belong to the program they start.
@@ -62,10 +62,21 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"steerc {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for name, (module, help_text) in COMMANDS.items():
+    for name, (module, _) in COMMANDS.items():
+        help_text = command_help(name)
         cmd = sub.add_parser(name, help=help_text, description=help_text)
         _module(module).add_arguments(cmd)
     return parser
+
+
+def command_help(name: str) -> str:
+    """``name``'s one-line help; compile's names the targets of the registry (importing it only then)."""
+    help_text = COMMANDS[name][1]
+    if "{targets}" in help_text:
+        from steerc.targets.registry import TARGET_NAMES
+
+        help_text = help_text.format(targets=", ".join(TARGET_NAMES))
+    return help_text
 
 
 def _module(name: str):
@@ -78,6 +89,12 @@ def main(argv: list[str] | None = None) -> int:
     if argv and argv[0] in PASSTHROUGH and "--" in argv:  # the rest goes to another program unparsed
         cut = argv.index("--")
         argv, passthrough = argv[:cut], argv[cut + 1:]
+    empty = _dashes_as_value(argv)
+    if empty is not None:
+        where = f"steerc {argv[0]}" if argv[0] in COMMANDS else "steerc"
+        print(f"{where}: error: argument {empty}: '--' is not a value (it ends the options; a file named -- is "
+              "./--)", file=sys.stderr)
+        return EXIT_USAGE
     parser = build_parser() if _needs_full_parser(argv) else _single_command_parser(argv)
     try:
         args = parser.parse_args(argv)
@@ -108,6 +125,31 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_OK
 
 
+def _dashes_as_value(argv: list[str]) -> str | None:
+    """The flag of the first ``--flag=--`` (or ``-o--``, ``-o=--``) before a bare ``--``, else None.
+
+    argparse drops a ``--`` it finds among an option's values, even one glued to the option, so such an
+    option's value becomes an empty list, which no command expects (``--data=--`` was a traceback, and
+    ``check --model=--`` checked against no model): refused here, once for every command.
+
+    >>> _dashes_as_value(["eval", "p.steer", "--data=--"]), _dashes_as_value(["capture", "x", "-o--"])
+    ('--data', '-o')
+    >>> _dashes_as_value(["check", "--", "--model=--"]) is None, _dashes_as_value(["eval", "--data=---"]) is None
+    (True, True)
+    """
+    for word in argv:
+        if word == "--":
+            return None
+        if not word.startswith("-"):
+            continue
+        flag, sep, value = word.partition("=")
+        if sep and value == "--":
+            return flag
+        if not word.startswith("--") and len(word) == 4 and word[2:] == "--":
+            return word[:2]
+    return None
+
+
 def _needs_full_parser(argv: list[str]) -> bool:
     return not argv or argv[0] not in COMMANDS
 
@@ -117,7 +159,8 @@ def _single_command_parser(argv: list[str]) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="steerc")
     parser.add_argument("--version", action="version", version=f"steerc {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    module, help_text = COMMANDS[argv[0]]
+    module = COMMANDS[argv[0]][0]
+    help_text = command_help(argv[0])
     cmd = sub.add_parser(argv[0], help=help_text, description=help_text)
     _module(module).add_arguments(cmd)
     return parser
