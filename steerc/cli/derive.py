@@ -10,11 +10,12 @@ import contextlib
 import os
 import sys
 
-from steerc.cli import EXIT_ERRORS, EXIT_OK, UsageError
-from steerc.cli.common import (argument_source, data_source, fail_with, load_unchecked, model_path_for,
-                               require_vllm)
+from steerc.cli import EXIT_ERRORS, EXIT_OK, UsageError, arguments
+from steerc.cli.arguments import check_output, plot_path
+from steerc.cli.common import argument_source, data_source, fail_with, load_unchecked, model_path_for, require_vllm
 from steerc.core.jsonio import dumps as json_dumps  # strict JSON (spec/json.md)
 from steerc.diagnostics.codes import EMPTY_DATA
+
 
 def add_arguments(cmd) -> None:
     cmd.add_argument("--model", required=True, metavar="MODEL",
@@ -42,9 +43,11 @@ def add_arguments(cmd) -> None:
     out.add_argument("--normalize", action="store_true", help="scale every row to unit norm")
     out.add_argument("--heldout", type=float, default=0.25, metavar="FRACTION",
                      help="the share of pairs held out to score each layer (default 0.25; 0 skips the scores)")
-    out.add_argument("--seed", type=int, default=0, help="the seed of the held-out split (default 0)")
+    out.add_argument("--seed", type=arguments.seed, default=0,
+                     help=f"the seed of the held-out split, from 0 to {arguments.SEED_MAX} (default 0)")
     out.add_argument("--plot", metavar="OUT.png",
-                     help="draw the held-out AUROC per layer and method (needs matplotlib: steerc[plot])")
+                     help="draw the held-out AUROC per layer and method, in the extension's format (png without "
+                          "one; needs matplotlib: steerc[plot])")
     cal = cmd.add_argument_group("calibrate a probe (CAST's condition search)")
     cal.add_argument("--calibrate", metavar="PROGRAM.steer",
                      help="find the threshold of a probe of this program that best separates --positive (the "
@@ -182,15 +185,19 @@ def run(args) -> int:
 
 
 def _derive(args) -> int:
-    from steerc.derive import bank, fit, heldout_scores
     from steerc.derive import activations as A
+    from steerc.derive import bank, fit, heldout_scores
     from steerc.derive.api import DeriveError, check_request, provenance, read_pairs
     from steerc.derive.report import best_layer, plot, table
 
     if args.probe:
         raise UsageError("--probe goes with --calibrate")
-    if not args.output:
+    if args.output is None:
         raise UsageError("-o OUT.safetensors is required (the bank to write)")
+    inputs = (args.data, args.positive, args.negative)
+    check_output(args, ("-o", "--output"), args.output, inputs=inputs)
+    if args.plot is not None:  # checked before the run, not after it
+        args.plot = plot_path(args, args.plot, inputs=(*inputs, args.output))
     methods = _methods(args)
     dataset = _read_data(args, paired=True)
     try:
@@ -232,14 +239,17 @@ def _derive(args) -> int:
     scores, held = heldout_scores(acts, methods, args.heldout, args.seed) if args.heldout else ({}, 0)
     info = provenance(facts, sites, methods, reading, args.normalize, dataset, args.heldout, args.seed, held,
                       scores, biases, os.path.basename(path.rstrip("/")), model_hash, engine=args.engine)
-    bank.write(args.output, rows, info)
+    try:
+        bank.write(args.output, rows, info)
+    except OSError as exc:  # what the check before the run cannot see (a full disk)
+        raise UsageError(f"cannot write {args.output}: {exc.strerror or exc}") from None
     layers = [s.layer for s in sites]
     if args.plot and scores:
         try:
             plot(args.plot, scores, layers, sites[0].kind,
                  f"{os.path.basename(args.output)}: held-out AUROC, {len(dataset.pairs)} pairs")
-        except ImportError:
-            raise UsageError("--plot needs matplotlib: pip install 'steerc[plot]'") from None
+        except OSError as exc:
+            raise UsageError(f"cannot write the plot {args.plot}: {exc.strerror or exc}") from None
     if args.format == "json":
         print(json_dumps({"output": args.output, **info}, indent=2, sort_keys=True))
         return EXIT_OK
@@ -277,19 +287,20 @@ def _sites_text(sites) -> str:
 
 
 def _calibrate(args) -> int:
-    from steerc.api import Options, check_source
-    from steerc.cli.common import read_text
+    from steerc.api import check_source
+    from steerc.cli.common import checked_project, options_from, read_text
     from steerc.derive.methods import best_threshold
 
     for flag in ("output", "at", "plot", "method"):
-        if getattr(args, flag):
+        if getattr(args, flag) is not None:  # even an empty -o ''
             raise UsageError(f"--{flag} does not go with --calibrate (which prints a threshold)")
     if not args.probe:
         raise UsageError("--calibrate needs --probe NAME: the probe of the program to calibrate")
     pos, neg, _ = _read_data(args, paired=False)
     facts = model_facts(args)
     path_ = os.path.abspath(args.calibrate)
-    result = check_source(read_text(args.calibrate), args.calibrate, path=path_, options=Options(), facts=facts)
+    options = options_from(args, checked_project(args, args.calibrate))  # its steer.toml's [params], as `run`'s
+    result = check_source(read_text(args.calibrate), args.calibrate, path=path_, options=options, facts=facts)
     if not result.ok:
         print(result.render(), file=sys.stderr)
         return EXIT_ERRORS

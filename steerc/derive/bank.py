@@ -44,6 +44,11 @@ def write_arrays(path: str, arrays: dict[str, np.ndarray], key: str, info: dict)
     folder = os.path.dirname(os.path.abspath(path))
     os.makedirs(folder, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=folder)
-    with os.fdopen(fd, "wb") as fh:
-        fh.write(data)
-    os.replace(tmp, path)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+        os.replace(tmp, path)
+    except BaseException:  # no temporary file left behind, whatever failed
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise

@@ -39,6 +39,8 @@ def plot(path: str, scores: dict, layers, site_kind: str, title: str) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    from steerc.eval.report import save_figure
+
     fig, ax = plt.subplots(figsize=(7, 4), dpi=100)
     for method, by_layer in scores.items():
         ax.plot(list(layers), [by_layer[str(layer)] for layer in layers], marker="o", label=method)
@@ -50,5 +52,7 @@ def plot(path: str, scores: dict, layers, site_kind: str, title: str) -> None:
     ax.grid(True, alpha=0.3)
     ax.legend()
     fig.tight_layout()
-    fig.savefig(path, metadata={"Software": None})
-    plt.close(fig)
+    try:
+        save_figure(fig, path)  # in its extension's format, atomically, as every steerc plot
+    finally:
+        plt.close(fig)

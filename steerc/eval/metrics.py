@@ -19,6 +19,7 @@ import numpy as np
 
 RESAMPLES = 2000
 CONFIDENCE = 0.95
+PICKS_PER_DRAW = 1 << 20  # item indices drawn at a time (8 MiB): resamples x items may be 10^10
 
 # name -> what it is (spec/eval.md defines each; `steerc tune` rules name them)
 METRICS = {
@@ -40,8 +41,11 @@ def estimate(metric, rows, *, resamples: int = RESAMPLES, seed: int = 0) -> dict
     if n < 2:
         return {"mean": value, "low": value, "high": value, "n": n}
     rng = np.random.Generator(np.random.PCG64(seed))
-    picks = rng.integers(0, n, size=(resamples, n))
-    values = np.array([metric(data[p]) for p in picks], dtype=np.float64)
+    values = np.empty(resamples, dtype=np.float64)
+    per_draw = max(1, PICKS_PER_DRAW // n)  # resamples drawn at once: memory stays bounded whatever the counts
+    for start in range(0, resamples, per_draw):
+        picks = rng.integers(0, n, size=(min(per_draw, resamples - start), n))  # the same stream as one draw
+        values[start:start + len(picks)] = [metric(data[p]) for p in picks]
     tail = (1 - CONFIDENCE) / 2 * 100
     low, high = np.percentile(values, [tail, 100 - tail])
     return {"mean": value, "low": float(low), "high": float(high), "n": n}

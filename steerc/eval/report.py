@@ -1,6 +1,10 @@
-"""The ``steerc.eval/1`` document (spec/eval.md), its table, and the behaviour-against-KL plot."""
+"""The ``steerc.eval/1`` document (spec/eval.md), its table, and the behaviour-against-KL plot; how every
+plot of steerc (``eval``/``tune --plot``, ``derive --plot``) is written."""
 
 from __future__ import annotations
+
+import contextlib
+import os
 
 from steerc.eval.metrics import METRICS
 
@@ -49,8 +53,8 @@ COLUMNS = ("behavior", "behavior_change", "win_rate", "kl", "perplexity_ratio")
 def table(doc: dict) -> str:
     """The points as a text table: each metric's mean and its 95% interval."""
     d = doc["data"]
-    lines = [f"{d['file']}: {d['behavior_items']} behaviour items, {d['cost_items']} cost items; "
-             f"95% bootstrap intervals ({doc['bootstrap']['resamples']} resamples, seed {doc['bootstrap']['seed']})"]
+    lines = [(f"{d['file']}: {d['behavior_items']} behaviour items, {d['cost_items']} cost items; "
+              f"95% bootstrap intervals ({doc['bootstrap']['resamples']} resamples, seed {doc['bootstrap']['seed']})")]
     base = doc["unsteered"]
     parts = [f"{k} {_cell(base.get(k))}" for k in ("behavior", "win_rate", "perplexity") if k in base]
     lines.append("unsteered: " + "; ".join(parts))
@@ -104,5 +108,99 @@ def plot(doc: dict, path: str) -> None:
     ax.grid(True, alpha=0.3)
     ax.legend(fontsize=8)
     fig.tight_layout()
-    fig.savefig(path, metadata={"Software": None})
-    plt.close(fig)
+    try:
+        save_figure(fig, path)
+    finally:
+        plt.close(fig)
+
+
+# The metadata that keeps a format's bytes free of matplotlib's version and the date, where it takes any.
+_METADATA = {
+    "png": {"Software": None},
+    "pdf": {"Creator": None, "Producer": None, "CreationDate": None},
+    "svg": {"Creator": None, "Date": None},
+    "svgz": {"Creator": None, "Date": None},
+    "eps": {"Creator": None},
+    "ps": {"Creator": None},
+}
+DEFAULT_FORMAT = "png"
+
+
+def figure_format(path: str) -> str:
+    """The format a plot at ``path`` is written in: its extension, lower case ('png' when it has none).
+
+    >>> figure_format("a/joy.PNG"), figure_format("plot.svg"), figure_format("out/plot")
+    ('png', 'svg', 'png')
+    """
+    ext = os.path.splitext(path)[1]
+    return ext[1:].lower() if len(ext) > 1 else DEFAULT_FORMAT
+
+
+def plot_formats() -> tuple[str, ...]:
+    """The formats matplotlib's Agg canvas writes (needs matplotlib)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    return tuple(sorted(FigureCanvasAgg(Figure()).get_supported_filetypes()))
+
+
+def figure_bytes(fig, fmt: str) -> bytes:
+    """``fig`` rendered in ``fmt``, the same figure giving the same bytes in png, pdf, svg and the raster
+    formats (no version, no date, SVG ids from a fixed salt)."""
+    import io
+
+    import matplotlib
+
+    buffer = io.BytesIO()
+    metadata = _METADATA.get(fmt)
+    with matplotlib.rc_context({"svg.hashsalt": "steerc"}):
+        fig.savefig(buffer, format=fmt, **({"metadata": metadata} if metadata else {}))
+    return buffer.getvalue()
+
+
+def try_format(fmt: str) -> str | None:
+    """None when a small plot with text renders in ``fmt`` here; else why not (pgf without LaTeX, a Pillow
+    without the format's plugin), so that a command can refuse before its work, not after."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(1, 1), dpi=20)
+    ax = fig.subplots()
+    ax.plot([0, 1], [1, 0], marker="o", label="a")
+    ax.set_title("steerc")
+    ax.legend()
+    try:
+        figure_bytes(fig, fmt)
+    except Exception as exc:  # noqa: BLE001 (whatever the backend raises is the reason)
+        return f"{type(exc).__name__}: {exc}".splitlines()[0]
+    return None
+
+
+def save_figure(fig, path: str) -> None:
+    """Write ``fig`` to exactly ``path`` in its extension's format (:func:`figure_format`), atomically (a
+    temporary file in the same folder, then a rename; removed on any failure), making missing folders."""
+    data = figure_bytes(fig, figure_format(path))
+    write_atomically(path, data)
+
+
+def write_atomically(path: str, data: bytes) -> None:
+    """``data`` at ``path`` by a temporary file and a rename: never half a file, and no temporary file left
+    behind whatever fails."""
+    import tempfile
+
+    folder = os.path.dirname(os.path.abspath(path))
+    os.makedirs(folder, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=".tmp", dir=folder)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
