@@ -7,7 +7,10 @@ import shlex
 import sys
 
 from steerc.cli import EXIT_ERRORS, EXIT_OK, UsageError
+from steerc.cli.arguments import refuse
 from steerc.cli.common import add_program_options, checked_project, facts_from, options_from, read_text, required
+from steerc.cli.report import summary
+from steerc.targets.output import clear, folder_problem, record
 from steerc.targets.registry import DIALECTS, REGISTRY, TARGET_NAMES, dialects_of, selected
 
 
@@ -18,7 +21,9 @@ def add_arguments(cmd) -> None:
     cmd.add_argument("--target", choices=TARGET_NAMES,
                      help="; ".join(f"{t.name}: {t.help}" for t in steerc_dialect)
                           + " (required: here or as `target` in steer.toml)")
-    cmd.add_argument("-o", "--output", metavar="OUT", required=True, help="output folder")
+    cmd.add_argument("-o", "--output", metavar="OUT", required=True,
+                     help="output folder: new, empty, or one an earlier compile wrote (whose files this compile "
+                          "does not write again are removed)")
     others = ", ".join(f"{t.dialect} (--target {t.selected_by[0]}: {t.help})" for t in REGISTRY.values()
                        if t.dialect != "steerc")
     cmd.add_argument("--dialect", choices=DIALECTS, default="steerc",
@@ -67,13 +72,17 @@ def run(args) -> int:
             key = read_key(args.hmac_key_file)
         except (OSError, ValueError) as exc:
             raise UsageError(f"--hmac-key-file: {exc}") from None
+    problem = folder_problem(args.output)
+    if problem is not None:  # before the program is checked and any model loads
+        return refuse(args, ("-o", "--output"), problem, help="give a new or empty folder, or one steerc wrote")
     facts = facts_from(args, project)
     options = options_from(args, project, use_xgrammar=not args.no_xgrammar and _xgrammar_available())
     result = check_source(read_text(args.file), args.file, path=os.path.abspath(args.file),
                           options=options, facts=facts)
     check_target(result, target.name)
-    if result.diagnostics:
-        print(result.render(), file=sys.stderr)
+    if result.diagnostics:  # as `check` prints them, its summary line last
+        errors = sum(d.is_error for d in result.diagnostics)
+        print(result.render() + "\n\n" + summary(1, errors, len(result.diagnostics) - errors), file=sys.stderr)
     if not result.ok:
         return EXIT_ERRORS
     command = _command(args)
@@ -84,9 +93,14 @@ def run(args) -> int:
         path = model_path_for(args)
         extra["model"] = lambda: _weights(path)
     try:
+        _, kept = clear(args.output)  # the previous compile's files: this one's are all written afresh
         written = target.emit(result.plan, result.facts, args.output, command=command, key=key, **extra)
+        record(args.output, written)
     except OSError as exc:
-        raise UsageError(f"cannot write {args.output}: {exc}") from None
+        raise UsageError(f"cannot write {args.output}: {exc.strerror or exc}") from None
+    for name in (n for n in kept if n not in written):
+        print(f"note: kept {os.path.join(args.output, name)}: an earlier compile wrote it and it has changed "
+              "since", file=sys.stderr)
     for name in written:
         print(os.path.join(args.output, name))
     return EXIT_OK
