@@ -27,12 +27,12 @@ from __future__ import annotations
 
 import hashlib
 
-from attrs import frozen
+from attrs import field, frozen
 
-from steerc.diagnostics import Diagnostic, Note
 from steerc.core.jsonio import JSONError, loads
 from steerc.core.limits import MAX_DATA_BYTES, MAX_EXAMPLE_CHARS, MAX_EXAMPLES, MAX_REPEATS, human
-from steerc.core.source import Source
+from steerc.core.source import Source, Span
+from steerc.diagnostics import Diagnostic, Note
 from steerc.diagnostics.codes import EMPTY_DATA, INVALID_DATA, UNBALANCED_DATA
 from steerc.diagnostics.suggest import did_you_mean
 
@@ -53,6 +53,9 @@ class Pair:
     positive: str
     negative: str
     prompt: str | None = None
+    # Where each text was written ("positive", "negative", "prompt" -> Span), for the diagnostics found only
+    # once the texts are tokenized (a text over the model's context); empty for pairs made in code.
+    spans: dict = field(factory=dict, eq=False, repr=False)
 
 
 @frozen
@@ -64,6 +67,7 @@ class Dataset:
     sha256: str
     files: tuple[str, ...]
     file_sha256s: tuple[str, ...] = ()
+    sources: dict = field(factory=dict, eq=False, repr=False)  # {name: Source}: what the pairs' spans point into
 
 
 def read_source(path: str) -> Source:
@@ -153,16 +157,16 @@ def parse_pairs(src: Source) -> Dataset:
                                              "optionally \"prompt\")", key_span(src, offset, line, unknown),
                                              help=did_you_mean_key(unknown, KEYS)))
             continue
-        ok = all([text_ok(row[k], f'"{k}"', key_span(src, offset, line, [k]), problems)
-                  for k in KEYS if k in row])
-        if ok:
-            pairs.append(Pair(row["positive"], row["negative"], row.get("prompt")))
+        spans = {k: key_span(src, offset, line, [k]) for k in KEYS if k in row}
+        checked = [text_ok(row[k], f'"{k}"', spans[k], problems) for k in spans]  # each text's problems, not the first
+        if all(checked):
+            pairs.append(Pair(row["positive"], row["negative"], row.get("prompt"), spans))
     if not problems and not pairs:
         problems.append(Diagnostic.error(EMPTY_DATA, "no pairs in this file", src.span(0, min(1, len(src.text))),
                                          help='one JSON object per line: {"positive": "...", "negative": "..."}'))
     if problems:
         raise DataError(problems, {src.name: src})
-    return Dataset(tuple(pairs), sha256_of(src), (src.name,), _file_sha256s(src))
+    return Dataset(tuple(pairs), sha256_of(src), (src.name,), _file_sha256s(src), {src.name: src})
 
 
 def key_span(src: Source, offset: int, line: str, keys):
@@ -179,14 +183,20 @@ def did_you_mean_key(unknown, keys) -> str | None:
 
 def parse_lines(src: Source) -> list[str]:
     """The examples of a text file: one per non-blank line."""
+    return [line for line, _ in lines_at(src)]
+
+
+def lines_at(src: Source) -> list[tuple[str, Span]]:
+    """(example, the span of its line) of each non-blank line of a text file (raises DataError)."""
     problems: list[Diagnostic] = []
     out = []
     for offset, line in data_lines(src):
         if len(out) >= MAX_EXAMPLES:
             problems.append(_too_many(src, offset))
             break
-        if text_ok(line, "this line", src.span(offset, offset + len(line)), problems):
-            out.append(line)
+        span = src.span(offset, offset + len(line))
+        if text_ok(line, "this line", span, problems):
+            out.append((line, span))
     if not problems and not out:
         problems.append(Diagnostic.error(EMPTY_DATA, "no examples in this file (one per line)",
                                          src.span(0, min(1, len(src.text)))))
@@ -198,6 +208,7 @@ def parse_lines(src: Source) -> list[str]:
 def paired_lines(pos: Source, neg: Source) -> Dataset:
     """Pairs from two text files, line by line (``unbalanced-data`` when the counts differ)."""
     a, b = _both(pos, neg)
+    sources = {pos.name: pos, neg.name: neg}
     if len(a) != len(b):
         longer, shorter = (pos, neg) if len(a) > len(b) else (neg, pos)
         extra = list(data_lines(longer))[min(len(a), len(b))][0]
@@ -205,23 +216,22 @@ def paired_lines(pos: Source, neg: Source) -> Dataset:
             UNBALANCED_DATA, f"{longer.name} has {max(len(a), len(b))} examples, {shorter.name} "
             f"{min(len(a), len(b))}: the methods pair them line by line", longer.span(extra, extra + 1),
             notes=(Note(f"the first example without a partner in {shorter.name}"),),
-            help="give both files the same number of lines, or use JSONL pairs")],
-            {pos.name: pos, neg.name: neg})
-    return Dataset(tuple(Pair(x, y) for x, y in zip(a, b)), sha256_of(pos, neg), (pos.name, neg.name),
-                   _file_sha256s(pos, neg))
+            help="give both files the same number of lines, or use JSONL pairs")], sources)
+    pairs = tuple(Pair(x, y, spans={"positive": xs, "negative": ys}) for (x, xs), (y, ys) in zip(a, b))
+    return Dataset(pairs, sha256_of(pos, neg), (pos.name, neg.name), _file_sha256s(pos, neg), sources)
 
 
 def two_sets(pos: Source, neg: Source) -> tuple[list[str], list[str], str]:
     """Two example sets of any sizes (for ``--calibrate``), and the sha256 of the files' bytes."""
     a, b = _both(pos, neg)
-    return a, b, sha256_of(pos, neg)
+    return [x for x, _ in a], [y for y, _ in b], sha256_of(pos, neg)
 
 
-def _both(pos: Source, neg: Source) -> tuple[list[str], list[str]]:
+def _both(pos: Source, neg: Source) -> tuple[list, list]:
     problems, sources, out = [], {}, []
     for src in (pos, neg):
         try:
-            out.append(parse_lines(src))
+            out.append(lines_at(src))
         except DataError as exc:
             problems.extend(exc.diagnostics)
             sources.update(exc.sources)

@@ -20,7 +20,7 @@ the key; a file with no items is ``empty-data``.
 
 from __future__ import annotations
 
-from attrs import frozen
+from attrs import field, frozen
 
 from steerc.core.source import Source
 from steerc.derive.data import DataError, did_you_mean_key, json_rows, key_span, sha256_of, text_ok
@@ -44,6 +44,7 @@ class Item:
     positive: str | None = None
     negative: str | None = None
     text: str | None = None
+    spans: dict = field(factory=dict, eq=False, repr=False)  # key -> the Span of its key on the line
 
 
 @frozen
@@ -63,7 +64,7 @@ def parse_items(src: Source) -> Items:
     problems: list[Diagnostic] = []
     items: list[Item] = []
     for offset, line, row in json_rows(src, problems, EXAMPLE):
-        lineno = src.text.count("\n", 0, offset) + 1
+        lineno = src.position(offset)[0]  # the Source's line index: counting from the file's start is quadratic
         unknown = [k for k in row if k not in KEYS]
         is_cost = "text" in row
         wanted = COST_KEYS if is_cost else BEHAVIOR_KEYS
@@ -82,14 +83,15 @@ def parse_items(src: Source) -> Items:
                 "\"text\" and optionally \"prompt\")", key_span(src, offset, line, bad),
                 help=did_you_mean_key(unknown, KEYS) if unknown else None))
             continue
-        ok = all([text_ok(row[k], f'"{k}"', key_span(src, offset, line, [k]), problems) for k in wanted if k in row])
-        if not ok:
+        spans = {k: key_span(src, offset, line, [k]) for k in wanted if k in row}
+        checked = [text_ok(row[k], f'"{k}"', spans[k], problems) for k in spans]  # each text's problems, not the first
+        if not all(checked):
             continue
         if is_cost:
-            items.append(Item("cost", lineno, prompt=row.get("prompt"), text=row["text"]))
+            items.append(Item("cost", lineno, prompt=row.get("prompt"), text=row["text"], spans=spans))
         else:
             items.append(Item("behavior", lineno, prompt=row["prompt"], positive=row["positive"],
-                              negative=row["negative"]))
+                              negative=row["negative"], spans=spans))
     if not problems and not items:
         problems.append(Diagnostic.error(EMPTY_DATA, "no items in this file", src.span(0, min(1, len(src.text))),
                                          help=f"one JSON object per line: {EXAMPLE}"))
