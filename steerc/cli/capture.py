@@ -44,9 +44,10 @@ def add_arguments(cmd) -> None:
     cmd.add_argument("--format", choices=("text", "json"), default="text", help="how to print the result")
 
 
-def _texts(path: str) -> tuple[list[tuple[str | None, str]], str]:
-    """(prompt or None, text) per text, and the sha256 of the file's bytes (raises DataError)."""
-    from steerc.derive.data import parse_lines, sha256_of
+def _texts(path: str):
+    """(prompt or None, text) per text, the sha256 of the file's bytes, and (the span of each text's key or
+    line, the file's Source) for the diagnostics found once the texts are tokenized (raises DataError)."""
+    from steerc.derive.data import lines_at, sha256_of
 
     src = data_source(path)
     if path.endswith(".jsonl"):
@@ -63,8 +64,10 @@ def _texts(path: str) -> tuple[list[tuple[str | None, str]], str]:
                                               src.span(start, start + 1),
                                               help='one {"text": ...} per line (optionally with "prompt")')],
                             {src.name: src})
-        return [(i.prompt, i.text) for i in items.items], sha256_of(src)
-    return [(None, line) for line in parse_lines(src)], sha256_of(src)
+        where = [i.spans["text"] for i in items.items]
+        return [(i.prompt, i.text) for i in items.items], sha256_of(src), (where, src)
+    lines = lines_at(src)
+    return [(None, line) for line, _ in lines], sha256_of(src), ([span for _, span in lines], src)
 
 
 def _program(args, facts):
@@ -97,7 +100,7 @@ def run(args) -> int:
     if args.batch_size < 1:
         raise UsageError("--batch-size must be at least 1")
     try:
-        texts, data_sha = _texts(args.data)
+        texts, data_sha, (spans, src) = _texts(args.data)
     except DataError as exc:
         return fail_with(args, exc.diagnostics, exc.sources)
     facts = model_facts(args)
@@ -111,11 +114,14 @@ def run(args) -> int:
 
     all_ = args.read == "all"
 
-    def items_of(tokenizer):
+    def items_of(tokenizer, context):
         try:
-            items = C.items_of(tokenizer, [t if p is None else (p, t) for p, t in texts], args.read, args.chat)
+            items = C.items_of(tokenizer, [t if p is None else (p, t) for p, t in texts], args.read, args.chat,
+                               context=context, spans=spans, sources={src.name: src})
             C.check_size(items, sites, facts, args.read)
         except C.CaptureError as exc:
+            if exc.diagnostics[0].span is not None:  # a text over the model's context: at its line
+                raise SystemExit(fail_with(args, exc.diagnostics, exc.sources)) from None
             raise UsageError(exc.diagnostics[0].message) from None
         return items
 
@@ -123,15 +129,16 @@ def run(args) -> int:
         from steerc.runtime.vllm import capture_items
 
         with vllm_engine(path, facts, "capture", plan=plan) as (llm, tokenizer):
-            items = items_of(tokenizer)
+            items = items_of(tokenizer, C.config_context(path))
             acts = capture_items(llm, items, sites, facts, per_position=all_)
     else:
         import contextlib
 
+        from steerc.core.limits import context_of
         from steerc.runtime.hf import install
 
         model, tokenizer = load_checked(path, facts, args)
-        items = items_of(tokenizer)
+        items = items_of(tokenizer, context_of(model.config))
         with install(model, plan, tokenizer) if plan is not None else contextlib.nullcontext():
             acts = A.read(model, tokenizer, facts, items, sites, batch_size=args.batch_size, per_position=all_,
                           label=f"reading {len(texts)} texts at {len(sites)} sites")

@@ -71,6 +71,10 @@ MAX_SUGGESTION_CANDIDATES = 1000
 MAX_PROMPT_CHARS = 64 * 1024
 MAX_PROMPT_TOKENS = 4096
 MAX_GENERATED_SHOWN = 1024
+MAX_TEXT_TOKENS = 16_384
+MAX_NEW_TOKENS = 4096
+MAX_SEED = 2**32 - 1
+MAX_TEMPERATURE = 100.0
 
 
 @frozen
@@ -162,8 +166,8 @@ LIMITS: dict[str, Limit] = _table(
      "each example is one forward pass per side; repeng and CAST use hundreds"),
     ("MAX_EXAMPLE_CHARS", "characters", "one text of a `steerc derive` example (a prompt, a completion, a line)",
      "texts are tokenized whole; longer ones belong in several examples"),
-    ("MAX_GGUF_HEADER_BYTES", "bytes", "the header of a GGUF file that `load` reads (its key-value pairs and "
-     "tensor entries)",
+    ("MAX_GGUF_HEADER_BYTES", "bytes", ("the header of a GGUF file that `load` reads (its key-value pairs and "
+                                        "tensor entries)"),
      ("a control vector's header is a few hundred bytes; a model GGUF's tokenizer takes a few MiB, and steerc "
       "stops reading a model GGUF at its `general.architecture` anyway")),
     ("MAX_GGUF_STRINGS", "strings", "the strings in a GGUF header (keys, values, array items and tensor names)",
@@ -171,12 +175,24 @@ LIMITS: dict[str, Limit] = _table(
       "of a second")),
     ("MAX_GGUF_TENSORS", "tensors", "the tensor entries of a GGUF file",
      "a control vector holds one per layer; the largest models hold a few thousand tensors"),
-    ("MAX_PROMPT_CHARS", "characters", "the prompt text of `steerc explain --tokens`",
+    ("MAX_PROMPT_CHARS", "characters", "the prompt text of `steerc explain --tokens`, and each `--prompt` of `steerc run`",
      "the text is tokenized whole before its tokens are counted"),
     ("MAX_PROMPT_TOKENS", "tokens", "the prompt tokens `steerc explain --tokens` shows",
      "the table and the page have one row or box a token; 4,096 tokens are some 200 KiB of text"),
     ("MAX_GENERATED_SHOWN", "positions", "the generated positions `steerc explain --tokens --generated K` shows",
      "one forward-pass step of the runtime's position code each, and one row or box each"),
+    ("MAX_TEXT_TOKENS", "tokens",
+     ("the tokens of one text `steerc capture` and `steerc derive` read (its prompt and chat template included), "
+      "of one `steerc run` prompt with its `--max-new-tokens`, and lm-eval's `max_length` for the `steerc` model; "
+      "the model's own context (`max_position_embeddings`, or its family's equivalent) bounds them too"),
+     ("one forward pass holds every position's activations at once, and a model run past its context reads "
+      "positions it never learned; a longer document belongs in several texts")),
+    ("MAX_NEW_TOKENS", "tokens", "`steerc run --max-new-tokens`, and lm-eval's `max_gen_toks` for the `steerc` model",
+     "each new token is one forward step; 4,096 of them take minutes on a CPU"),
+    ("MAX_SEED", "", "`steerc run --seed`", ("a seed every generator takes (numpy's takes 32 bits); sampling with one seed repeats its text on the "
+      "same machine")),
+    ("MAX_TEMPERATURE", "", "`steerc run --temperature`",
+     "past a few units the distribution is all but uniform: the text is noise"),
     ("MAX_ECHO_COLUMNS", "columns", "how much of a source line a diagnostic shows around its caret",
      "a diagnostic on a very long line shows a window of it, marked with `...`"),
     ("MAX_MESSAGE_CHARS", "characters", "the length of a diagnostic's message, help line or note",
@@ -189,6 +205,43 @@ LIMITS: dict[str, Limit] = _table(
      ("each comparison costs time; among more, only names of about the same length and the same first "
       "letter are compared")),
 )
+
+
+# Where a model config says how many positions the model reads (its context), by family: the first present.
+CONTEXT_KEYS = ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length", "n_ctx",
+                "max_seq_len")
+
+
+def context_of(config) -> int | None:
+    """The context of a model, in tokens, from its config (a ``config.json`` dict or a transformers config;
+    a multimodal model's ``text_config`` first); None where the config does not say.
+
+    >>> context_of({"max_position_embeddings": 8192}), context_of({"text_config": {"n_positions": 1024}})
+    (8192, 1024)
+    >>> context_of({"max_position_embeddings": -1}) is None, context_of({}) is None
+    (True, True)
+    """
+    get = config.get if isinstance(config, dict) else (lambda key, default=None: getattr(config, key, default))
+    inner = get("text_config", None)
+    if inner is not None and inner is not config:
+        found = context_of(inner)
+        if found is not None:
+            return found
+    for key in CONTEXT_KEYS:
+        value = get(key, None)
+        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+            return value
+    return None
+
+
+def text_tokens_limit(context: int | None) -> int:
+    """The most tokens one text may have on a model of ``context`` tokens (None: unknown): the smaller of the
+    two, never above MAX_TEXT_TOKENS.
+
+    >>> text_tokens_limit(256), text_tokens_limit(None), text_tokens_limit(131_072)
+    (256, 16384, 16384)
+    """
+    return MAX_TEXT_TOKENS if context is None else min(context, MAX_TEXT_TOKENS)
 
 
 def human(n: float, unit: str = "") -> str:

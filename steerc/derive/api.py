@@ -27,13 +27,15 @@ import os
 import numpy as np
 from attrs import define, field
 
-from steerc.derive import bank, fit, heldout_scores
+from steerc.core.limits import context_of, text_tokens_limit
 from steerc.derive import activations as A
+from steerc.derive import bank, fit, heldout_scores
 from steerc.derive import data as D
 from steerc.derive.methods import METHODS
 from steerc.diagnostics import Refusal
 from steerc.diagnostics.codes import EMPTY_DATA, INVALID_DATA, INVALID_VALUE
-from steerc.runtime.capture import encode, positions
+from steerc.runtime.capture import encode, positions, too_many_tokens
+
 
 class DeriveError(Refusal):
     """Arguments or data ``derive`` cannot use: ``diagnostics`` (each with a code, and a span into
@@ -156,16 +158,27 @@ def check_request(dataset: D.Dataset, methods: list[str], read: str) -> None:
 
 
 def read_pairs(model, tokenizer, facts, dataset: D.Dataset, sites, reading: A.Reading, *, batch_size: int = 8,
-               label: str | None = None, reader=None) -> dict:
+               label: str | None = None, reader=None, context: int | None = None) -> dict:
     """{site: (positive [n, d], negative [n, d])}: every text of ``dataset`` read at ``sites`` as
     ``reading`` says (the positive texts, then the negative ones, in batches of ``batch_size``).
 
     ``reader(items, sites)`` reads through another engine (``derive --engine vllm``:
-    :func:`steerc.runtime.vllm.capture`); without it, the HF model's hooks (``model``)."""
+    :func:`steerc.runtime.vllm.capture`); without it, the HF model's hooks (``model``).
+
+    Every text is tokenized before the first forward, and one longer than the model's ``context`` (by default
+    its config's ``max_position_embeddings`` or equivalent) or MAX_TEXT_TOKENS raises DataError at the
+    text's key or line in its data file."""
+    if context is None and model is not None:
+        context = context_of(getattr(model, "config", None) or {})
+    limit = text_tokens_limit(context)
     items = []
     for side in ("positive", "negative"):
         for pair in dataset.pairs:
             ids, start = encode(tokenizer, getattr(pair, side), pair.prompt, reading.chat)
+            if len(ids) > limit:
+                span = pair.spans.get(side)
+                raise D.DataError([too_many_tokens(len(ids), context, span, f"a {side} text")],
+                                  dataset.sources if span is not None else {})
             a, b = positions(len(ids), start, reading.read)
             if b <= a:
                 raise _error(INVALID_DATA, f"a {side} completion has no tokens to read (read completion)")
@@ -229,7 +242,10 @@ def derive(model, tokenizer, pairs, *, at: str, method="mean_diff", read: str = 
     facts = facts_from_model(model)
     sites = sites_of(at, facts)
     reading = A.Reading(bool(chat), read)
-    acts = read_pairs(model, tokenizer, facts, dataset, sites, reading, batch_size=batch_size)
+    try:
+        acts = read_pairs(model, tokenizer, facts, dataset, sites, reading, batch_size=batch_size)
+    except D.DataError as exc:
+        raise DeriveError(exc.diagnostics, exc.sources) from None
     rows, biases = fit(acts, methods, normalize=normalize)
     scores, held = heldout_scores(acts, methods, heldout, seed) if heldout else ({}, 0)
     name = os.path.basename(str(getattr(getattr(model, "config", None), "_name_or_path", "") or "").rstrip("/"))
@@ -238,4 +254,4 @@ def derive(model, tokenizer, pairs, *, at: str, method="mean_diff", read: str = 
     return Derived(rows, scores, held, methods, [s.layer for s in sites], info)
 
 
-__all__ = ["Derived", "DeriveError", "derive"]
+__all__ = ["DeriveError", "Derived", "derive"]

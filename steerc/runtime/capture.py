@@ -17,9 +17,12 @@ tokens are zero, never another text's), with ``lengths`` saying how many rows of
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 from attrs import frozen
 
+from steerc.core.limits import MAX_TEXT_TOKENS, text_tokens_limit
 from steerc.diagnostics import Refusal
 from steerc.diagnostics.codes import INVALID_DATA, INVALID_VALUE
 
@@ -159,18 +162,61 @@ def text_pairs(texts) -> list[tuple[str | None, str]]:
     return out
 
 
-def items_of(tokenizer, texts, read: str, chat: bool) -> list[tuple[list[int], int, int]]:
-    """(token ids, a, b) per text: the tokens ``[a, b)`` it is read at (raises CaptureError)."""
+def items_of(tokenizer, texts, read: str, chat: bool, *, context: int | None = None, spans=None,
+             sources=None) -> list[tuple[list[int], int, int]]:
+    """(token ids, a, b) per text: the tokens ``[a, b)`` it is read at (raises CaptureError).
+
+    Each text's tokens (its prompt and chat template included) are bounded by the model's ``context`` (None:
+    not known) and MAX_TEXT_TOKENS, checked as each is tokenized, before any forward: characters bound the
+    text, not its tokens (an emoji is several). ``spans[i]`` (into ``sources``) says where text ``i`` was
+    written, for the diagnostic."""
     if read not in READS:
         raise error(INVALID_VALUE, f"read {read!r}: one of {', '.join(READS)}")
+    limit = text_tokens_limit(context)
     out = []
     for i, (prompt, text) in enumerate(text_pairs(texts)):
         ids, start = encode(tokenizer, text, prompt, chat)
+        span = spans[i] if spans is not None and i < len(spans) else None
+        if len(ids) > limit:
+            raise CaptureError([too_many_tokens(len(ids), context, span, f"texts[{i}]")], sources)
         a, b = positions(len(ids), start, read)
         if b <= a or a < 0:
             raise error(INVALID_DATA, f"texts[{i}] has no tokens to read (read {read})")
         out.append((ids, a, b))
     return out
+
+
+def config_context(model_path: str) -> int | None:
+    """The context of the model at ``model_path`` (a name, a folder, a cached ``.gguf``), in tokens, from its
+    ``config.json`` alone, before any weights load; None where the config cannot say without the load."""
+    from steerc.core.jsonio import JSONError, read_file
+    from steerc.core.limits import context_of
+    from steerc.facts.named import named_config
+    from steerc.runtime.models import config_source
+
+    source = config_source(model_path)
+    if source is None:
+        return None
+    path = named_config(source)
+    file = os.path.join(path, "config.json") if os.path.isdir(path) else path
+    try:
+        _, config = read_file(file)
+    except (OSError, JSONError):
+        return None
+    return context_of(config) if isinstance(config, dict) else None
+
+
+def too_many_tokens(n: int, context: int | None, span=None, what: str = "this text"):
+    """The ``invalid-data`` diagnostic of a text of ``n`` tokens, over what a model of ``context`` tokens (None:
+    not known) reads at once; at ``span`` (its line in the data file) where there is one, else naming ``what``."""
+    from steerc.diagnostics import Diagnostic
+
+    limit = text_tokens_limit(context)
+    why = f"the model's context of {context:,}" if limit == context else f"the {MAX_TEXT_TOKENS:,} (MAX_TEXT_TOKENS)"
+    lead = "this text" if span is not None else what
+    return Diagnostic.error(INVALID_DATA, f"{lead} is {n:,} tokens, over {why} that steerc reads in one text",
+                            span, help="split it into shorter texts (characters do not bound tokens: an emoji "
+                            "is several)")
 
 
 def check_size(items, sites, facts, read: str) -> None:
