@@ -37,6 +37,8 @@ from lm_eval import utils as lm_utils
 from lm_eval.api.model import TemplateLM
 from lm_eval.api.registry import register_model
 
+from steerc.eval.model_args import check_model_args, max_gen_toks, max_length_for, parse_sets  # noqa: F401
+
 DEFAULT_MAX_GEN_TOKS = 256
 
 
@@ -44,39 +46,25 @@ class ProgramRefused(ValueError):
     """The program does not check against the model: the message is steerc's rendered diagnostics."""
 
 
-def parse_sets(text) -> dict[str, float]:
-    """``set=strength=4;bias=0.5`` (lm-eval's model_args split on commas, so several sets take ``;``).
-
-    >>> parse_sets("strength=4; bias=-0.5")
-    {'strength': 4.0, 'bias': -0.5}
-    """
-    out = {}
-    for part in str(text or "").split(";"):
-        if not part.strip():
-            continue
-        name, sep, value = part.partition("=")
-        try:
-            out[name.strip()] = float(value)
-        except ValueError:
-            raise ValueError(f"steerc model_args: set={part!r} is not NAME=NUMBER") from None
-        if not sep or not name.strip():
-            raise ValueError(f"steerc model_args: set={part!r} is not NAME=NUMBER")
-    return out
-
-
 @register_model("steerc")
 class SteercLM(TemplateLM):
     """A transformers model steered by a ``.steer`` program, for lm-eval."""
 
     def __init__(self, program: str, model: str | None = None, set: str | None = None, root: str | None = None,
-                 max_length: int | None = None, batch_size=1, **unused):
+                 max_length: int | None = None, batch_size=1, **extra):
+        # Every argument is checked before anything loads (steerc.eval.model_args): a max_length of -5 would
+        # keep all but five tokens of each context, a misspelt key would be ignored.
+        args = check_model_args({"program": program, "model": model, "set": set, "root": root,
+                                 "max_length": max_length, "batch_size": batch_size, **extra})
         super().__init__()
         import torch
 
         from steerc.api import check_source
+        from steerc.core.limits import context_of
         from steerc.core.source import read_program
         from steerc.project import project_of
         from steerc.project.session import check_options
+        from steerc.runtime.capture import config_context
         from steerc.runtime.hf import facts_from_model, install
         from steerc.runtime.models import load_model, runnable_path
 
@@ -87,17 +75,17 @@ class SteercLM(TemplateLM):
         name = model if model is not None else project.model
         if name is None:
             raise ValueError("steerc model_args: give model=NAME_OR_PATH (or `model` in steer.toml)")
+        max_length_for(args["max_length"], config_context(str(name)))  # over the context: refused before the load
         self.model, self.tokenizer = load_model(runnable_path(str(name)))
         self.model.eval()
-        options = check_options(project, root=root, overrides=parse_sets(set))
+        options = check_options(project, root=root, overrides=args["set"])
         result = check_source(read_program(path), str(program), path=path, options=options,
                               facts=facts_from_model(self.model))
         if not result.ok:
             raise ProgramRefused(result.render())
         self.handle = install(self.model, result.plan, self.tokenizer)
-        self.params = {"program": str(program), "model": str(name), "set": parse_sets(set)}
-        self._max_length = int(max_length) if max_length else int(
-            getattr(self.model.config, "max_position_embeddings", 2048))
+        self.params = {"program": str(program), "model": str(name), "set": args["set"]}
+        self._max_length = max_length_for(args["max_length"], context_of(self.model.config))
         self._torch = torch
 
     # ---- what TemplateLM asks for
@@ -177,7 +165,7 @@ class SteercLM(TemplateLM):
             until = [until] if isinstance(until, str) else list(until)
             eos = self.tokenizer.decode([self.eot_token_id])
             stops = until + ([eos] if eos not in until else [])
-            new = int(kwargs.pop("max_gen_toks", DEFAULT_MAX_GEN_TOKS))
+            new = max_gen_toks(kwargs.pop("max_gen_toks", DEFAULT_MAX_GEN_TOKS), self._max_length)
             if kwargs.get("do_sample") or float(kwargs.get("temperature", 0.0) or 0.0) > 0:
                 raise ValueError("steerc model: generate_until decodes greedily; the task asks for sampling "
                                  "(do_sample / temperature > 0)")

@@ -154,3 +154,25 @@ def test_the_module_is_lm_evals_cli_with_steerc_registered(project, tmp_path):
     assert "joy_ab" in proc.stdout and "acc" in proc.stdout
     written = [os.path.join(d, f) for d, _, fs in os.walk(out) for f in fs if f.endswith(".json")]
     assert written and "joy_ab" in json.load(open(written[0]))["results"]
+
+
+def test_numeric_model_args_out_of_range_are_refused_before_the_model_loads(project, monkeypatch):
+    """Issue 32: `max_length=-5` was accepted and kept all but the last five tokens of every context. Through
+    lm-eval's own argument parsing (which makes "-5" the float -5.0), it is refused naming the argument,
+    before any load; so is a misspelt key, which was ignored."""
+    from steerc.eval.model_args import ModelArgsError
+    from steerc.runtime import models
+
+    def no_load(*a, **k):
+        raise AssertionError("the model was loaded")
+
+    monkeypatch.setattr(models, "load_model", no_load)
+    folder, _ = project
+    steer = f"program={folder / 'joy.steer'},model=smollm2"
+    for extra, says in ((",max_length=-5", "max_length=-5 is not a whole number"),
+                        (",max_length=0", "max_length=0 is not a whole number"),
+                        (",max_length=100000000", "max_length=100000000 is not a whole number"),
+                        (",max_lenght=512", "unknown argument 'max_lenght'")):
+        with pytest.raises(ModelArgsError, match="steerc model_args: ") as bad:
+            _run("steerc", steer + extra, ["joy_ab"], limit=1)
+        assert says in str(bad.value)
