@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import os
 import sys
-import time
 
 from steerc.cli import EXIT_ERRORS, EXIT_OK, UsageError
 from steerc.cli.common import (
@@ -27,6 +26,7 @@ from steerc.cli.common import (
     required,
     root_of,
 )
+from steerc.cli.progress import progress as _progress
 from steerc.cli.report import print_json
 
 
@@ -104,31 +104,6 @@ def _points(args, grid, facts):
                 break  # the other points of this program would say the same
             points.append(Point(path, {**sets, **values}, result.plan))
     return None if failed else points
-
-
-def _progress(total: int):
-    """A progress line on standard error (redrawn on a terminal; elsewhere only its last state)."""
-    done = [0]
-    start = time.monotonic()
-    tty = sys.stderr.isatty()
-
-    def step(n: int) -> None:
-        done[0] += n
-        if tty:
-            width = 30
-            filled = width * done[0] // max(total, 1)
-            sys.stderr.write(f"\r[{'#' * filled}{'.' * (width - filled)}] {done[0]}/{total} items "
-                             f"({time.monotonic() - start:.0f} s)")
-            if done[0] >= total:
-                sys.stderr.write("\n")
-            sys.stderr.flush()
-
-    def finish() -> None:
-        if not tty:
-            print(f"scored {done[0]} items in {time.monotonic() - start:.1f} s", file=sys.stderr)
-
-    step.finish = finish
-    return step
 
 
 def _hf_engine(args, path: str, points_grid):

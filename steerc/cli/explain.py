@@ -18,6 +18,7 @@ from steerc.cli.common import (
     required,
 )
 from steerc.cli.report import print_json
+
 GENERATED_DEFAULT = 8
 EXPLAINED = ("hf", "vllm", "serve")  # llama.cpp's control vector has no hooks to show
 
@@ -114,17 +115,31 @@ def _tokens(args, plan, model: str) -> dict:
     except ImportError:
         raise UsageError("--tokens needs torch and transformers (the runtime's position code and the "
                          "model's tokenizer): pip install 'steerc[hf]'") from None
+    from steerc.cli.progress import Progress
     from steerc.explain.tokens import prompt_ids, tokens_doc
     from steerc.runtime.models import NoTokenizer, load_tokenizer
 
-    try:
-        tokenizer = load_tokenizer(model)
-    except NoTokenizer as exc:
-        raise UsageError(f"--tokens needs the model's tokenizer: {exc}") from None
-    ids, templated = prompt_ids(tokenizer, args.tokens, chat=not args.raw)
-    if not ids:
-        raise UsageError("--tokens: the prompt tokenizes to no tokens")
-    if len(ids) > MAX_PROMPT_TOKENS:
-        raise UsageError(f"--tokens: the prompt is {len(ids):,} tokens, more than the {MAX_PROMPT_TOKENS:,} "
-                         "explain shows (MAX_PROMPT_TOKENS, spec/limits.md)")
-    return tokens_doc(plan, tokenizer, args.tokens, ids, templated, args.generated)
+    # Loading a GGUF's tokenizer from its metadata takes half a minute: say so, on a terminal and in a log.
+    progress = Progress(3, "steps", doing="explain --tokens", done="explain --tokens:", quiet_if_quick=True)
+    with progress.ticking():
+        try:
+            progress.stage(f"loading the tokenizer of {model}")
+            try:
+                tokenizer = load_tokenizer(model)
+            except NoTokenizer as exc:
+                raise UsageError(f"--tokens needs the model's tokenizer: {exc}") from None
+            progress.step()
+            progress.stage("tokenizing the prompt")
+            ids, templated = prompt_ids(tokenizer, args.tokens, chat=not args.raw)
+            if not ids:
+                raise UsageError("--tokens: the prompt tokenizes to no tokens")
+            if len(ids) > MAX_PROMPT_TOKENS:
+                raise UsageError(f"--tokens: the prompt is {len(ids):,} tokens, more than the {MAX_PROMPT_TOKENS:,} "
+                                 "explain shows (MAX_PROMPT_TOKENS, spec/limits.md)")
+            progress.step()
+            progress.stage("finding the positions each intervention steers")
+            doc = tokens_doc(plan, tokenizer, args.tokens, ids, templated, args.generated)
+            progress.step()
+        finally:
+            progress.finish()
+    return doc
