@@ -12,8 +12,10 @@ import argparse
 import math
 import os
 
-SEED_MAX = 2**32 - 1
-RESAMPLES_MAX = 100_000  # spec/eval.md §5
+from steerc.core.limits import MAX_RESAMPLES, MAX_SEED
+
+SEED_MAX = MAX_SEED  # spec/eval.md §5, spec/limits.md
+RESAMPLES_MAX = MAX_RESAMPLES
 NAME_MAX = 255  # bytes in one folder entry's name (Linux, macOS)
 
 

@@ -15,6 +15,7 @@ import os
 import sys
 
 from steerc.cli import EXIT_ERRORS, EXIT_OK, UsageError
+from steerc.cli.arguments import check_output
 from steerc.cli.common import data_source, fail_with, model_path_for
 from steerc.core.jsonio import dumps as json_dumps
 
@@ -41,6 +42,12 @@ def add_arguments(cmd) -> None:
                      help="where to write the arrays: one [texts, width] float32 tensor per site, and "
                           "lengths (int64 [texts], the tokens each text was read at)")
     cmd.add_argument("--batch-size", type=int, default=8, metavar="N", help="texts per forward pass (hf)")
+    cmd.add_argument("--root", metavar="DIR",
+                     help="with a program: the project root for its paths and its steer.toml (default: nearest "
+                          "steer.toml)")
+    cmd.add_argument("--set", metavar="NAME=VALUE", action="append", default=[], dest="overrides",
+                     help="with a program: a param's value while it steers (repeatable; wins over steer.toml's "
+                          "[params])")
     cmd.add_argument("--format", choices=("text", "json"), default="text", help="how to print the result")
 
 
@@ -72,14 +79,16 @@ def _texts(path: str):
 
 def _program(args, facts):
     """(plan, its sites in order, its provenance) for a ``.steer`` program: the sites of its interventions
-    and probes."""
-    from steerc.api import Options, check_source
-    from steerc.cli.common import read_text
+    and probes, read as it steers at the params ``run``, ``eval`` and ``compile`` use (its steer.toml's
+    ``[params]``, then ``--set``)."""
+    from steerc.api import check_source
+    from steerc.cli.common import checked_project, options_from, read_text
     from steerc.passes.lower_plan import concrete_sites
     from steerc.runtime.capture import Site
 
     path = os.path.abspath(args.sites)
-    result = check_source(read_text(args.sites), args.sites, path=path, options=Options(), facts=facts)
+    options = options_from(args, checked_project(args, args.sites))
+    result = check_source(read_text(args.sites), args.sites, path=path, options=options, facts=facts)
     if not result.ok:
         print(result.render(), file=sys.stderr)
         raise SystemExit(EXIT_ERRORS)
@@ -87,7 +96,9 @@ def _program(args, facts):
     sites = list(dict.fromkeys(Site(p.kind, layer, head) for p in patterns for layer, head in concrete_sites(p, facts)))
     if not sites:
         raise UsageError(f"{args.sites} steers and probes no site: nothing to read")
-    return result.plan, sites, {"file": os.path.basename(path), "sha256": result.checked.source_sha256}
+    params = dict(sorted(result.checked.params.items()))  # the values it steered at
+    return result.plan, sites, {"file": os.path.basename(path), "sha256": result.checked.source_sha256,
+                                **({"params": params} if params else {})}
 
 
 def run(args) -> int:
@@ -99,13 +110,17 @@ def run(args) -> int:
 
     if args.batch_size < 1:
         raise UsageError("--batch-size must be at least 1")
+    program_file = args.sites.endswith(".steer")
+    if not program_file and (args.overrides or args.root is not None):
+        raise UsageError(f"{'--set' if args.overrides else '--root'} goes with a .steer program, not sites")
+    check_output(args, ("-o", "--out"), args.output, inputs=(args.data, args.sites if program_file else ""))
     try:
         texts, data_sha, (spans, src) = _texts(args.data)
     except DataError as exc:
         return fail_with(args, exc.diagnostics, exc.sources)
     facts = model_facts(args)
     plan = program = None
-    if args.sites.endswith(".steer"):
+    if program_file:
         plan, sites, program = _program(args, facts)
     else:
         args.at = args.sites
@@ -154,8 +169,11 @@ def run(args) -> int:
         "reading": A.Reading(args.chat, args.read).to_json(),
         "data": {"file": os.path.basename(args.data), "sha256": data_sha, "texts": len(texts)},
     }
-    write_arrays(args.output, {**{s.key: answer[s.text] for s in sites}, "lengths": answer.lengths}, METADATA_KEY,
-                 info)
+    try:
+        write_arrays(args.output, {**{s.key: answer[s.text] for s in sites}, "lengths": answer.lengths},
+                     METADATA_KEY, info)
+    except OSError as exc:  # what the check before the run cannot see (a full disk)
+        raise UsageError(f"cannot write {args.output}: {exc.strerror or exc}") from None
     if args.format == "json":
         print(json_dumps({"output": args.output, **info}, indent=2, sort_keys=True))
         return EXIT_OK

@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 import sys
 
-from steerc.cli import EXIT_ERRORS, EXIT_OK, UsageError
+from steerc.cli import EXIT_ERRORS, EXIT_OK, UsageError, arguments
 from steerc.cli.common import (
     add_program_options,
     argument_spans,
@@ -48,11 +48,13 @@ def add_arguments(cmd, several: bool = True) -> None:
                           "from prompt logprobs (needs vLLM), one engine for the whole sweep")
     cmd.add_argument("--chat", action="store_true",
                      help="wrap each prompt in the model's chat template (as `steerc run` does by default)")
-    cmd.add_argument("--seed", type=int, default=0, help="the bootstrap's seed (default 0)")
-    cmd.add_argument("--resamples", type=int, default=2000, metavar="N",
-                     help="bootstrap resamples per interval (default 2000)")
+    cmd.add_argument("--seed", type=arguments.seed, default=0,
+                     help=f"the bootstrap's seed, from 0 to {arguments.SEED_MAX} (default 0)")
+    cmd.add_argument("--resamples", type=arguments.resamples, default=2000, metavar="N",
+                     help=f"bootstrap resamples per interval, at most {arguments.RESAMPLES_MAX} (default 2000)")
     cmd.add_argument("--plot", metavar="OUT.png",
-                     help="draw behaviour against KL, one curve per program (needs matplotlib: steerc[plot])")
+                     help="draw behaviour against KL, one curve per program, in the extension's format (png "
+                          "without one; needs matplotlib: steerc[plot])")
     cmd.add_argument("--format", choices=("text", "json"), default="text",
                      help="text (default), or JSON: the steerc.eval/1 document (spec/eval.md)")
 
@@ -141,8 +143,8 @@ def scored(args, before_load=None):
     from steerc.eval.data import parse_items
     from steerc.eval.score import EvalError
 
-    if args.resamples < 1:
-        raise UsageError("--resamples must be at least 1")
+    if getattr(args, "plot", None) is not None:  # a plot that cannot be written is refused before the run
+        args.plot = arguments.plot_path(args, args.plot, inputs=(args.data, *args.files))
     try:
         items = parse_items(data_source(args.data))
     except DataError as exc:
@@ -180,13 +182,13 @@ def scored(args, before_load=None):
     finally:
         getattr(engine, "close", lambda: None)()
     progress.finish()
-    if getattr(args, "plot", None):
+    if getattr(args, "plot", None) is not None:
         from steerc.eval.report import plot
 
         try:
             plot(doc, args.plot)
-        except ImportError:
-            raise UsageError("--plot needs matplotlib: pip install 'steerc[plot]'") from None
+        except OSError as exc:
+            raise UsageError(f"cannot write the plot {args.plot}: {exc.strerror or exc}") from None
     return doc
 
 
@@ -200,6 +202,6 @@ def run(args) -> int:
     from steerc.eval.report import table
 
     sys.stdout.write(table(doc))
-    if args.plot:
-        print(f"plot: {args.plot}")
+    if args.plot is not None:
+        print(f"plot: {args.plot}")  # the file written: NAME.png for --plot NAME
     return EXIT_OK

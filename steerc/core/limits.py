@@ -75,6 +75,7 @@ MAX_TEXT_TOKENS = 16_384
 MAX_NEW_TOKENS = 4096
 MAX_SEED = 2**32 - 1
 MAX_TEMPERATURE = 100.0
+MAX_RESAMPLES = 100_000
 
 
 @frozen
@@ -189,8 +190,12 @@ LIMITS: dict[str, Limit] = _table(
       "positions it never learned; a longer document belongs in several texts")),
     ("MAX_NEW_TOKENS", "tokens", "`steerc run --max-new-tokens`, and lm-eval's `max_gen_toks` for the `steerc` model",
      "each new token is one forward step; 4,096 of them take minutes on a CPU"),
-    ("MAX_SEED", "", "`steerc run --seed`", ("a seed every generator takes (numpy's takes 32 bits); sampling with one seed repeats its text on the "
+    ("MAX_SEED", "", "`steerc run --seed`, and the `--seed` of `eval`, `tune` and `derive`",
+     ("a seed every generator takes (numpy's takes 32 bits); sampling with one seed repeats its text on the "
       "same machine")),
+    ("MAX_RESAMPLES", "resamples", "`steerc eval --resamples` and `tune --resamples` (each bootstrap interval's)",
+     ("the bootstrap's time grows with resamples x items; an interval's percentiles are stable long before "
+      "(1e8 ran for hours, 1e12 asked for 14.6 TiB)")),
     ("MAX_TEMPERATURE", "", "`steerc run --temperature`",
      "past a few units the distribution is all but uniform: the text is noise"),
     ("MAX_ECHO_COLUMNS", "columns", "how much of a source line a diagnostic shows around its caret",
