@@ -27,3 +27,10 @@ def test_a_local_path_that_is_missing_gets_no_hub_hint(tmp_path, monkeypatch):
     code, _, err = run_cli(["check", program, "--model", "models/nothing-here"])
     assert code in (1, 2)
     assert "no such file or folder" in err and "hf download" not in err
+
+
+def test_run_gets_the_hint_too(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    program = os.path.join(examples_path(), "01_add.steer")
+    code, _, err = run_cli(["run", program, "--model", "meta-llama/Llama-3.1-8B", "--prompt", "hi"])
+    assert code in (1, 2) and "hf download meta-llama/Llama-3.1-8B" in err

@@ -86,9 +86,9 @@ def run(args) -> int:
     except ModelNotRunnable as problem:
         return _report(args, problem, project)
     if not os.path.exists(runnable_path(model_path)):
-        from steerc.facts.named import names
+        from steerc.facts.named import not_found
 
-        raise UsageError(f"--model {model_path}: no such folder or file, and not a model name ({names()})")
+        raise UsageError(f"--model {model_path}: {not_found(model_path)}")
     try:
         import torch  # noqa: F401
         import transformers  # noqa: F401
