@@ -84,14 +84,24 @@ def gate_text(g: Gate, fmt=None) -> str:
     return "(" + joiner.join(gate_text(p, fmt) for p in g.parts) + ")"
 
 
-def gate_probes(g: Gate) -> list[str]:
-    """Probe names a gate reads, in order of first use."""
-    if isinstance(g, GateCompare):
+def gate_probes(g) -> list[str]:
+    """Probe names a gate reads, in order of first use: a checked gate, or the same gate as data (tuples or
+    lists: ``("cmp", probe, op, x)``, ``("and"|"or", parts)``, ``("not", g)``, as
+    ``steerc.targets.hooks.gate_data`` and a vLLM plan's boot section write it).
+
+    >>> gate_probes(["or", [["cmp", "p", ">", 0], ["not", ["cmp", "q", "<", 1]], ["cmp", "p", "<", 2]]])
+    ['p', 'q']
+    """
+    if isinstance(g, (tuple, list)):
+        if g[0] == "cmp":
+            return [g[1]]
+        parts = [g[1]] if g[0] == "not" else g[1]
+    elif isinstance(g, GateCompare):
         return [g.probe]
-    if isinstance(g, GateNegate):
-        return gate_probes(g.operand)
+    else:
+        parts = [g.operand] if isinstance(g, GateNegate) else g.parts
     seen: list[str] = []
-    for part in g.parts:
+    for part in parts:
         for name in gate_probes(part):
             if name not in seen:
                 seen.append(name)

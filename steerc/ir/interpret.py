@@ -1,4 +1,4 @@
-"""Reference semantics of plan kernels, in numpy float64.
+"""Reference semantics of plan kernels and gates, in numpy float64.
 
 This is the definition every runtime is tested against: the HF hooks, the
 emitted package and the vLLM buffers must compute what these functions
@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from steerc.ir.checked import GateAll, GateCompare, GateNegate
 from steerc.ir.plan import Affine, Kernel, Project, Rotate
 
 
@@ -98,3 +99,24 @@ def run_kernels(kernels, h: np.ndarray, mask_of, steps=None) -> np.ndarray:
     for k in kernels:
         h = apply_kernel(k, h, mask_of(k), steps)
     return h
+
+
+_COMPARISONS = {"<": np.less, "<=": np.less_equal, ">": np.greater, ">=": np.greater_equal}
+
+
+def gate_holds(gate, values) -> np.ndarray:
+    """Where a checked gate holds (spec/language.md §11.2), from its probes' values: ``values[name]``, one
+    array per probe, all of one shape (per position; a pooled probe's value repeated over its sequence),
+    NaN where the probe is not decided yet, which no comparison passes.
+
+    >>> g = GateAll((GateCompare("p", ">", 0.5), GateNegate(GateCompare("q", "<=", 0.0))))
+    >>> gate_holds(g, {"p": np.array([1.0, 1.0, 0.0, np.nan]), "q": np.array([1.0, -1.0, 1.0, 1.0])})
+    array([ True, False, False, False])
+    """
+    if isinstance(gate, GateCompare):
+        with np.errstate(invalid="ignore"):
+            return _COMPARISONS[gate.op](np.asarray(values[gate.probe], dtype=np.float64), gate.threshold)
+    if isinstance(gate, GateNegate):
+        return ~gate_holds(gate.operand, values)
+    parts = [gate_holds(p, values) for p in gate.parts]
+    return np.logical_and.reduce(parts) if isinstance(gate, GateAll) else np.logical_or.reduce(parts)

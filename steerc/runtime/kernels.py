@@ -6,6 +6,11 @@ compute with it, and ``steerc compile --target hf`` copies it verbatim next to
 the generated hook code as ``_support.py``, so an emitted package runs without
 steerc installed and computes with the very same functions.
 
+It is the one seat of the steering arithmetic: the kernels, the probe
+readouts (:func:`readout`) and the gate evaluator (:func:`evaluate_gate`)
+are written here once, and each runtime (and a vLLM request's receipt) keeps
+only where its probe values and positions live.
+
 Positions count per sequence from its first real token (left padding is
 never a position and is never modified). ``P`` is a row's prompt length: the
 real tokens of the first forward inside ``generate``; outside generation,
@@ -203,6 +208,9 @@ def position_mask(item: tuple, pos, plen):
     raise ValueError(f"unknown scope {kind}")
 
 
+# ---------------------------------------------------------------------- gates
+
+
 def compare(values, op: str, threshold):
     """``values OP threshold``; NaN (a probe not decided yet) compares false."""
     if op == "<":
@@ -214,6 +222,29 @@ def compare(values, op: str, threshold):
     else:
         out = values >= threshold
     return out & ~torch.isnan(values)
+
+
+def evaluate_gate(gate, value, threshold=None):
+    """Where a gate holds: the one gate evaluator of every runtime (the HF context, the emitted package,
+    the vLLM buffers and a vLLM request's receipt), so they cannot decide a gate differently.
+
+    ``gate`` is data: ``("cmp", probe, op, x)``, ``("and"|"or", parts)``, ``("not", g)`` (tuples or
+    lists). The caller supplies what it holds: ``value(probe)``, the probe's values at the positions
+    asked about (per token, or a pooled value already spread over its sequence's positions; NaN where
+    it is not decided yet), and ``threshold(x)``, a comparison's threshold from its ``x`` (None: ``x``
+    itself, a number; the vLLM buffers hold an index into their thresholds). Returns a bool tensor of the
+    probe values' shape (``and``/``or`` broadcast their parts together).
+    """
+    kind = gate[0]
+    if kind == "cmp":
+        return compare(value(gate[1]), gate[2], gate[3] if threshold is None else threshold(gate[3]))
+    if kind == "not":
+        return ~evaluate_gate(gate[1], value, threshold)
+    parts = [evaluate_gate(g, value, threshold) for g in gate[1]]
+    out = parts[0]
+    for p in parts[1:]:
+        out = out & p if kind == "and" else out | p
+    return out
 
 
 # -------------------------------------------------------------------- context
@@ -372,17 +403,8 @@ class Context:
         return held.unsqueeze(1).expand(self.pos.shape)
 
     def gate_mask(self, gate):
-        """[B, T] bool of a gate expression: ("cmp", probe, op, x), ("and"|"or", parts), ("not", g)."""
-        kind = gate[0]
-        if kind == "cmp":
-            return compare(self.probe_value(gate[1]), gate[2], gate[3])
-        if kind == "not":
-            return ~self.gate_mask(gate[1])
-        parts = [self.gate_mask(g) for g in gate[1]]
-        out = parts[0]
-        for p in parts[1:]:
-            out = out & p if kind == "and" else out | p
-        return out
+        """[B, T] bool of a gate expression (:func:`evaluate_gate` over this forward's probe values)."""
+        return evaluate_gate(gate, self.probe_value)
 
 
 def _after_position(tokenizer, ids: list[int], text: str) -> int:

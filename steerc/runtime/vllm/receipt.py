@@ -63,17 +63,11 @@ class _StateView:
         return self.state.scope_mask(scope, self.n).reshape(1, self.n)
 
     def gate_mask(self, gate):
-        kind = gate[0]
-        if kind == "cmp":  # the threshold as the kernels hold it: float32, then the compute dtype
-            threshold = torch.tensor(np.float32(gate[3])).to(self.state.dtype)
-            return S.compare(self.state.probe_value(gate[1], self.n), gate[2], threshold).reshape(1, self.n)
-        if kind == "not":
-            return ~self.gate_mask(gate[1])
-        parts = [self.gate_mask(g) for g in gate[1]]
-        out = parts[0]
-        for p in parts[1:]:
-            out = (out & p) if kind == "and" else (out | p)
-        return out
+        """[1, n] bool of a plan's gate: the shared evaluator (:func:`~steerc.runtime.kernels.evaluate_gate`)
+        over the request's probe values, each threshold as the kernels hold it (float32, then the compute
+        dtype)."""
+        return S.evaluate_gate(gate, lambda name: self.state.probe_value(name, self.n).reshape(1, self.n),
+                               lambda x: torch.tensor(np.float32(x)).to(self.state.dtype))
 
 
 class Receipt:

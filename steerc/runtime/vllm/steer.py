@@ -16,8 +16,9 @@ branch on data), reading:
 * per-token probe values, written by a probe's hook and read by the gated
   kernels after it in the same forward.
 
-Kernels are those of :mod:`steerc.runtime.kernels`, shared with the HF
-target, so the two compute the same values.
+Kernels, probe readouts and the gate evaluator are those of
+:mod:`steerc.runtime.kernels`, shared with the HF target, so the two compute
+the same values; this module holds only where its values live.
 """
 
 from __future__ import annotations
@@ -41,7 +42,7 @@ class SteerState(torch.nn.Module):
         self.dtype = dtype
         self.max_tokens = max_tokens
         self.max_slots = max_slots
-        long = dict(dtype=torch.long, device=device)
+        long = {"dtype": torch.long, "device": device}
         self.register_buffer("pos", torch.zeros(max_tokens, **long), persistent=False)
         self.register_buffer("plen", torch.zeros(max_tokens, **long), persistent=False)
         self.register_buffer("slot", torch.full((max_tokens,), max_slots, **long), persistent=False)
@@ -108,17 +109,10 @@ class SteerState(torch.nn.Module):
         return mask & self.valid[:n] & self.enabled
 
     def gate_mask(self, gate, n: int):
-        kind = gate[0]
-        if kind == "cmp":
-            threshold = self.buffer("gates.thresholds")[gate[3]]
-            return S.compare(self.probe_value(gate[1], n), gate[2], threshold)
-        if kind == "not":
-            return ~self.gate_mask(gate[1], n)
-        parts = [self.gate_mask(g, n) for g in gate[1]]
-        out = parts[0]
-        for p in parts[1:]:
-            out = (out & p) if kind == "and" else (out | p)
-        return out
+        """[n] bool of a boot gate: the shared evaluator (:func:`~steerc.runtime.kernels.evaluate_gate`) over
+        this step's probe values, each comparison's threshold an entry of the thresholds buffer."""
+        return S.evaluate_gate(gate, lambda name: self.probe_value(name, n),
+                               lambda i: self.buffer("gates.thresholds")[i])
 
     def probe_value(self, name: str, n: int):
         if name in self.per_token:

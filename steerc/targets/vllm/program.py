@@ -16,6 +16,7 @@ import numpy as np
 
 from steerc import __version__
 from steerc.facts.sites import VLLM_BAND, VLLM_READ_FROM
+from steerc.ir.checked import gate_probes  # of a boot section's gate too (runtime.vllm.parallel reads it here)
 from steerc.targets.constraints import constraint_json
 from steerc.targets.hooks import HookProgram, KernelCall, lower_hooks
 from steerc.targets.vllm.wire import FORMAT, boot_sha256, tensor_wire
@@ -30,15 +31,6 @@ def numbered_gate(gate, thresholds: list) -> list:
     if kind == "not":
         return ["not", numbered_gate(gate[1], thresholds)]
     return [kind, [numbered_gate(g, thresholds) for g in gate[1]]]
-
-
-def gate_probes(gate) -> list[str]:
-    """The probes a boot section's gate reads."""
-    if gate[0] == "cmp":
-        return [gate[1]]
-    if gate[0] == "not":
-        return gate_probes(gate[1])
-    return [n for g in gate[1] for n in gate_probes(g)]
 
 
 def split_gates(boot: dict, stages) -> str | None:
