@@ -1,6 +1,11 @@
 """Features: what a checked program uses, each with the span to blame, and the table of what a
 target supports (each target's own ``target.py`` writes its table with :func:`table`).
 
+A table declares what its target supports, key by key (:func:`supported`, :func:`yes`); a key it does not
+declare is unsupported there (:func:`undeclared`). So a feature added to :data:`FEATURE_GROUPS` is refused
+by every target, with the ``unsupported-by-target`` diagnostic, until a target's table says it supports
+it: an emitter that was never taught it is never reached.
+
 >>> from steerc.api import check_source
 >>> r = check_source("steer 1\\nvector v = [1.0, 2.0]\\nintervention a {\\n  at resid_post[0]\\n  add v\\n  tokens prompt[-1:], generated\\n}\\n")
 >>> sorted({k for k, _ in program_features(r.checked)})
@@ -13,6 +18,7 @@ from attrs import frozen
 
 from steerc.ir import checked as ck
 from steerc.ir import nodes as ir
+
 
 @frozen
 class Feature:
@@ -31,9 +37,13 @@ class Capabilities:
     features: tuple[Feature, ...]
 
     def get(self, key: str) -> Feature:
+        """The row of ``key``: a key of :data:`ALL_KEYS` the table does not declare is unsupported; any
+        other key is a ``KeyError``."""
         for f in self.features:
             if f.key == key:
                 return f
+        if key in ALL_KEYS:
+            return undeclared(key, self.name)
         raise KeyError(key)
 
     def supports(self, key: str) -> bool:
@@ -56,15 +66,34 @@ FEATURE_GROUPS = {
 ALL_KEYS = tuple(f"{group}:{name}" for group, names in FEATURE_GROUPS.items() for name in names)
 
 
-def every(note: str = "") -> dict[str, Feature]:
-    """Every feature supported (the base a target's table overrides)."""
-    return {k: Feature(k, True, note) for k in ALL_KEYS}
+def supported(note: str = "", **names: str) -> dict[str, Feature]:
+    """The features a target declares supported, each with ``note``: per group, the names it supports,
+    space-separated (``supported("...", op="add ablate", scope="all prompt")``). The base of a table."""
+    out = {}
+    for group, text in names.items():
+        for name in text.split():
+            key = f"{group}:{name}"
+            if key not in ALL_KEYS:
+                raise ValueError(f"{key}: not a feature key (FEATURE_GROUPS)")
+            out[key] = Feature(key, True, note)
+    return out
+
+
+def undeclared(key: str, target: str) -> Feature:
+    """The row of a key ``target``'s table does not declare: unsupported (the default of every table)."""
+    folder = target.replace("-", "_")
+    return Feature(key, False, f"not implemented for this target: its table (steerc/targets/{folder}/target.py) "
+                               "does not declare it",
+                   "use a target that supports it (spec/capabilities.md)")
 
 
 def table(name: str, summary: str, base: dict[str, Feature], **overrides: Feature) -> Capabilities:
-    """A target's capabilities: ``base`` with ``overrides`` (keyword names are for reading only)."""
-    rows = dict(base)
-    for f in overrides.values():
+    """A target's capabilities: ``base`` with ``overrides`` (keyword names are for reading only); every key
+    neither declares is unsupported (:func:`undeclared`)."""
+    rows = {k: undeclared(k, name) for k in ALL_KEYS}
+    for f in (*base.values(), *overrides.values()):
+        if f.key not in rows:
+            raise ValueError(f"{name}: {f.key} is not a feature key (FEATURE_GROUPS)")
         rows[f.key] = f
     return Capabilities(name, summary, tuple(rows[k] for k in ALL_KEYS))
 
@@ -121,5 +150,5 @@ def program_features(checked: ck.CheckedProgram):
         yield f"site:{probe.site.kind}", probe.site.span
     if checked.constraint is not None:
         yield f"constraint:{checked.constraint.kind}", checked.constraint.span
-    for _name, (*_, span) in checked.request_params.items():
+    for *_, span in checked.request_params.values():
         yield "param:per-request", span

@@ -20,6 +20,8 @@ import numpy as np
 from attrs import field, frozen
 
 from steerc.core.jsonio import canonical
+from steerc.diagnostics import Diagnostic, Refusal
+from steerc.diagnostics.codes import UNSUPPORTED_BY_TARGET
 from steerc.facts.sites import site_table
 from steerc.ir import checked as ck
 from steerc.ir import nodes as ir
@@ -144,7 +146,50 @@ def _base_path(layers_path: str) -> str:
     return layers_path.rsplit(".", 1)[0]
 
 
-def _kernel_call(kernel, prefix: str, tensors: dict) -> KernelCall:
+def _affine(op: Affine, put) -> tuple:
+    scale = None
+    if isinstance(op.scale, float):
+        scale = op.scale
+    else:
+        put("scale", op.scale.array)
+    if op.bias is not None:
+        put("bias", op.bias.array)
+    if op.schedule:
+        put("schedule", np.asarray([[a, b] for _, a, b in op.schedule], dtype=np.float64))
+    return "affine", scale, None, None
+
+
+def _project(op: Project, put) -> tuple:
+    put("basis", np.stack([b.array for b in op.basis]))
+    if op.target is not None:
+        put("target", np.asarray(op.target, dtype=np.float32))
+    return "project", None, None, None
+
+
+def _rotate(op: Rotate, put) -> tuple:
+    put("e1", op.e1.array)
+    put("e2", op.e2.array)
+    return "rotate", None, float(op.angle), op.mode
+
+
+# How each kind of plan kernel becomes a hook call: (kind, scale, angle, mode), its tensors through put(role,
+# array). One entry per member of steerc.ir.plan.Op (tests/test_capabilities_default.py holds them together).
+LOWERINGS = {Affine: _affine, Project: _project, Rotate: _rotate}
+
+
+def unlowerable(kernel, backend: str) -> Refusal:
+    """A plan kernel these hooks have no lowering for, as ``unsupported-by-target`` at the intervention that
+    made it (never an assertion: the capability tables refuse the feature first, this is the backstop)."""
+    span = next((p.span for p in kernel.provenance if p.span is not None), None)
+    names = ", ".join(f"`{p.intervention}`" for p in kernel.provenance) or "an intervention"
+    return Refusal([Diagnostic.error(
+        UNSUPPORTED_BY_TARGET, f"the {backend} hooks cannot express the `{type(kernel.op).__name__}` kernel of "
+                               f"{names}: steerc lowers no such kernel for this engine", span,
+        help="check the program with `steerc check --target T` for a target that supports it "
+             "(spec/capabilities.md)")])
+
+
+def _kernel_call(kernel, prefix: str, tensors: dict, backend: str = "hf") -> KernelCall:
     op = kernel.op
     named = []
 
@@ -153,27 +198,10 @@ def _kernel_call(kernel, prefix: str, tensors: dict) -> KernelCall:
         tensors[name] = np.ascontiguousarray(array, dtype=np.float32)
         named.append((role, name))
 
-    scale = angle = mode = None
-    if isinstance(op, Affine):
-        kind = "affine"
-        if isinstance(op.scale, float):
-            scale = op.scale
-        else:
-            put("scale", op.scale.array)
-        if op.bias is not None:
-            put("bias", op.bias.array)
-        if op.schedule:
-            put("schedule", np.asarray([[a, b] for _, a, b in op.schedule], dtype=np.float64))
-    elif isinstance(op, Project):
-        kind = "project"
-        put("basis", np.stack([b.array for b in op.basis]))
-        if op.target is not None:
-            put("target", np.asarray(op.target, dtype=np.float32))
-    else:
-        assert isinstance(op, Rotate)
-        kind, angle, mode = "rotate", float(op.angle), op.mode
-        put("e1", op.e1.array)
-        put("e2", op.e2.array)
+    lower = LOWERINGS.get(type(op))
+    if lower is None:
+        raise unlowerable(kernel, backend)
+    kind, scale, angle, mode = lower(op, put)
     label = "; ".join(
         f"{p.intervention} ({os.path.basename(p.span.file)}:{p.span.line}): {p.note}" if p.span
         else f"{p.intervention}: {p.note}"
@@ -224,7 +252,8 @@ def lower_hooks(plan: Plan, facts, backend: str, table=None) -> HookProgram:
         if site.head is not None:
             columns = (site.head * facts.head_dim, (site.head + 1) * facts.head_dim)
         probes = tuple(_probe_call(p, f"{prefix}.probe", tensors) for p in plan.probes if p.site == site)
-        kernels = tuple(_kernel_call(k, f"{prefix}.k{i}", tensors) for i, k in enumerate(by_site.get(site, ())))
+        kernels = tuple(_kernel_call(k, f"{prefix}.k{i}", tensors, backend)
+                        for i, k in enumerate(by_site.get(site, ())))
         grouped.setdefault(key, []).append(SiteCode(site, columns, probes, kernels))
     hooks = tuple(
         HookCode(names[key], key[0], key[1], key[2], tuple(sites)) for key, sites in grouped.items()

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from steerc.targets.features import ALL_KEYS, every, no, table, yes
+from steerc.targets.features import ALL_KEYS, no, supported, table, yes
 from steerc.targets.seat import Target
 
 _HF = "use the hf target (its in-process runtime or emitted package) for this"
@@ -17,7 +17,15 @@ def emit(plan, facts, out_dir: str, *, command: str = "", key: bytes | None = No
 CAPABILITIES = table(
     "export",
     "a torch.export'ed steered model: input ids, positions and the prompt's length in, logits out",
-    every("traced into the exported graph (the hf target's kernels)"),
+    supported(
+        "traced into the exported graph (the hf target's kernels)",
+        op="add scale scale-vector set suppress ablate clamp rotate preserve-norm schedule",
+        site="resid_pre resid_post attn_out mlp_out head",
+        scope="all prompt generated prompt-slice generated-slice positions union",
+        gate="token",
+        readout="cosine projected_cosine subspace_cosine dot norm",
+        dtype="float32 bfloat16 float64",
+    ),
     **{k.replace(":", "_").replace(".", "_"): yes(
         k, "its value is a buffer of the exported program, decided by the call that holds the prompt's last "
            "position (prefill the prompt in one call) and read by the decode steps after it")

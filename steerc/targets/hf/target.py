@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from steerc.targets.features import every, no, table, yes
+from steerc.targets.features import no, supported, table, yes
 from steerc.targets.seat import Target
 
 
@@ -16,7 +16,15 @@ def emit(plan, facts, out_dir: str, *, command: str = "", key: bytes | None = No
 CAPABILITIES = table(
     "hf",
     "Python hooks on a transformers model: an emitted package or the in-process runtime",
-    every(),
+    supported(
+        op="add scale scale-vector set suppress ablate clamp rotate preserve-norm schedule",
+        site="resid_pre resid_post attn_out mlp_out head",
+        scope="all prompt generated prompt-slice generated-slice positions union",
+        gate="prompt.mean prompt.last token",
+        readout="cosine projected_cosine subspace_cosine dot norm",
+        constraint="regex grammar choice",
+        dtype="float32 float16 bfloat16 float64",
+    ),
     after=yes("scope:after", "needs the model's tokenizer at install time"),
     tensor=no("parallel:tensor", "runs in one process on one device map",
                "use the vllm target for tensor parallelism"),

@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from steerc.targets.features import ALL_KEYS, Capabilities, Feature, no, table, yes
+from steerc.targets.features import ALL_KEYS, Capabilities, Feature, no, supported, table, yes
 from steerc.targets.seat import Target
 
 _LLAMACPP_ELSEWHERE = "or use the hf or vllm target"
@@ -27,10 +27,10 @@ def _capabilities() -> Capabilities:
         **{k: refuse(k, "a control vector carries no output constraint",
                  "constrain llama.cpp's sampling yourself (its --grammar or --json-schema)")
            for k in ALL_KEYS if k.startswith("constraint:")},
-        **{k: yes(k, "llama.cpp adds the F32 vector to its float32 activations, whatever the weights' type")
-           for k in ALL_KEYS if k.startswith("dtype:")},
-        **{k: yes(k, "llama.cpp's own: each layer's direction lives where the layer does (`select_buft`)")
-           for k in ALL_KEYS if k.startswith("parallel:")},
+        **supported("llama.cpp adds the F32 vector to its float32 activations, whatever the weights' type",
+                    dtype="float32 float16 bfloat16 float64"),
+        **supported("llama.cpp's own: each layer's direction lives where the layer does (`select_buft`)",
+                    parallel="tensor pipeline"),
     }
     return table(
         "llamacpp",

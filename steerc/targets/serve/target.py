@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from steerc.targets.features import every, no, table, yes
+from steerc.targets.features import no, supported, table, yes
 from steerc.targets.seat import Target
 from steerc.targets.vllm.target import VLLM_DTYPES
 
@@ -17,7 +17,14 @@ def emit(plan, facts, out_dir: str, *, command: str = "", key: bytes | None = No
 CAPABILITIES = table(
     "serve",
     "a per-request plan (JSON + content-addressed tensors) applied by the steerc vLLM plugin",
-    every("per request, on the rows of that request only"),
+    supported(
+        "per request, on the rows of that request only",
+        op="add scale scale-vector set suppress ablate clamp rotate preserve-norm schedule",
+        site="resid_pre resid_post attn_out mlp_out head",
+        scope="all prompt generated prompt-slice generated-slice positions union",
+        gate="prompt.mean prompt.last token",
+        readout="cosine projected_cosine subspace_cosine dot norm",
+    ),
     after=no(
         "scope:after",
         "the position after a text depends on each request's tokens, and the serve workers hold no "

