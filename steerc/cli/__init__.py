@@ -95,6 +95,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{where}: error: argument {empty}: '--' is not a value (it ends the options; a file named -- is "
               "./--)", file=sys.stderr)
         return EXIT_USAGE
+    nul = next((i for i, word in enumerate(argv) if "\0" in word), None)
+    if nul is not None:  # no path or value holds one (a shell cannot pass it; a caller of main() can)
+        print(f"steerc: error: argument {nul + 1} holds a NUL character, which no path or value may",
+              file=sys.stderr)
+        return EXIT_USAGE
     parser = build_parser() if _needs_full_parser(argv) else _single_command_parser(argv)
     try:
         args = parser.parse_args(argv)
@@ -111,12 +116,21 @@ def main(argv: list[str] | None = None) -> int:
     except SystemExit as exc:  # a subcommand that already printed its diagnostic
         return exc.code if isinstance(exc.code, int) else EXIT_ERRORS
     except UsageError as exc:
-        print(f"steerc {args.command}: error: {exc}", file=sys.stderr)
+        from steerc.core.text import shown  # a path or value from the user may hold control characters
+
+        print(f"steerc {args.command}: error: {shown(str(exc))}", file=sys.stderr)
         return EXIT_USAGE
     except NotAProgram as exc:
         from steerc.diagnostics import render_text
 
         print(render_text(exc.diagnostic, {exc.source.name: exc.source}), file=sys.stderr)
+        return EXIT_ERRORS
+    except ValueError as exc:  # a Refusal raised below the command (a kernel a target cannot lower, ...)
+        from steerc.diagnostics import Refusal
+
+        if not isinstance(exc, Refusal):
+            raise
+        print(exc.render(), file=sys.stderr)
         return EXIT_ERRORS
     except KeyboardInterrupt:
         print("steerc: interrupted", file=sys.stderr)

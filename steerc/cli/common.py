@@ -115,7 +115,7 @@ def facts_from(args, project=None):
 
 def model_facts(args, project=None):
     """(facts, None), (None, None) without a model, or (None, a Report of why the model cannot be used)."""
-    if getattr(args, "model", None):
+    if getattr(args, "model", None) is not None:  # `--model ''` names no model: an error, never "no model"
         facts, diagnostic, sources = load_facts_or_diagnostic(args.model)
     elif project is not None and project.model:
         facts, diagnostic, sources = load_facts_or_diagnostic(project.model, project)

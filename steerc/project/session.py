@@ -41,7 +41,7 @@ def facts_or_diagnostic(path: str, project=None):
         return load_facts(path), None, {}
     except FactsError as exc:
         if exc.code is None and project is None:
-            raise UnusableModel(f"{path}: {exc}") from None
+            raise UnusableModel(f"{path or 'an empty path'}: {exc}") from None
         if exc.code is None:
             return None, Diagnostic.error(INVALID_CONFIG, f"model {path}: {exc}", project.spans["model"],
                                           help="give a model folder, its config.json or a facts JSON"), \
