@@ -9,7 +9,7 @@ import sys
 from steerc.cli import EXIT_ERRORS, NotAProgram, UsageError
 from steerc.cli.report import Report, print_json
 from steerc.core.jsonio import dumps as json_dumps  # strict JSON (spec/json.md)
-from steerc.diagnostics.codes import INVALID_CONFIG, MODEL_WITHOUT_WEIGHTS
+from steerc.diagnostics.codes import MODEL_WITHOUT_WEIGHTS
 from steerc.facts.named import shadowing
 from steerc.project.session import UnusableModel, check_options, facts_or_diagnostic
 

@@ -115,8 +115,8 @@ class _Lines:
         else:
             self.ends[-1] = eol
         if self.bodies and self.bodies[-1].strip():
-            self.bodies.append("")
-            self.ends.append(eol)
+            self.bodies.append("")  # an empty line ending "\n" after a lone "\r" would read as one "\r\n"
+            self.ends.append("\r" if self.ends[-1] == "\r" else eol)
         for body in bodies:
             self.bodies.append(body)
             self.ends.append(eol)
