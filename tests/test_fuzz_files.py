@@ -83,3 +83,12 @@ def test_model_args_are_checked_or_refused_by_name(args):
         if "max_length" in checked and checked["max_length"] is not None:
             assert isinstance(checked["max_length"], int) and checked["max_length"] >= 1
     RAN["lm-eval-model-args"] += 1
+
+
+def test_a_nan_score_makes_the_win_rate_nan_not_a_loss():
+    """issue 32: at an overflowed strength every score is NaN, and eval's table showed a win rate of 0.000."""
+    from steerc.eval.metrics import point_metrics
+
+    m = point_metrics([(float("nan"), 1.0), (2.0, 0.5)], [], resamples=50)
+    assert math.isnan(m["win_rate"]["mean"])
+    assert point_metrics([(1.0, 1.0), (-2.0, 0.5), (0.0, 0.0)], [], resamples=50)["win_rate"]["mean"] == 0.5

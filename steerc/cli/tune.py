@@ -109,6 +109,8 @@ def run(args) -> int:
     where = ", ".join(f"{k} = {v:g}" for k, v in swept.items())
     print(f"would write {where} to steer.toml [params] (--dry-run)" if wrote is None
           else f"wrote {where} to {wrote} [params]")
+    if args.plot is not None:
+        print(f"plot: {args.plot}")  # as eval says it: the file written
     return EXIT_OK
 
 

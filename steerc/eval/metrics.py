@@ -52,7 +52,9 @@ def estimate(metric, rows, *, resamples: int = RESAMPLES, seed: int = 0) -> dict
 
 
 def _win(scores) -> np.ndarray:
-    return np.where(scores > 0, 1.0, np.where(scores == 0, 0.5, 0.0))
+    """1 where the positive completion wins, 0.5 on a tie, 0 where it loses; NaN where the score is not a number
+    (an overflowed point): never a loss that a table would show as a finite 0."""
+    return np.where(np.isnan(scores), np.nan, np.where(scores > 0, 1.0, np.where(scores == 0, 0.5, 0.0)))
 
 
 def _ppl(rows) -> float:
