@@ -10,11 +10,11 @@ import os
 import shutil
 
 import pytest
+from support import REPO, run_cli
 
 from steerc.core.cache import cache_root, cached_hash, file_sha256
 from steerc.facts import load_facts
 from steerc.facts.named import NAMED, NamedModel, named_config
-from support import REPO, run_cli
 
 PROGRAM = "steer 1\n\nintervention quiet {\n  at    head[1, 0]\n  scale 0.0\n}\n"
 
@@ -233,7 +233,7 @@ def test_run_checks_the_layout_before_any_weights_load(tmp_path, monkeypatch):
 
 def test_run_on_a_missing_path_is_a_usage_error(program, tmp_path):
     code, _, err = _run(program, str(tmp_path / "nowhere"))
-    assert code == 2 and "no such folder or file" in err
+    assert code == 2 and "no such file or folder" in err
 
 
 # ------------------------------------------------------------ command lines
@@ -282,10 +282,10 @@ def _blocks(lang: str) -> list[str]:
 
 
 def test_the_readme_first_program_is_in_canonical_layout_and_is_the_example():
+    from steerc.core.source import Source
     from steerc.diagnostics import Diagnostics
     from steerc.frontend import parse
     from steerc.frontend.fmt import format_program
-    from steerc.core.source import Source
 
     text = _blocks("steer")[0]
     program = parse(Source("README.md", text), Diagnostics())
