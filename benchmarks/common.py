@@ -22,7 +22,8 @@ def load_model(prompt: str, *, byte_bpe: bool = False):
     """
     import torch
 
-    from steerc.runtime.models import encode_prompt, load_model as load_hf, smollm2_path
+    from steerc.runtime.models import encode_prompt, smollm2_path
+    from steerc.runtime.models import load_model as load_hf
 
     path = smollm2_path()
     if path is not None:

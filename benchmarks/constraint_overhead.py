@@ -19,9 +19,8 @@ import statistics
 import sys
 import time
 
-from common import EXAMPLES, load_model  # noqa: E402  (sets the offline environment first)
-
 import torch  # noqa: E402
+from common import EXAMPLES, load_model  # noqa: E402  (sets the offline environment first)
 
 STEER = "vector v = normalize({lit})\nintervention push {{\n  at resid_post[6:10]\n  add 4.0 * v\n}}\n"
 

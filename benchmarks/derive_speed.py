@@ -30,18 +30,17 @@ import statistics
 import sys
 import time
 
-from common import HERE  # noqa: F401  (sets the offline environment first)
-
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
+from common import HERE  # noqa: F401  (sets the offline environment first)
 
 DATA = os.path.join(HERE, "..", "examples", "smollm2", "joy.jsonl")
 BATCH = 8
 
 
 def steerc_job(model, tokenizer, facts, pairs, layers):
-    from steerc.derive import fit
     from steerc.derive import activations as A
+    from steerc.derive import fit
     from steerc.runtime import capture as C
 
     sites = [C.Site("resid_post", layer) for layer in layers]

@@ -76,15 +76,15 @@ def reading_only() -> dict:
     boot and the capture (seconds), and the compiled capture's largest difference from the eager one."""
     if __name__ != "__main__":
         raise RuntimeError("engine code runs under the main guard")
-    from steerc.derive import activations as A
-    from steerc.runtime import capture as C
-    from steerc.derive.api import dataset_of, sites_of
-    from steerc.facts import load_facts
-    from steerc.runtime.models import hf_folder, load_model, smollm2_path
     import numpy as np
 
-    from steerc.runtime.vllm import capture_items, checkpoint_dtype, load
     from steerc.api import check_source
+    from steerc.derive import activations as A
+    from steerc.derive.api import dataset_of, sites_of
+    from steerc.facts import load_facts
+    from steerc.runtime import capture as C
+    from steerc.runtime.models import hf_folder, load_model, smollm2_path
+    from steerc.runtime.vllm import capture_items, checkpoint_dtype, load
     from steerc.targets.vllm.emit import plan_bytes
 
     folder = hf_folder(smollm2_path())

@@ -28,10 +28,9 @@ import statistics
 import sys
 import time
 
-from common import load_model  # noqa: E402  (sets the offline environment first)
-
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
+from common import load_model  # noqa: E402  (sets the offline environment first)
 
 PROMPT = "Write a short paragraph about the sea."
 LAYERS = (8, 9, 10, 11)

@@ -25,15 +25,12 @@ import os
 
 from attrs import define, field
 
-from steerc.diagnostics import Diagnostic, Diagnostics, capped, render_text, to_json_dict
+from steerc.core.source import Source, normalize_newlines, read_program
+from steerc.diagnostics import Diagnostic, Diagnostics, capped, not_utf8, render_text, to_json_dict
 from steerc.frontend import parse
 from steerc.ir import nodes as ir
-from steerc.core.source import Source
 from steerc.passes.check_pipeline import CHECK_PASSES, run_checks
 from steerc.passes.context import CheckContext, Options
-from steerc.core.source import normalize_newlines
-from steerc.core.source import read_program
-from steerc.diagnostics import not_utf8
 from steerc.passes.plan_pipeline import build_plan
 
 __all__ = ["CheckResult", "Options", "check_file", "check_source", "CHECK_PASSES"]

@@ -30,8 +30,16 @@ from __future__ import annotations
 import base64
 import os
 
-from steerc.targets.serve.request import (ARTIFACTS_KEY, CAPABILITIES_PATH, PARAMS_KEY, PLAN_KEY, RECEIPT_KEY,
-                                         compact, request_salt, unique_salt)
+from steerc.targets.serve.request import (
+    ARTIFACTS_KEY,
+    CAPABILITIES_PATH,
+    PARAMS_KEY,
+    PLAN_KEY,
+    RECEIPT_KEY,
+    compact,
+    request_salt,
+    unique_salt,
+)
 
 _ANSWERS: dict[str, dict] = {}  # server base URL -> its capabilities
 

@@ -32,7 +32,6 @@ if not os.environ.get("STEERC_CACHE_DIR"):
     atexit.register(shutil.rmtree, _cache, True)
 
 import pytest  # noqa: E402
-
 from support import examples_path  # noqa: E402
 
 

@@ -16,10 +16,10 @@ import os
 from lark.exceptions import UnexpectedInput
 from support import examples_path
 
+from steerc.core.source import Source
 from steerc.frontend import parser as P
 from steerc.frontend.tables import load
 from steerc.highlight import words as W
-from steerc.core.source import Source
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

@@ -14,11 +14,11 @@ import pytest
 from support import examples_path
 
 from steerc.api import CHECK_PASSES, CheckResult, Options, check_file, check_source
+from steerc.core.source import Span
 from steerc.diagnostics import Diagnostic, render_text, to_json_dict
 from steerc.explain.plan import explain, render
 from steerc.facts import facts_from_config, load_facts
 from steerc.ir.plan import Plan, Site
-from steerc.core.source import Span
 
 FACTS = facts_from_config({"model_type": "llama", "num_hidden_layers": 4, "hidden_size": 4, "num_attention_heads": 2,
                            "intermediate_size": 8, "vocab_size": 16})

@@ -10,9 +10,9 @@ import json
 import os
 
 import pytest
+from support import run_cli
 
 from steerc.facts import FactsError, load_facts
-from support import run_cli
 
 
 def test_an_edited_facts_json_is_refused(examples_dir, tmp_path):

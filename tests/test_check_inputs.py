@@ -175,7 +175,7 @@ def test_globs_match_as_python_glob_does_where_no_link_loops(tree):
                     "*", "**", str(tree / "**" / "*.steer"), "a/./*.steer", "a//*.steer", "./**/y.steer"]:
         expected = sorted((p for p in glob.glob(pattern, recursive=True) if os.path.isfile(p)),
                           key=lambda p: os.path.normpath(p).split(os.sep))
-        from steerc.cli.inputs import _crosses_skipped, _components
+        from steerc.cli.inputs import _components, _crosses_skipped
 
         fixed = next((n for n, part in enumerate(_components(pattern)) if set("*?[") & set(part)), 0)
         expected = [p for p in expected if not _crosses_skipped(p, fixed)]

@@ -13,10 +13,10 @@ import struct
 
 import numpy as np
 import pytest
+from support import needs_constraints
 
 from steerc.api import Options, check_source
 from steerc.ir.values import PerLayer
-from support import needs_constraints
 
 # ------------------------------------------------------------------ helpers
 

@@ -15,15 +15,26 @@ import struct
 
 import numpy as np
 import pytest
-from gguf_files import (HOSTILE, STRING, UINT32, WIDTH, cv_kvs, directions, f32, kv_string, raw_gguf,
-                        write_cvector_generator, write_repeng)
+from gguf_files import (
+    HOSTILE,
+    STRING,
+    UINT32,
+    WIDTH,
+    cv_kvs,
+    directions,
+    f32,
+    kv_string,
+    raw_gguf,
+    write_cvector_generator,
+    write_repeng,
+)
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from support import CpuSeconds
 
 from steerc.api import Options, check_source
-from steerc.facts import facts_from_config
 from steerc.core.limits import MAX_GGUF_STRINGS
+from steerc.facts import facts_from_config
 from steerc.targets import check_target
 
 gguf = pytest.importorskip("gguf")
@@ -299,8 +310,8 @@ def test_steercs_writer_writes_the_gguf_packages_bytes(tmp_path):
 def test_a_cvector_generator_hint_names_the_new_families_as_llama_cpp_does():
     """cvector-generator writes llama.cpp's architecture name (llama-arch.cpp): Cohere is `command-r`,
     Mixtral converts as `llama`, gpt-oss is `gpt-oss`; each fits the model it was made for."""
-    from steerc.io.controlvector import hint_fits
     from steerc.facts import facts_from_config
+    from steerc.io.controlvector import hint_fits
 
     base = {"num_hidden_layers": 2, "hidden_size": 64, "num_attention_heads": 4, "intermediate_size": 128,
             "vocab_size": 100}

@@ -16,9 +16,9 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from support import run_cli
 
 from steerc.derive import methods as M
-from support import run_cli
 
 # ---------------------------------------------------------------------- methods
 
@@ -205,9 +205,9 @@ def test_the_banks_metadata_has_the_keys_spec_derive_promises(folder, project):
 def test_the_activation_cache_tells_apart_two_files_whose_bytes_join_the_same():
     """dataset.sha256 hashes the files' bytes one after the other (the spec's definition); the cache is keyed on
     each file's, since two splits of the same bytes can make other pairs."""
+    from steerc.core.source import Source
     from steerc.derive import activations as A
     from steerc.derive import data as D
-    from steerc.core.source import Source
 
     a = D.paired_lines(Source("p", "a\nb\nx"), Source("n", "yz\nd\ne\n"))
     b = D.paired_lines(Source("p", "a\nb\nxy"), Source("n", "z\nd\ne\n"))
@@ -418,9 +418,9 @@ def test_calibrate_finds_the_threshold_the_runtime_gate_would_use(folder, projec
 
 def test_a_file_of_bad_lines_stops_at_the_repeat_cap(project):
     """Every kind of bad line counts towards the cap: a 64 MiB file of them stores no more than MAX_REPEATS."""
-    from steerc.derive.data import DataError, parse_pairs
     from steerc.core.limits import MAX_REPEATS
     from steerc.core.source import Source
+    from steerc.derive.data import DataError, parse_pairs
 
     text = '{"positive": "a"}\n' * (3 * MAX_REPEATS) + "[1]\n" * MAX_REPEATS
     with pytest.raises(DataError) as err:

@@ -8,11 +8,11 @@ import os
 import re
 
 import pytest
+from support import GOLDEN, compare_golden, examples_path, needs_constraints, run_cli, uses_constraint
 
+from steerc.core.source import Source
 from steerc.diagnostics import CODES, Diagnostic, Diagnostics, Note, render_text, to_json_dict
 from steerc.diagnostics.codes import severity_of
-from steerc.core.source import Source
-from support import GOLDEN, compare_golden, examples_path, needs_constraints, run_cli, uses_constraint
 
 EXPECT = re.compile(r"^#\s*expect:\s*(error|warning)\[([a-z-]+)\]\s+line\s+(\d+)\s*$", re.M)
 MODEL = re.compile(r"^#\s*model:\s*(\S+)\s*$", re.M)

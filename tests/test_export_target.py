@@ -74,9 +74,9 @@ def built(tmp_path_factory):
 
 
 def _hf_logits(root, program: str = PROGRAM):
+    from hf_util import plan_for
     from transformers import AutoModelForCausalLM
 
-    from hf_util import plan_for
     from steerc.runtime.hf import install
 
     model = AutoModelForCausalLM.from_pretrained(root / "model", dtype=torch.float32).eval()

@@ -6,15 +6,14 @@ from __future__ import annotations
 import json
 
 import pytest
+from tiny_models import BUILT
+from tiny_models import FAMILIES as TINY_FAMILIES
 
 from steerc.api import check_source
 from steerc.facts import FAMILIES, facts_from_config
 from steerc.facts import sites as sites_module
 from steerc.targets import check_target
-from steerc.targets.families import (ENGINE_CI, ENGINE_ONCE, HF_INTERPRET, VERIFIED, family_matrix,
-                                     family_support)
-from tiny_models import BUILT
-from tiny_models import FAMILIES as TINY_FAMILIES
+from steerc.targets.families import ENGINE_CI, ENGINE_ONCE, HF_INTERPRET, VERIFIED, family_matrix, family_support
 
 
 def test_the_matrix_has_every_family_on_both_backends():

@@ -9,12 +9,12 @@ import shutil
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-
-from steerc.frontend import parse_source
-from steerc.frontend.fmt import format_program
-from steerc.core.source import Source
 from strategies import commented, programs
 from support import GOLDEN, compare_golden, examples_path, run_cli
+
+from steerc.core.source import Source
+from steerc.frontend import parse_source
+from steerc.frontend.fmt import format_program
 
 FAST = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 

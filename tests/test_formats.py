@@ -257,8 +257,8 @@ def test_sarif_columns_count_utf16_units(prefix, units, tmp_path, monkeypatch, s
 
 
 def test_utf16_column_helper():
-    from steerc.diagnostics.places import utf16_column
     from steerc.core.source import Source
+    from steerc.diagnostics.places import utf16_column
 
     src = Source("a", "a😀b\n\ud800x\n")
     assert [utf16_column(src, 1, c) for c in (1, 2, 3, 4, 5, 6)] == [1, 2, 4, 5, 6, 7]  # past the end: +1 a column
@@ -308,9 +308,9 @@ def test_a_bracketed_link_in_a_message_is_escaped_in_sarif(sarif_valid):
 
 
 def test_a_diagnostic_without_a_place_and_one_over_several_lines():
+    from steerc.core.source import Source
     from steerc.diagnostics import Diagnostic
     from steerc.diagnostics.github import workflow_command
-    from steerc.core.source import Source
 
     assert workflow_command(Diagnostic.error("undefined-name", "x", None), {}) == "::error title=undefined-name::x"
     src = Source("p.steer", "steer 1\nintervention a {\n}\n", "/w/p.steer")

@@ -29,15 +29,15 @@ import struct
 import traceback
 
 import pytest
+from fuzzing import RAN, fuzz
 from hypothesis import assume, event, given
 from hypothesis import strategies as st
+from strategies import hostile, mutated, programs, random_text
+from support import examples_path, run_cli, uses_constraint
 
 from steerc.api import check_source
 from steerc.facts import facts_from_config, load_facts
 from steerc.frontend.fmt import format_program
-from strategies import hostile, mutated, programs, random_text
-from fuzzing import RAN, fuzz
-from support import examples_path, run_cli, uses_constraint
 
 try:
     import steerc.constraints  # noqa: F401

@@ -26,8 +26,7 @@ pytest.importorskip("transformers")
 from fuzzing import RAN, fuzz  # noqa: E402
 from hf_util import load_emitted  # noqa: E402
 from support import run_cli  # noqa: E402
-from test_hf_emit_source import (PAYLOAD, SENTINEL, characters, emit_package, logits, raw_key,  # noqa: E402
-                                 shape)
+from test_hf_emit_source import PAYLOAD, SENTINEL, characters, emit_package, logits, raw_key, shape  # noqa: E402
 from tiny_models import tiny_model  # noqa: E402
 
 from steerc.frontend import parse_source  # noqa: E402

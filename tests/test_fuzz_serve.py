@@ -20,13 +20,13 @@ import json
 import random
 
 import numpy as np
+from fuzzing import RAN, fuzz
 from hypothesis import given
 from hypothesis import strategies as st
+from strategies_plan import FACTS, plan_programs, relist
 
-from fuzzing import RAN, fuzz
 from steerc.serve_client import extra_args
 from steerc.targets.serve.format import artifact_bytes, artifact_id, cache_salt, dumps, read_artifact, to_serve
-from strategies_plan import FACTS, plan_programs, relist
 
 REFUSE, ANY, ACCEPT = "refuse", "any", "accept"
 

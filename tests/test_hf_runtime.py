@@ -264,8 +264,8 @@ def test_the_check_runs_until_one_forward_ran_every_hook_then_leaves():
 def test_the_emitted_package_refuses_a_forward_that_skips_a_hook(tmp_path):
     from hf_util import load_emitted
 
-    from steerc.runtime.kernels import HookNeverRan as InProcess
     from steerc.runtime.hf import facts_from_model
+    from steerc.runtime.kernels import HookNeverRan as InProcess
     from steerc.targets.hf.emit import emit
     from steerc.targets.hooks import lower_hf
 

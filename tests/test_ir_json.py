@@ -9,14 +9,14 @@ import os
 import attrs
 import pytest
 from hypothesis import HealthCheck, given, settings
+from strategies import programs
+from support import examples_path, run_cli
 
+from steerc.core.source import Span
 from steerc.frontend import parse_source
 from steerc.frontend.fmt import format_program
 from steerc.ir import nodes as ir
 from steerc.ir.serialize import FORMAT, dumps, from_json, loads, to_json
-from steerc.core.source import Span
-from strategies import programs
-from support import examples_path, run_cli
 
 FAST = settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 

@@ -106,10 +106,10 @@ def test_layers_nothing_steers_are_zero_and_drop_out_when_loaded_back(tmp_path):
 V = "[" + ", ".join(["0.5"] * WIDTH) + "]"
 REFUSED = [
     # (program body lines, what the message names, the line and column of the caret)
-    (f"intervention a {{\n  at resid_post[1]\n  scale 2.0\n}}", "`scale`", (4, 3)),
+    ("intervention a {\n  at resid_post[1]\n  scale 2.0\n}", "`scale`", (4, 3)),
     (f"intervention a {{\n  at resid_post[1]\n  ablate {V}\n}}", "`ablate`", (4, 3)),
     (f"intervention a {{\n  at attn_out[1]\n  add {V}\n}}", "the site `attn_out`", (3, 6)),
-    (f"intervention a {{\n  at head[1, 0]\n  add [0.5, 0.5]\n}}", "the site `head`", (3, 6)),
+    ("intervention a {\n  at head[1, 0]\n  add [0.5, 0.5]\n}", "the site `head`", (3, 6)),
     (f"intervention a {{\n  at resid_post[1]\n  add {V}\n  tokens generated\n}}", "the token scope `generated`",
      (5, 10)),
     (f"intervention a {{\n  at resid_post[1]\n  add ramp(4) * {V}\n  tokens generated\n}}", "`schedule`", (4, 3)),

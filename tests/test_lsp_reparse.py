@@ -12,12 +12,12 @@ import attrs
 import pytest
 
 from steerc.api import check
+from steerc.core.source import Source
 from steerc.diagnostics import Diagnostics, to_json_dict
 from steerc.frontend import parse
 from steerc.ir.walk import walk
 from steerc.lsp.reparse import Reparser
 from steerc.passes.context import Options
-from steerc.core.source import Source
 
 # Edits a person makes while typing: a character, a word, a line, a block; some break the program.
 SNIPPETS = ["1", "x", " ", "\n", "\n\n", "}", "{", "(", "]", "#", "# note\n", '"', "é😀", "2.5 * ", "joy",

@@ -33,9 +33,9 @@ from steerc.targets.vllm.program import numbered_gate
 
 torch = pytest.importorskip("torch")
 
-from steerc.runtime import kernels as S
-from steerc.runtime.vllm.receipt import _StateView
-from steerc.runtime.vllm.steer import SteerState
+from steerc.runtime import kernels as S  # noqa: E402  (after the importorskip)
+from steerc.runtime.vllm.receipt import _StateView  # noqa: E402
+from steerc.runtime.vllm.steer import SteerState  # noqa: E402
 
 SHARED = os.path.join("steerc", "runtime", "kernels.py")
 READOUT_KINDS = {"cosine", "projected_cosine", "subspace_cosine", "dot", "norm"}

@@ -6,12 +6,12 @@ import glob
 import os
 
 import pytest
+from support import examples_path, run_cli
 
+from steerc.core.source import Source
 from steerc.frontend import parse_source
 from steerc.frontend.parser import get_parser, parse_tree
 from steerc.ir import nodes as ir
-from steerc.core.source import Source
-from support import examples_path, run_cli
 
 
 def _example_files(pattern: str) -> list[str]:

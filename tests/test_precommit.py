@@ -20,7 +20,6 @@ import subprocess
 import sys
 
 import pytest
-
 from support import REPO
 
 pytestmark = pytest.mark.slow

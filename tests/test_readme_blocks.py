@@ -10,7 +10,6 @@ import re
 import shlex
 
 import pytest
-
 from support import REPO, run_cli
 
 LINE = re.compile(r"^\(cd (\S+) && (?:\.\./)+dev steerc (.+)\)$")

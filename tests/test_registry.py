@@ -7,8 +7,8 @@ from __future__ import annotations
 import os
 
 import pytest
-
 from support import REPO, run_cli
+
 from steerc.project import project_at
 from steerc.targets.capabilities import TARGETS, capability_matrix
 from steerc.targets.registry import DIALECTS, REGISTRY, TARGET_NAMES, selected

@@ -199,9 +199,9 @@ def test_rebind_equals_set(facts, values):
 def test_rebind_equals_set_for_a_loaded_vector(tmp_path_factory, value):
     """A vector from a file is exact in float32, so coefficient * value rounds as --set's fold does."""
     from safetensors.numpy import save_file
+    from support import examples_path
 
     from steerc.facts import load_facts
-    from support import examples_path
 
     folder = tmp_path_factory.mktemp("vec")
     rng = np.random.default_rng(3)
@@ -370,8 +370,8 @@ def test_the_packages_param_checks_are_plain_python():
     """_params.py is steerc/ir/param_values.py, copied: it must import nothing but the standard library."""
     import ast
 
-    from steerc.ir import param_values
     from steerc.core.limits import FLOAT32_MAX
+    from steerc.ir import param_values
 
     with open(param_values.__file__, encoding="utf-8") as fh:
         tree = ast.parse(fh.read())
@@ -409,10 +409,8 @@ def test_an_emitted_package_without_params_is_as_before(tmp_path):
 
 
 def test_vllm_param_tensors_equal_the_set_plan(facts):
-    from steerc.targets.vllm.program import build
+    from steerc.targets.vllm.program import build, plan_document
     from steerc.targets.vllm.wire import PlanError, param_tensors
-
-    from steerc.targets.vllm.program import plan_document
 
     header = plan_document(_plan(facts), facts)["header"]
     boot, tensors = build(_plan(facts), facts)

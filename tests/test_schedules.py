@@ -96,9 +96,9 @@ def test_schedule_values():
 
 
 def test_fmt_keeps_schedules():
+    from steerc.core.source import Source
     from steerc.frontend import parse_source
     from steerc.frontend.fmt import format_program
-    from steerc.core.source import Source
 
     text = _iv("add   2 *decay( 0.9 )* v")
     program, _ = parse_source(text, "s.steer")

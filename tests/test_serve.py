@@ -9,14 +9,14 @@ import json
 import os
 
 import pytest
+from strategies_plan import relist
+from support import examples_path
 
 from steerc.api import check_file
 from steerc.facts import load_facts
 from steerc.serve_client import ARTIFACTS_KEY, PLAN_KEY, extra_args, offline_request, request_fields
 from steerc.targets.serve.emit import emit
 from steerc.targets.serve.format import artifact_id, dumps, from_serve, read_artifact, to_serve
-from strategies_plan import relist
-from support import examples_path
 
 EXAMPLES = examples_path()
 SCHEMA = os.path.join(os.path.dirname(__file__), "..", "steerc", "targets", "serve", "serve.schema.json")

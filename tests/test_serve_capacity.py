@@ -15,6 +15,7 @@ import threading
 from http.server import BaseHTTPRequestHandler, HTTPServer
 
 import pytest
+from support import examples_path, run_cli
 
 from steerc.api import check_file
 from steerc.facts import load_facts
@@ -22,7 +23,6 @@ from steerc.serve_client import ServerRefused, check_server, extra_args, read_co
 from steerc.targets.serve.admission import RequestError, admit
 from steerc.targets.serve.capacity import ALL_SITES, capabilities, parse_sites, point_hooks
 from steerc.targets.serve.emit import emit
-from support import examples_path, run_cli
 
 EXAMPLES = examples_path()
 

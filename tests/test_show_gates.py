@@ -27,8 +27,8 @@ from support import REPO, joy_project, run_cli  # noqa: E402
 from tiny_models import tiny_model  # noqa: E402
 from tokenizer_util import byte_bpe  # noqa: E402
 
-from steerc.runtime.hf.gates import GateTrace  # noqa: E402
 from steerc.runtime.hf import install  # noqa: E402
+from steerc.runtime.hf.gates import GateTrace  # noqa: E402
 
 V = vec(64, 21)
 VECTOR = np.array([float(x) for x in V[1:-1].split(",")], dtype=np.float32).astype(np.float64)  # as the plan holds it

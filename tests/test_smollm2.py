@@ -65,8 +65,9 @@ def _greedy(model, tok, inputs, n=12, **kw):
 
 
 def test_real_model_facts_match_the_shipped_config(smol):
-    from steerc.facts import load_facts
     from tiny_models import EXAMPLES
+
+    from steerc.facts import load_facts
 
     model, _, _ = smol
     live = facts_from_model(model)
@@ -184,6 +185,7 @@ def test_the_readme_path_from_data_to_a_gate(smol, tmp_path, monkeypatch):
     example print, and the gate then steers the gloomy prompt and leaves the cheerful one unsteered,
     token for token."""
     import re
+
     from support import REPO, joy_project, run_cli
 
     monkeypatch.chdir(tmp_path)

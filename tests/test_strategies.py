@@ -8,10 +8,10 @@ import pytest
 from hypothesis import Phase, find, given, settings
 from hypothesis import strategies as st
 from hypothesis.errors import NoSuchExample
+from strategies import commented, mutated, programs
 
 from steerc.ir import nodes as ir
 from steerc.ir.walk import walk
-from strategies import commented, mutated, programs
 
 
 def _features(p: ir.Program) -> Counter:

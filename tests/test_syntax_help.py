@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
+from steerc.core.source import Source
 from steerc.diagnostics import Diagnostics
 from steerc.frontend import parse
-from steerc.core.source import Source
 
 PROGRAM = """steer 1
 vector joy = [1.0, 0.0]

@@ -15,8 +15,8 @@ from hf_util import plan_for, vec  # noqa: E402
 from tiny_models import tiny_model  # noqa: E402
 
 from steerc.runtime.hf import facts_from_model  # noqa: E402
-from steerc.targets.vllm.program import prefix_cache_safe  # noqa: E402
 from steerc.targets.vllm.emit import plan_bytes  # noqa: E402
+from steerc.targets.vllm.program import prefix_cache_safe  # noqa: E402
 from steerc.targets.vllm.wire import pack, unpack  # noqa: E402
 
 GATED = (

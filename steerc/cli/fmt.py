@@ -18,11 +18,10 @@ def add_arguments(cmd) -> None:
 
 
 def run(args) -> int:
+    from steerc.cli.inputs import expand
+    from steerc.core.source import Source
     from steerc.diagnostics import capped, render_text
     from steerc.frontend.fmt import MeaningChanged, format_source
-    from steerc.core.source import Source
-
-    from steerc.cli.inputs import expand
 
     status = EXIT_OK
     counts = {"clean": 0, "changed": 0, "bad": 0}

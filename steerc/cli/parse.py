@@ -15,8 +15,8 @@ def add_arguments(cmd) -> None:
 
 
 def run(args) -> int:
-    from steerc.diagnostics import Diagnostics, capped, render_text
     from steerc.core.source import Source
+    from steerc.diagnostics import Diagnostics, capped, render_text
 
     text = read_text(args.file)
     source = Source("<stdin>" if args.file == "-" else args.file, text)

@@ -15,9 +15,7 @@ import re
 from collections.abc import Callable, Iterable, Iterator
 
 from steerc.constraints import INVALID, Problem
-from steerc.core.cache import cache_root
-from steerc.core.cache import read_json
-from steerc.core.cache import write_json
+from steerc.core.cache import cache_root, read_json, write_json
 
 
 def closest(word: str, candidates: Iterable[str]) -> str | None:

@@ -12,7 +12,6 @@ from steerc.constraints import INVALID, UNSUPPORTED, Problem
 from steerc.constraints.jsonpos import Located
 
 
-
 @define
 class Context:
     """The document being checked, the text it came from, and the problems found.

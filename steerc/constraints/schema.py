@@ -17,9 +17,15 @@ from steerc.constraints._common import xgrammar_error, xgrammar_problem
 from steerc.constraints.context import Context
 from steerc.constraints.jsonpos import parse_json
 from steerc.constraints.keywords import (  # noqa: F401  (the tables, where callers have always found them)
-    DISPATCH_ORDER, KEYWORDS_BY_TYPE, SUPPORTED_FORMATS, XGRAMMAR_SUPPORT, XGRAMMAR_VERSION)
+    DISPATCH_ORDER,
+    KEYWORDS_BY_TYPE,
+    SUPPORTED_FORMATS,
+    XGRAMMAR_SUPPORT,
+    XGRAMMAR_VERSION,
+)
 from steerc.constraints.metaschema import check_schema
 from steerc.constraints.support import walk
+
 
 def check_json_schema(text: str, use_xgrammar: bool = False) -> tuple[dict | bool | None, list[Problem]]:
     """Check a JSON Schema text; return ``(schema or None, problems)``.

@@ -29,8 +29,8 @@ import re
 
 from steerc.constraints import UNSUPPORTED
 from steerc.constraints._common import show
-from steerc.constraints.jsonpos import pointer
 from steerc.constraints.context import Context
+from steerc.constraints.jsonpos import pointer
 from steerc.constraints.keywords import KEYWORDS_BY_TYPE
 
 _STRICT = "structured decoding (xgrammar's default strict mode)"

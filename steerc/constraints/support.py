@@ -19,8 +19,8 @@ from __future__ import annotations
 import math
 
 from steerc.constraints._common import did_you_mean, show
-from steerc.constraints.jsonpos import pointer
 from steerc.constraints.context import Context
+from steerc.constraints.jsonpos import pointer
 from steerc.constraints.keywords import DISPATCH_ORDER, KEYWORDS_BY_TYPE, SUPPORTED_FORMATS, XGRAMMAR_SUPPORT
 from steerc.constraints.metaschema import TYPES
 from steerc.constraints.refs import local_ref_targets

@@ -26,12 +26,16 @@ from __future__ import annotations
 import hashlib
 import os
 import sys
+from typing import TYPE_CHECKING
 
 import numpy as np
 from attrs import frozen
 
 from steerc.core.jsonio import canonical
 from steerc.derive.data import Dataset
+
+if TYPE_CHECKING:
+    from steerc.runtime.capture import Site
 
 FORMAT = "steerc.activations/1"
 READS = ("last", "mean", "completion")

@@ -14,13 +14,13 @@ import math
 
 import numpy as np
 
+from steerc.facts.sites import site_table
 from steerc.frontend.fmt import scope as scope_text
 from steerc.ir import checked as ck
-from steerc.ir.checked import gate_text
 from steerc.ir import nodes as ir
-from steerc.ir.plan import Affine, Kernel, Plan, Project, Rotate, Site
-from steerc.facts.sites import site_table
+from steerc.ir.checked import gate_text
 from steerc.ir.interpret import schedule_factor
+from steerc.ir.plan import Affine, Kernel, Plan, Project, Rotate, Site
 
 FORMAT = "steerc.explain/1"
 BACKEND_OF = {"hf": "hf", "vllm": "vllm", "serve": "vllm"}

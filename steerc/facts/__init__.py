@@ -19,12 +19,11 @@ import os
 
 from attrs import field, frozen
 
-from steerc.core.jsonio import canonical
-from steerc.facts.families import FAMILIES, MODEL_TYPES
-from steerc.core.jsonio import JSONError
+from steerc.core.jsonio import JSONError, canonical
 from steerc.core.jsonio import read_file as read_json_file
 from steerc.core.limits import MAX_HEAD_DIM, MAX_HEADS, MAX_HIDDEN, MAX_INTERMEDIATE, MAX_LAYERS, MAX_VOCAB
 from steerc.diagnostics.codes import INVALID_MODEL, UNKNOWN_FAMILY
+from steerc.facts.families import FAMILIES, MODEL_TYPES
 from steerc.facts.named import named_config, not_found
 from steerc.facts.sites import site_table
 

@@ -8,12 +8,11 @@
 
 from __future__ import annotations
 
+from steerc.core.source import Source, normalize_newlines
 from steerc.diagnostics import Diagnostics
+from steerc.frontend.lower import ToIR
 from steerc.frontend.parser import SyntaxDiagnostic, parse_tree
 from steerc.ir import nodes as ir
-from steerc.core.source import Source
-from steerc.core.source import normalize_newlines
-from steerc.frontend.lower import ToIR
 
 __all__ = ["parse", "parse_source"]
 

@@ -29,10 +29,10 @@ from __future__ import annotations
 
 import bisect
 
-from steerc.ir import nodes as ir
 from steerc.core.source import Source
 from steerc.diagnostics import Diagnostics
 from steerc.frontend import parse
+from steerc.ir import nodes as ir
 
 WIDTH = 100
 _PREC = {"+": 1, "-": 1, "*": 2, "/": 2}

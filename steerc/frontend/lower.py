@@ -12,10 +12,10 @@ from __future__ import annotations
 from attrs import evolve
 from lark import Token, Tree
 
-from steerc.diagnostics import Diagnostics, Note
-from steerc.ir import nodes as ir
 from steerc.core.source import Source, Span
+from steerc.diagnostics import Diagnostics, Note
 from steerc.diagnostics.codes import DUPLICATE_FIELD, SYNTAX_ERROR
+from steerc.ir import nodes as ir
 
 _ESCAPES = {'"': '"', "\\": "\\", "/": "/", "b": "\b", "f": "\f", "n": "\n", "r": "\r", "t": "\t"}
 

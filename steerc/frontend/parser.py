@@ -22,7 +22,6 @@ from lark import Lark, Token, Tree
 from lark.exceptions import UnexpectedCharacters, UnexpectedEOF, UnexpectedInput, UnexpectedToken
 from lark.lark import PostLex
 
-from steerc.diagnostics import Diagnostic, Note
 from steerc.core.limits import (
     MAX_LIST_ITEMS,
     MAX_NAME_CHARS,
@@ -33,6 +32,7 @@ from steerc.core.limits import (
     human,
 )
 from steerc.core.source import Source
+from steerc.diagnostics import Diagnostic, Note
 from steerc.diagnostics.codes import LIMIT_EXCEEDED, SYNTAX_ERROR
 from steerc.diagnostics.suggest import did_you_mean
 from steerc.frontend.syntax_help import block_line_help

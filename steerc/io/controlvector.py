@@ -42,10 +42,20 @@ from __future__ import annotations
 import re
 
 from steerc.core.limits import MAX_LAYERS
-from steerc.facts.families import MODEL_TYPES
-from steerc.io.gguf import F32, GGUFError, INT32, INTEGER_TYPES, OtherArchitecture, STRING, gguf_bytes, read_floats, read_header
-from steerc.io.vectorfile import TensorInfo, VectorFile, VectorFileError
 from steerc.diagnostics.codes import INVALID_VECTOR_FILE
+from steerc.facts.families import MODEL_TYPES
+from steerc.io.gguf import (
+    F32,
+    INT32,
+    INTEGER_TYPES,
+    STRING,
+    GGUFError,
+    OtherArchitecture,
+    gguf_bytes,
+    read_floats,
+    read_header,
+)
+from steerc.io.vectorfile import TensorInfo, VectorFile, VectorFileError
 
 ARCH = "controlvector"
 HINT_KEY = "controlvector.model_hint"

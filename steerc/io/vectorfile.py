@@ -13,6 +13,7 @@ import re
 
 import numpy as np
 from attrs import frozen
+
 from steerc.diagnostics.codes import INVALID_VECTOR_FILE
 
 _ROW = re.compile(r"[0-9]{1,6}", re.ASCII)

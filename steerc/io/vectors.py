@@ -29,9 +29,9 @@ import numpy as np
 from steerc.core.jsonio import JSONError
 from steerc.core.jsonio import loads as loads_json
 from steerc.core.limits import MAX_SAFETENSORS_HEADER
+from steerc.diagnostics.codes import INVALID_VECTOR_FILE
 from steerc.io.controlvector import open_control_vector
 from steerc.io.vectorfile import TensorInfo, VectorFile, VectorFileError
-from steerc.diagnostics.codes import INVALID_VECTOR_FILE
 
 _ST_DTYPES = {
     "F16": ("<f2", 2),

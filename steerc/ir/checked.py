@@ -14,9 +14,9 @@ from typing import Union
 
 from attrs import field, frozen
 
+from steerc.core.source import Span
 from steerc.ir import nodes as ir
 from steerc.ir.values import PerLayer
-from steerc.core.source import Span
 
 Operand = Union["numpy.ndarray", PerLayer]  # noqa: F821 - numpy is imported where operands are made
 

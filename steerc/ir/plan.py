@@ -30,12 +30,12 @@ from typing import Union
 
 from attrs import evolve, field, frozen
 
+from steerc.core.source import Span
+from steerc.ir import checked as ck
 from steerc.ir import nodes as ir
 from steerc.ir.checked import Constraint, Gate
 from steerc.ir.param_values import ParamError, check_values  # noqa: F401 (re-exported)
 from steerc.ir.values import Vec
-from steerc.core.source import Span
-from steerc.ir import checked as ck
 
 SUB_ORDER = {"resid_pre": 0, "head": 1, "attn_out": 2, "mlp_out": 3, "resid_post": 4}
 

@@ -23,13 +23,12 @@ from __future__ import annotations
 
 import attrs
 
-from steerc.ir.nodes import NODE_CLASSES
-from steerc.core.source import Span
-from steerc.core.jsonio import decode_float
+from steerc.core.jsonio import decode_float, finite
 from steerc.core.jsonio import dumps as dumps_json
-from steerc.core.jsonio import finite
 from steerc.core.jsonio import loads as loads_json
 from steerc.core.limits import MAX_IR_JSON_BYTES
+from steerc.core.source import Span
+from steerc.ir.nodes import NODE_CLASSES
 
 FORMAT = "steerc.ir/1"
 

@@ -26,10 +26,10 @@ import bisect
 
 from attrs import define, field
 
+from steerc.core.source import Source, Span
 from steerc.ir import nodes as ir
 from steerc.ir.walk import walk
 from steerc.lsp.reparse import common_prefix, common_suffix
-from steerc.core.source import Source, Span
 
 DECLARATIONS = {
     ir.ParamDecl: "param",

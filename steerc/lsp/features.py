@@ -6,17 +6,16 @@ import re
 
 from lsprotocol import types as lsp
 
-from steerc.lsp import wire
-from steerc.lsp.positions import Document, normalize
-from steerc.lsp.server import OpenDocument, Refused, SteerServer, resolved_model, spec_href
 from steerc.core.limits import MAX_NAME_CHARS
 from steerc.core.source import Source
 from steerc.frontend.fmt import MeaningChanged, format_source
 from steerc.ir import nodes as ir
 from steerc.ir.walk import walk
+from steerc.lsp import wire
 from steerc.lsp.complete import complete, keywords
 from steerc.lsp.hover import hover as hover_text
-from steerc.lsp.positions import source_offset
+from steerc.lsp.positions import Document, normalize, source_offset
+from steerc.lsp.server import OpenDocument, Refused, SteerServer, resolved_model, spec_href
 
 TRIGGERS = [" ", "(", ",", "*"]
 NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")

@@ -20,6 +20,7 @@ True
 from __future__ import annotations
 
 import os
+
 from steerc.diagnostics.codes import INVALID_MODEL
 
 

@@ -31,9 +31,9 @@ from __future__ import annotations
 
 import attrs
 
+from steerc.core.source import Source, Span
 from steerc.frontend import parse
 from steerc.ir import nodes as ir
-from steerc.core.source import Source, Span
 
 _SPAN_FIELDS = ("span", "name_span", "func_span", "range_span", "version_span")
 _FIELDS: dict[type, tuple[tuple[str, bool], ...]] = {}

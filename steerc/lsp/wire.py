@@ -8,8 +8,8 @@ import pathlib
 from lsprotocol import types as lsp
 
 from steerc.diagnostics import capped, omitted_note
-from steerc.lsp.positions import lsp_position
 from steerc.diagnostics.codes import DEAD_INTERVENTION, NO_EFFECT, UNUSED_NAME
+from steerc.lsp.positions import lsp_position
 
 SEVERITY = {"error": lsp.DiagnosticSeverity.Error, "warning": lsp.DiagnosticSeverity.Warning}
 # Codes an editor may show faded: the text they point at does nothing.

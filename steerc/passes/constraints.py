@@ -11,19 +11,18 @@ consulted only when ``Options.use_xgrammar`` is set (it imports torch).
 
 from __future__ import annotations
 
-
+from steerc import constraints as cons
 from steerc.core.jsonio import canonical
+from steerc.core.limits import MAX_SOURCE_BYTES, human
+from steerc.core.source import Source
 from steerc.diagnostics import Note
+from steerc.diagnostics.codes import INVALID_CONSTRAINT, LIMIT_EXCEEDED
+from steerc.frontend.lower import is_hex, low_surrogate
 from steerc.ir import checked as ck
 from steerc.ir import nodes as ir
-from steerc.core.limits import MAX_SOURCE_BYTES, human
 from steerc.passes.context import CheckContext, Fault
 from steerc.passes.files import resolve_path
 from steerc.passes.fold import with_constraint
-from steerc.core.source import Source
-from steerc.diagnostics.codes import INVALID_CONSTRAINT, LIMIT_EXCEEDED
-from steerc import constraints as cons
-from steerc.frontend.lower import is_hex, low_surrogate
 
 name = "constraints"
 

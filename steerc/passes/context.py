@@ -6,13 +6,13 @@ import os
 
 from attrs import define, field
 
-from steerc.diagnostics import Diagnostics
-from steerc.ir import nodes as ir
 from steerc.core.limits import MAX_REPEATS, MAX_VALUES
+from steerc.core.paths import find_root
 from steerc.core.source import Source, Span
+from steerc.diagnostics import Diagnostics
 from steerc.diagnostics.codes import LIMIT_EXCEEDED
 from steerc.diagnostics.suggest import did_you_mean
-from steerc.core.paths import find_root
+from steerc.ir import nodes as ir
 
 
 class Fault(Exception):

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import os
 
-from steerc.ir import nodes as ir
 from steerc.core.limits import MAX_PATH_CHARS
-from steerc.passes.context import CheckContext, Fault
 from steerc.core.paths import resolve
 from steerc.diagnostics.codes import FILE_NOT_FOUND, INVALID_VALUE, LIMIT_EXCEEDED, PATH_ESCAPE
+from steerc.ir import nodes as ir
+from steerc.passes.context import CheckContext, Fault
 
 
 def resolve_path(ctx: CheckContext, path: ir.Str, what: str = "file") -> str:

@@ -16,16 +16,9 @@ import math
 
 from attrs import evolve
 
-from steerc.diagnostics import Note
-from steerc.frontend.fmt import op as fmt_op
-from steerc.ir import checked as ck
-from steerc.ir import nodes as ir
-from steerc.ir.values import PerLayer
 from steerc.core.limits import FLOAT32_MAX
-from steerc.passes import types as ty
-from steerc.diagnostics.suggest import did_you_mean
-from steerc.passes.context import CheckContext, Fault
-from steerc.passes.layers import static_layers
+from steerc.core.limits import MAX_SCHEDULE_STEP as MAX_POSITION
+from steerc.diagnostics import Note
 from steerc.diagnostics.codes import (
     INVALID_VALUE,
     MISSING_KEY,
@@ -34,9 +27,16 @@ from steerc.diagnostics.codes import (
     SHAPE_MISMATCH,
     UNDEFINED_NAME,
 )
-from steerc.core.limits import MAX_SCHEDULE_STEP as MAX_POSITION
+from steerc.diagnostics.suggest import did_you_mean
+from steerc.frontend.fmt import op as fmt_op
 from steerc.io.controlvector import PREFIX
+from steerc.ir import checked as ck
+from steerc.ir import nodes as ir
+from steerc.ir.values import PerLayer
+from steerc.passes import types as ty
+from steerc.passes.context import CheckContext, Fault
 from steerc.passes.foldvec import VectorFolder
+from steerc.passes.layers import static_layers
 from steerc.passes.structure import MODEL_FIELDS, model_value_ok
 
 name = "fold"

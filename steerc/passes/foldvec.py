@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import numpy as np
 
+from steerc.core.limits import FLOAT32_MAX
+from steerc.diagnostics.codes import INVALID_VALUE, SHAPE_MISMATCH
 from steerc.ir import nodes as ir
 from steerc.ir.values import PerLayer
-from steerc.core.limits import FLOAT32_MAX
 from steerc.passes import types as ty
 from steerc.passes.loading import load_vector
-from steerc.diagnostics.codes import INVALID_VALUE, SHAPE_MISMATCH
 
 
 class VectorFolder:

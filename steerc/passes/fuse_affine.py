@@ -15,9 +15,9 @@ from __future__ import annotations
 import numpy as np
 from attrs import evolve
 
+from steerc.core.limits import FLOAT32_MAX
 from steerc.ir.plan import Affine, Change, Kernel, Plan, SitePlan
 from steerc.ir.values import Vec
-from steerc.core.limits import FLOAT32_MAX
 
 name = "fuse-affine"
 

@@ -11,15 +11,8 @@ needed concrete layers.
 
 from __future__ import annotations
 
-from steerc.diagnostics import Note
-from steerc.facts import ModelFacts
-from steerc.ir import checked as ck
-from steerc.ir.values import PerLayer
 from steerc.core.limits import MAX_EXPANDED_SITES, MAX_VALUES
-from steerc.passes import causality
-from steerc.passes.context import CheckContext
-from steerc.passes.fold import report_missing_row
-from steerc.passes.layers import expand
+from steerc.diagnostics import Note
 from steerc.diagnostics.codes import (
     HEAD_OUT_OF_RANGE,
     LAYER_OUT_OF_RANGE,
@@ -29,6 +22,13 @@ from steerc.diagnostics.codes import (
     SHAPE_MISMATCH,
     SLICE_CLIPPED,
 )
+from steerc.facts import ModelFacts
+from steerc.ir import checked as ck
+from steerc.ir.values import PerLayer
+from steerc.passes import causality
+from steerc.passes.context import CheckContext
+from steerc.passes.fold import report_missing_row
+from steerc.passes.layers import expand
 
 name = "layout"
 

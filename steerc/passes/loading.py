@@ -13,16 +13,16 @@ import os
 
 import numpy as np
 
-from steerc.io import controlvector as cv
-from steerc.ir import nodes as ir
-from steerc.ir.values import PerLayer
 from steerc.core.limits import MAX_HIDDEN, MAX_LAYERS
-from steerc.passes.context import CheckContext, Fault
-from steerc.passes.files import resolve_path
+from steerc.diagnostics.codes import INVALID_VECTOR_FILE, MISSING_KEY, MODEL_MISMATCH, SHAPE_MISMATCH
+from steerc.io import controlvector as cv
 from steerc.io.provenance import provenance
 from steerc.io.vectorfile import VectorFile, VectorFileError
 from steerc.io.vectors import FORMATS, open_vector_file
-from steerc.diagnostics.codes import INVALID_VECTOR_FILE, MISSING_KEY, MODEL_MISMATCH, SHAPE_MISMATCH
+from steerc.ir import nodes as ir
+from steerc.ir.values import PerLayer
+from steerc.passes.context import CheckContext, Fault
+from steerc.passes.files import resolve_path
 
 
 def open_file(ctx: CheckContext, path: ir.Str) -> VectorFile:

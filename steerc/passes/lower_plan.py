@@ -16,8 +16,7 @@ import numpy as np
 from steerc.ir import checked as ck
 from steerc.ir import nodes as ir
 from steerc.ir.linalg import orthonormal_basis, plane
-from steerc.ir.plan import (Affine, Binding, Kernel, Param, Plan, ProbePlan, Project, Provenance, Rotate, Site,
-                            SitePlan)
+from steerc.ir.plan import Affine, Binding, Kernel, Param, Plan, ProbePlan, Project, Provenance, Rotate, Site, SitePlan
 from steerc.ir.values import PerLayer, Vec
 from steerc.passes.layers import expand
 

@@ -10,11 +10,11 @@ functions. Unused names are reported last (:mod:`steerc.passes.unused`).
 from __future__ import annotations
 
 from steerc.diagnostics import Note
+from steerc.diagnostics.codes import DUPLICATE_NAME, UNDEFINED_NAME
+from steerc.diagnostics.suggest import did_you_mean, one_of
 from steerc.ir import nodes as ir
 from steerc.ir.walk import walk
-from steerc.diagnostics.suggest import did_you_mean, one_of
 from steerc.passes.context import CheckContext, Symbol
-from steerc.diagnostics.codes import DUPLICATE_NAME, UNDEFINED_NAME
 
 name = "names"
 

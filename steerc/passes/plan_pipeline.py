@@ -12,16 +12,13 @@ import math
 import numpy as np
 
 from steerc.core.errors import FieldError
-from steerc.core.limits import FLOAT32_MAX
+from steerc.core.limits import FLOAT32_MAX, MAX_SCHEDULE_STEP
 from steerc.diagnostics import Diagnostics, Note
 from steerc.diagnostics.codes import DEAD_INTERVENTION, NO_EFFECT
-from steerc.ir.plan import SUB_ORDER, Affine, Plan, Project, Rotate
-from steerc.passes import drop_dead, drop_noops, fuse_affine, fuse_projections, lower_plan
-from steerc.core.limits import MAX_SCHEDULE_STEP
 from steerc.ir import checked as ck
 from steerc.ir import nodes as ir
-from steerc.ir.plan import ParamError, check_params, rebind
-from steerc.ir.plan import declared_problem
+from steerc.ir.plan import SUB_ORDER, Affine, ParamError, Plan, Project, Rotate, check_params, declared_problem, rebind
+from steerc.passes import drop_dead, drop_noops, fuse_affine, fuse_projections, lower_plan
 from steerc.passes.fold import step_scope
 
 # Dead kernels go first so that fusion never hides them in a merged kernel.

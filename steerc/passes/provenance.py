@@ -19,10 +19,10 @@ llama.cpp control vectors (``.gguf``): they are banks for ``resid_post``
 
 from __future__ import annotations
 
+from steerc.diagnostics.codes import VECTOR_MODEL_MISMATCH, VECTOR_SITE_MISMATCH
 from steerc.ir import nodes as ir
 from steerc.ir.walk import walk
 from steerc.passes.context import CheckContext
-from steerc.diagnostics.codes import VECTOR_MODEL_MISMATCH, VECTOR_SITE_MISMATCH
 from steerc.passes.layers import expand
 
 name = "provenance"

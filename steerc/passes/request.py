@@ -26,12 +26,12 @@ from __future__ import annotations
 
 from attrs import evolve
 
+from steerc.diagnostics.codes import PER_REQUEST_PARAM
 from steerc.ir import checked as ck
 from steerc.ir import nodes as ir
 from steerc.ir.walk import children, walk
 from steerc.passes import types as ty
 from steerc.passes.context import CheckContext, Fault
-from steerc.diagnostics.codes import PER_REQUEST_PARAM
 from steerc.passes.fold import Evaluator
 
 name = "request"

@@ -9,12 +9,8 @@ scopes (``invalid-value``) and lines that cannot do anything (``no-effect``).
 
 from __future__ import annotations
 
-from steerc.diagnostics import Note
-from steerc.ir import nodes as ir
-from steerc.ir.checked import SITE_KINDS
 from steerc.core.limits import MAX_HEADS, MAX_LAYERS, MAX_POSITION
-from steerc.diagnostics.suggest import did_you_mean, one_of
-from steerc.passes.context import CheckContext
+from steerc.diagnostics import Note
 from steerc.diagnostics.codes import (
     DUPLICATE_FIELD,
     HEAD_OUT_OF_RANGE,
@@ -29,7 +25,11 @@ from steerc.diagnostics.codes import (
     UNKNOWN_SITE,
     UNSUPPORTED_VERSION,
 )
+from steerc.diagnostics.suggest import did_you_mean, one_of
 from steerc.frontend.fmt import selector_source
+from steerc.ir import nodes as ir
+from steerc.ir.checked import SITE_KINDS
+from steerc.passes.context import CheckContext
 
 name = "structure"
 

@@ -12,10 +12,10 @@ where.
 
 from __future__ import annotations
 
-from steerc.ir import nodes as ir
-from steerc.diagnostics.suggest import did_you_mean
-from steerc.passes.context import CheckContext
 from steerc.diagnostics.codes import DUPLICATE_FIELD, INVALID_VALUE, TYPE_ERROR
+from steerc.diagnostics.suggest import did_you_mean
+from steerc.ir import nodes as ir
+from steerc.passes.context import CheckContext
 
 name = "types"
 

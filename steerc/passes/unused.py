@@ -6,9 +6,9 @@ file is missing, say) does not also draw an ``unused-name`` warning.
 
 from __future__ import annotations
 
+from steerc.diagnostics.codes import UNUSED_NAME
 from steerc.ir import nodes as ir
 from steerc.passes.context import CheckContext
-from steerc.diagnostics.codes import UNUSED_NAME
 
 name = "unused"
 

@@ -39,17 +39,15 @@ import re
 
 from attrs import field, frozen
 
-from steerc.diagnostics import Diagnostic
+from steerc.core.limits import FLOAT32_MAX, MAX_NESTING, MAX_NUMBER_CHARS, MAX_SOURCE_BYTES
 from steerc.core.paths import MARKER, find_root
-from steerc.project.locate import locate, long_number, scan, too_deep
-from steerc.project.toml import tomllib
-from steerc.core.source import Source, Span
+from steerc.core.source import Source, Span, read_program
+from steerc.diagnostics import Diagnostic
 from steerc.diagnostics.codes import INVALID_CONFIG, LIMIT_EXCEEDED
-from steerc.core.limits import FLOAT32_MAX
-from steerc.core.limits import MAX_NESTING, MAX_NUMBER_CHARS, MAX_SOURCE_BYTES
-from steerc.core.source import read_program
 from steerc.diagnostics.suggest import did_you_mean
 from steerc.facts.named import lookup, names
+from steerc.project.locate import locate, long_number, scan, too_deep
+from steerc.project.toml import tomllib
 from steerc.targets.registry import TARGET_NAMES
 
 __all__ = ["TARGET_NAMES", "Project", "display_name", "project_at", "project_of"]

@@ -17,6 +17,7 @@ then answers for the nearest enclosing key it knows.
 from __future__ import annotations
 
 import re
+
 from steerc.project.toml import tomllib
 
 _BARE = r"[A-Za-z0-9_-]+"

@@ -110,9 +110,9 @@ def test_corpus_size():
 # ---------------------------------------------------------------- schema table
 # Re-run the experiments behind XGRAMMAR_SUPPORT: (keyword, schema, an instance
 # the keyword must reject, an instance it must accept).
-S, I, N = {"type": "string"}, {"type": "integer"}, {"type": "number"}
+S, I, N = {"type": "string"}, {"type": "integer"}, {"type": "number"}  # noqa: E741  (the schema table reads as types)
 AI = {"type": "array", "items": I}
-O = {"type": "object", "properties": {"a": I, "b": S}}
+O = {"type": "object", "properties": {"a": I, "b": S}}  # noqa: E741
 WITNESSES = [
     ("type", S, 1, "x"),
     ("const", {"const": "x"}, "y", "x"),

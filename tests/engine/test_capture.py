@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-
 from harness import Engine, checked_plan, hf_model, model_folder, model_tokenizer, require_vllm, vllm_bytes
 
 require_vllm()
@@ -101,8 +100,8 @@ def test_unsteered_capture_equals_the_hf_read_at_every_site_kind(engine, folder,
 
 
 def test_a_steered_capture_reads_after_the_steering_before_the_site(engine, folder, plan):
-    from steerc.runtime.hf.capture import read_items as hf_read
     from steerc.runtime.hf import install
+    from steerc.runtime.hf.capture import read_items as hf_read
     from steerc.runtime.vllm import capture_items
 
     items, tok = _items(folder, "mean")

@@ -11,7 +11,6 @@ import shutil
 
 import numpy as np
 import pytest
-
 from harness import in_folder, require_vllm
 
 require_vllm()

@@ -6,7 +6,6 @@ of mantissa, so the two engines' roundings differ far more than in float32)."""
 from __future__ import annotations
 
 import pytest
-
 from harness import PROMPTS, Engine, checked_plan, model_folder, program, require_vllm, vllm_bytes
 from hf_util import vec
 

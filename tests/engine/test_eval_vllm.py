@@ -13,7 +13,6 @@ import json
 
 import numpy as np
 import pytest
-
 from harness import hf_model, in_folder, model_folder, require_vllm
 
 require_vllm()

@@ -14,7 +14,6 @@ from __future__ import annotations
 import os
 
 import pytest
-
 from harness import Engine, checked_plan, compare, hf_run, model_folder, program, require_vllm, vllm_bytes
 from hf_util import vec
 

@@ -25,7 +25,6 @@ import threading
 
 import numpy as np
 import pytest
-
 from harness import TIE, checked_plan, hf_model, hf_report, hf_run, model_folder, require_vllm
 from server import Server
 
@@ -555,11 +554,11 @@ def test_thirty_two_distinct_plans_in_one_batch_each_match_hf_alone(server, fold
     per-request params, four scopes, every site group), with plans b (ablate, a head) and m3 (a per-token gate,
     preserve norm) on the per-request path in the same batches: tokens equal HF alone, and the logit of each
     chosen token equals HF's to rounding, up to a forgiven tie."""
+    from harness import LOGIT_TOL
+
     from steerc.runtime.hf import facts_from_model
     from steerc.serve_client import request_fields
     from steerc.targets.serve.emit import emit
-
-    from harness import LOGIT_TOL
 
     facts = facts_from_model(hf_model(folder))
     plans = []

@@ -11,7 +11,6 @@ the engine goes on serving.
 from __future__ import annotations
 
 import pytest
-
 from harness import checked_plan, hf_run, model_folder, require_vllm
 from hf_util import vec
 
@@ -22,10 +21,10 @@ NEW = 6
 
 
 def _serve_plan(folder: str, text: str, out) -> tuple[object, str]:
+    from harness import hf_model
+
     from steerc.runtime.hf import facts_from_model
     from steerc.targets.serve.emit import emit
-
-    from harness import hf_model
 
     plan = checked_plan(folder, text)
     emit(plan, facts_from_model(hf_model(folder)), str(out))

@@ -11,9 +11,7 @@ from __future__ import annotations
 import os
 
 import pytest
-
-from harness import (Engine, checked_plan, compare, hf_run, model_folder, program, require_vllm, same_tokens,
-                     vllm_bytes)
+from harness import Engine, checked_plan, compare, hf_run, model_folder, program, require_vllm, same_tokens, vllm_bytes
 from hf_util import vec
 
 require_vllm()
@@ -39,6 +37,7 @@ CAPTURED = [("head", 1, 0), ("head", 1, 3), ("head", 2, 1), ("head", 2, 2), ("re
 def _capture(eng, folder) -> dict:
     """Each prompt read at every site (mean, and every position), with the last plan installed."""
     from harness import PROMPTS, hf_model
+
     from steerc.runtime.capture import Site
     from steerc.runtime.hf import facts_from_model
     from steerc.runtime.vllm import capture_items
@@ -124,10 +123,10 @@ def test_serve_plugin_under_parallelism(folder, tmp_path, parallel):
     request each equal the HF target alone; under PP, a gate whose probe is on the other stage is refused
     in the worker and that request alone ends at once."""
     import vllm
+    from harness import PROMPTS, hf_model
     from vllm import SamplingParams
     from vllm.inputs import TokensPrompt
 
-    from harness import PROMPTS, hf_model
     from steerc.runtime.hf import facts_from_model
     from steerc.runtime.vllm.loader import register_loader
     from steerc.serve_client import offline_request
@@ -176,8 +175,8 @@ def test_capture_under_tensor_parallel_equals_tp1_and_hf(folder, both):
     """Capture with TP=2: a head is answered by the rank that holds it (heads 0 and 3 of layer 1 are on
     different ranks), a whole site by rank 0; every array equals TP=1's and HF's read with the same plan."""
     import numpy as np
-
     from harness import PROMPTS, hf_model
+
     from steerc.runtime.capture import Site
     from steerc.runtime.hf import facts_from_model, install
     from steerc.runtime.hf.capture import read_items

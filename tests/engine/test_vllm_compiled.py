@@ -22,7 +22,6 @@ import os
 
 import numpy as np
 import pytest
-
 from harness import Engine, checked_plan, compare, hf_run, model_folder, program, require_vllm, vllm_bytes
 from hf_util import vec
 
@@ -103,12 +102,12 @@ def _items():
 
 def _captures(eng, out) -> None:
     """Captures on the compiled engine (its taps), each bracketed by the compile counters."""
+    from harness import hf_model
+
     from steerc.runtime.capture import Site
     from steerc.runtime.hf import facts_from_model
     from steerc.runtime.vllm import capture_items, enable
     from steerc.targets.vllm.wire import PlanError
-
-    from harness import hf_model
 
     facts = facts_from_model(hf_model(eng.folder))
     sites = [Site(*s) for s in SITES]
@@ -128,11 +127,11 @@ def _captures(eng, out) -> None:
 
 
 def test_compiled_capture_reads_through_its_taps(runs, folder):
+    from harness import hf_model
+
     from steerc.runtime.capture import Site
     from steerc.runtime.hf import facts_from_model, install
     from steerc.runtime.hf.capture import read_items
-
-    from harness import hf_model
 
     model, facts, sites = hf_model(folder), facts_from_model(hf_model(folder)), [Site(*s) for s in SITES]
     first, last = runs["capture_compile"]

@@ -19,7 +19,6 @@ import sys
 import tempfile
 
 import pytest
-
 from harness import require_vllm
 
 from steerc.facts.families import FAMILIES

@@ -10,7 +10,6 @@ import re
 
 import numpy as np
 import pytest
-
 from harness import TIE, Engine, checked_plan, hf_model, model_folder, require_vllm, vllm_bytes
 
 require_vllm()

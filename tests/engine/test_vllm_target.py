@@ -10,9 +10,18 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-
-from harness import (PROMPTS, Engine, checked_plan, compare, hf_model, hf_run, model_folder, program, require_vllm,
-                     vllm_bytes)
+from harness import (
+    PROMPTS,
+    Engine,
+    checked_plan,
+    compare,
+    hf_model,
+    hf_run,
+    model_folder,
+    program,
+    require_vllm,
+    vllm_bytes,
+)
 from hf_util import vec
 
 require_vllm()

@@ -67,7 +67,6 @@ def smollm2():
 def ours(smollm2, tmp_path_factory):
     """steerc derive's bank, through the command line, at the test layers."""
     from safetensors.numpy import load_file
-
     from support import run_cli
 
     path, _, _ = smollm2

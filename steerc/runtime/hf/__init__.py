@@ -21,8 +21,18 @@ read=...)``, the same arrays as :func:`steerc.runtime.vllm.capture`).
 from __future__ import annotations
 
 from steerc.runtime.hf.capture import capture
-from steerc.runtime.hf.install import (SteerInstallError, check_model, compile_for, confirmed_table, discover,
-                                       facts_from_model, guess_sites, install, install_program, write_facts)
+from steerc.runtime.hf.install import (
+                                       SteerInstallError,
+                                       check_model,
+                                       compile_for,
+                                       confirmed_table,
+                                       discover,
+                                       facts_from_model,
+                                       guess_sites,
+                                       install,
+                                       install_program,
+                                       write_facts,
+)
 
 __all__ = ["SteerInstallError", "capture", "check_model", "compile_for", "confirmed_table", "discover", "facts_from_model",
            "guess_sites", "install", "install_program", "write_facts"]

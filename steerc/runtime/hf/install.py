@@ -6,13 +6,13 @@ from __future__ import annotations
 
 import torch
 
-from steerc.runtime import kernels as S
-from steerc.targets.hooks import HookCode, HookProgram, KernelCall, lower_hf
 from steerc.api import check_file, check_source
 from steerc.core.jsonio import JSONError, loads
 from steerc.facts import FORMAT, FactsError, ModelFacts, facts_from_config
-from steerc.facts.sites import SiteTable, TABLES, hf_table
+from steerc.facts.sites import TABLES, SiteTable, hf_table
 from steerc.ir.plan import rebind
+from steerc.runtime import kernels as S
+from steerc.targets.hooks import HookCode, HookProgram, KernelCall, lower_hf
 
 
 class SteerInstallError(RuntimeError):

@@ -37,14 +37,29 @@ import json
 import secrets
 import zlib
 
-from steerc.runtime.vllm.engine import (CONFIG_KEY, LOAD_FORMAT, EngineError, engine_key, facts_of, is_compiled,
-                                        pipeline_stages, served_sites)
+from steerc.runtime.vllm.engine import (
+    CONFIG_KEY,
+    LOAD_FORMAT,
+    EngineError,
+    engine_key,
+    facts_of,
+    is_compiled,
+    pipeline_stages,
+    served_sites,
+)
 from steerc.runtime.vllm.receipt import take
 from steerc.runtime.vllm.serve import ArtifactStore
 from steerc.targets.serve.admission import MAX_INLINE_CHARS, MAX_PLAN_CHARS, RequestError, admit
 from steerc.targets.serve.capacity import capabilities
-from steerc.targets.serve.request import (ARTIFACTS_KEY, CAPABILITIES_PATH, PARAMS_KEY, PLAN_KEY, RECEIPT_KEY,
-                                         compact, unique_salt)
+from steerc.targets.serve.request import (
+    ARTIFACTS_KEY,
+    CAPABILITIES_PATH,
+    PARAMS_KEY,
+    PLAN_KEY,
+    RECEIPT_KEY,
+    compact,
+    unique_salt,
+)
 
 MAX_BODY = MAX_PLAN_CHARS + MAX_INLINE_CHARS + (1 << 20)
 

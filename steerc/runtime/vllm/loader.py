@@ -13,8 +13,17 @@ documented path, ``steerc.runtime.serve:register``), which vLLM runs in every pr
 from __future__ import annotations
 
 from steerc.runtime.vllm import plan, serve
-from steerc.runtime.vllm.engine import (CONFIG_KEY, LOAD_FORMAT, MODES, EngineError, batch_view, check_engine,
-                                        find_runner, is_compiled, steerc_config)
+from steerc.runtime.vllm.engine import (
+    CONFIG_KEY,
+    LOAD_FORMAT,
+    MODES,
+    EngineError,
+    batch_view,
+    check_engine,
+    find_runner,
+    is_compiled,
+    steerc_config,
+)
 
 # mode -> attach(model, runner, view, vllm_config, cfg), called once the weights are loaded
 ATTACH = {"plan": plan.attach, "serve": serve.attach}

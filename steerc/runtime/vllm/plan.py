@@ -19,8 +19,18 @@ import functools
 import numpy as np
 
 from steerc.runtime.kernels import compute_dtype
-from steerc.runtime.vllm.engine import (EngineError, Slots, attach_step_hooks, engine_key, facts_of,
-                                        forced_prompt_len, hooks_never_ran, is_compiled, token_metadata, vllm_version)
+from steerc.runtime.vllm.engine import (
+    EngineError,
+    Slots,
+    attach_step_hooks,
+    engine_key,
+    facts_of,
+    forced_prompt_len,
+    hooks_never_ran,
+    is_compiled,
+    token_metadata,
+    vllm_version,
+)
 from steerc.runtime.vllm.parallel import check_gates_on_stage, layer_path, localise, owns, tensor_parallel
 from steerc.runtime.vllm.steer import SteerState, register, site_function
 from steerc.targets.vllm.program import prefix_cache_safe

@@ -53,8 +53,16 @@ from steerc.core.paths import temp_folder
 from steerc.facts import ModelFacts
 from steerc.runtime.kernels import compute_dtype
 from steerc.runtime.vllm import points
-from steerc.runtime.vllm.engine import (attach_step_hooks, engine_key, facts_of, hooks_never_ran, is_compiled,
-                                        pipeline_stages, served_sites, token_metadata)
+from steerc.runtime.vllm.engine import (
+    attach_step_hooks,
+    engine_key,
+    facts_of,
+    hooks_never_ran,
+    is_compiled,
+    pipeline_stages,
+    served_sites,
+    token_metadata,
+)
 from steerc.runtime.vllm.parallel import check_gates_on_stage, layer_path, localise, owns, tensor_parallel
 from steerc.runtime.vllm.receipt import Receipt
 from steerc.runtime.vllm.slots import SlotTables, host_mask, slottable

@@ -28,7 +28,7 @@ from safetensors.numpy import save as save_safetensors
 from steerc import __version__
 from steerc.facts.families import FAMILIES
 from steerc.targets.hf.pysource import comment, docstring, identifier, literal
-from steerc.targets.hooks import HookProgram, HookCode, KernelCall, SiteCode
+from steerc.targets.hooks import HookCode, HookProgram, KernelCall, SiteCode
 
 SUPPORT = os.path.join(os.path.dirname(__file__), "..", "..", "runtime", "kernels.py")
 PARAMS = os.path.join(os.path.dirname(__file__), "..", "..", "ir", "param_values.py")

@@ -40,11 +40,11 @@ from __future__ import annotations
 
 import numpy as np
 
+from steerc.core.limits import FLOAT32_MAX
 from steerc.diagnostics import Diagnostic
 from steerc.diagnostics.codes import UNSUPPORTED_BY_TARGET
 from steerc.ir import nodes as ir
 from steerc.ir.plan import Affine, Plan
-from steerc.core.limits import FLOAT32_MAX
 
 TARGET = "llamacpp"
 FILE_NAME = "control_vector.gguf"

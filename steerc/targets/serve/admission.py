@@ -57,8 +57,16 @@ from steerc.targets import signing
 from steerc.targets.constraints import constraint_from_json
 from steerc.targets.serve.capacity import refusal as site_refusal
 from steerc.targets.serve.format import FORMAT, artifact_id, cache_salt, from_serve, read_artifact, signed_bytes
-from steerc.targets.serve.request import (ARTIFACTS_KEY, KEYS, PARAMS_KEY, PLAN_KEY, PREFIX, RECEIPT_ID,
-                                         RECEIPT_KEY, request_salt)
+from steerc.targets.serve.request import (
+    ARTIFACTS_KEY,
+    KEYS,
+    PARAMS_KEY,
+    PLAN_KEY,
+    PREFIX,
+    RECEIPT_ID,
+    RECEIPT_KEY,
+    request_salt,
+)
 from steerc.targets.vllm.program import build, prefix_cache_safe, split_gates
 
 MAX_PLAN_CHARS = 4 * 1024 * 1024

@@ -27,14 +27,13 @@ import hashlib
 import math
 
 from steerc import __version__
-from steerc.ir import checked as ck
-from steerc.ir import nodes as ir
-from steerc.ir.plan import (Affine, Binding, Kernel, Param, Plan, ProbePlan, Project, Provenance, Rotate, Site,
-                            SitePlan)
 from steerc.core.jsonio import canonical
 from steerc.core.source import Span
-from steerc.targets.constraints import constraint_from_json, constraint_json, request_fields
+from steerc.ir import checked as ck
+from steerc.ir import nodes as ir
+from steerc.ir.plan import Affine, Binding, Kernel, Param, Plan, ProbePlan, Project, Provenance, Rotate, Site, SitePlan
 from steerc.ir.values import Vec
+from steerc.targets.constraints import constraint_from_json, constraint_json, request_fields
 from steerc.targets.signing import mac
 
 FORMAT = "steerc.serve/1"
