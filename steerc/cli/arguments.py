@@ -13,6 +13,7 @@ import math
 import os
 
 from steerc.core.limits import MAX_RESAMPLES, MAX_SEED
+from steerc.core.paths import where_to_write
 
 SEED_MAX = MAX_SEED  # spec/eval.md §5, spec/limits.md
 RESAMPLES_MAX = MAX_RESAMPLES
@@ -97,23 +98,10 @@ def output_problem(path: str) -> str | None:
     if os.path.lexists(path) and not os.path.isfile(path) and not os.path.islink(path):
         return f"{path} is not a regular file"
     folder = os.path.dirname(os.path.abspath(path))
-    missing = folder
-    while not os.path.lexists(missing):
-        parent = os.path.dirname(missing)
-        if parent == missing:
-            break
-        missing = parent
-    if not os.path.isdir(missing):
-        return f"{_shown(missing)} is a file, not a folder, so it cannot hold {os.path.basename(path)}"
-    if not os.access(missing, os.W_OK | os.X_OK):
-        return f"cannot write in {_shown(missing)} (permission denied)"
-    return None
-
-
-def _shown(folder: str) -> str:
-    """A folder as the user would write it: relative to the working folder when under it."""
-    rel = os.path.relpath(folder)
-    return folder if rel.startswith("..") else rel
+    problem = where_to_write(folder)
+    if problem is not None and problem.endswith("is a file, not a folder"):
+        return f"{problem}, so it cannot hold {os.path.basename(path)}"
+    return problem
 
 
 def same_file(a: str, b: str) -> bool:

@@ -80,3 +80,44 @@ def resolve(relative: str, base_dir: str, root: str) -> Resolved:
     root_real = os.path.realpath(root)
     inside = real == root_real or real.startswith(root_real.rstrip(os.sep) + os.sep)
     return Resolved(real, not inside)
+
+
+def write_atomically(path: str, data: bytes) -> None:
+    """``data`` at ``path`` by a temporary file in the same folder and a rename (missing folders made): never half
+    a file, and no temporary file left behind whatever fails."""
+    import contextlib
+    import tempfile
+
+    folder = os.path.dirname(os.path.abspath(path))
+    os.makedirs(folder, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=".tmp", dir=folder)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+
+
+def where_to_write(path: str) -> str | None:
+    """Why a file or folder cannot be made at ``path`` (its nearest existing ancestor is a file, or not
+    writable), or None: checked before a long run, so that its result is not lost at the end."""
+    existing = os.path.abspath(path)
+    while not os.path.lexists(existing):
+        parent = os.path.dirname(existing)
+        if parent == existing:
+            break
+        existing = parent
+    if not os.path.isdir(existing):
+        return f"{shown_folder(existing)} is a file, not a folder"
+    if not os.access(existing, os.W_OK | os.X_OK):
+        return f"cannot write in {shown_folder(existing)} (permission denied)"
+    return None
+
+
+def shown_folder(folder: str) -> str:
+    """A folder as the user would write it: relative to the working folder when under it."""
+    rel = os.path.relpath(folder)
+    return folder if rel.startswith("..") else rel

@@ -3,9 +3,9 @@ plot of steerc (``eval``/``tune --plot``, ``derive --plot``) is written."""
 
 from __future__ import annotations
 
-import contextlib
 import os
 
+from steerc.core.paths import write_atomically
 from steerc.eval.metrics import METRICS
 
 FORMAT = "steerc.eval/1"
@@ -186,21 +186,3 @@ def save_figure(fig, path: str) -> None:
     temporary file in the same folder, then a rename; removed on any failure), making missing folders."""
     data = figure_bytes(fig, figure_format(path))
     write_atomically(path, data)
-
-
-def write_atomically(path: str, data: bytes) -> None:
-    """``data`` at ``path`` by a temporary file and a rename: never half a file, and no temporary file left
-    behind whatever fails."""
-    import tempfile
-
-    folder = os.path.dirname(os.path.abspath(path))
-    os.makedirs(folder, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=".tmp", dir=folder)
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise

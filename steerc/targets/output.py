@@ -7,9 +7,10 @@ The manifest, ``OUT/.steerc-output.json``, lists every file the last compile wro
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import os
+
+from steerc.core.paths import where_to_write, write_atomically
 
 MANIFEST = ".steerc-output.json"
 FORMAT = "steerc.output/1"
@@ -22,22 +23,8 @@ def write_files(out_dir: str, blobs: dict[str, bytes], folders: tuple[str, ...] 
     for folder in folders:
         os.makedirs(os.path.join(out_dir, folder), exist_ok=True)
     for name, data in blobs.items():
-        _write_atomically(os.path.join(out_dir, name), data)
+        write_atomically(os.path.join(out_dir, name), data)
     return list(blobs)
-
-
-def _write_atomically(path: str, data: bytes) -> None:
-    """``data`` at ``path`` by a temporary file and a rename; the temporary file is removed whatever fails."""
-    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
-    tmp = os.path.join(os.path.dirname(path), f".{os.path.basename(path)}.tmp")
-    try:
-        with open(tmp, "wb") as fh:
-            fh.write(data)
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
 
 
 # ------------------------------------------------------------------------------------------ the manifest
@@ -57,27 +44,15 @@ def folder_problem(out_dir: str) -> str | None:
         return "a path cannot hold a NUL character"
     if os.path.lexists(out_dir) and not os.path.isdir(out_dir):
         return f"{out_dir} is a file, not a folder"
-    existing = os.path.abspath(out_dir)
-    while not os.path.lexists(existing):
-        parent = os.path.dirname(existing)
-        if parent == existing:
-            break
-        existing = parent
-    if not os.path.isdir(existing):
-        return f"{_shown(existing)} is a file, not a folder"
-    if not os.access(existing, os.W_OK | os.X_OK):
-        return f"cannot write in {_shown(existing)} (permission denied)"
+    problem = where_to_write(out_dir)
+    if problem is not None:
+        return problem
     if os.path.isdir(out_dir) and not os.path.isfile(os.path.join(out_dir, MANIFEST)):
         theirs = sorted(n for n in os.listdir(out_dir) if not n.startswith("."))
         if theirs:
             shown = ", ".join(theirs[:3]) + (", ..." if len(theirs) > 3 else "")
             return f"{out_dir} holds files steerc did not write ({shown}), which a compile could overwrite"
     return None
-
-
-def _shown(folder: str) -> str:
-    rel = os.path.relpath(folder)
-    return folder if rel.startswith("..") else rel
 
 
 def previous(out_dir: str) -> dict[str, str]:
@@ -141,7 +116,7 @@ def record(out_dir: str, written: list[str]) -> None:
     from steerc.core.jsonio import dumps
 
     files = {name: _sha256(os.path.join(out_dir, name)) for name in sorted(written)}
-    _write_atomically(os.path.join(out_dir, MANIFEST),
+    write_atomically(os.path.join(out_dir, MANIFEST),
                       (dumps({"format": FORMAT, "files": files}, indent=2) + "\n").encode("utf-8"))
 
 
