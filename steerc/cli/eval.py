@@ -108,17 +108,25 @@ def _points(args, grid, facts):
     return None if failed else points
 
 
-def _hf_engine(args, path: str, points_grid):
+def _checked(args, points_grid, facts, early):
+    """The points checked against ``facts``: those checked before the load (``early``: (fingerprint, points))
+    when the loaded model has the same facts, so that each point compiles once; else checked now."""
+    if early is not None and early[0] == facts.fingerprint:
+        return early[1]
+    return _points(args, points_grid, facts)
+
+
+def _hf_engine(args, path: str, points_grid, early=None):
     """(the HF engine, the points checked against the loaded model), or (None, None) after the errors."""
     from steerc.eval.score import HFEngine
     from steerc.runtime.hf import facts_from_model
 
     model, tokenizer = load_unchecked(path, "eval")
-    points = _points(args, points_grid, facts_from_model(model))
+    points = _checked(args, points_grid, facts_from_model(model), early)
     return (None, None) if points is None else (HFEngine(model, tokenizer), points)
 
 
-def _vllm_engine(args, path: str, points_grid):
+def _vllm_engine(args, path: str, points_grid, early=None):
     """(the vLLM engine, booted once with the first point's plan; the points checked against the model's
     config), or (None, None) after the errors."""
     require_vllm("eval")
@@ -129,7 +137,7 @@ def _vllm_engine(args, path: str, points_grid):
     facts = config_facts(folder)
     if facts is None:
         raise UsageError(f"cannot read the layout of {folder} from its config.json, which vLLM needs")
-    points = _points(args, points_grid, facts)
+    points = _checked(args, points_grid, facts, early)
     if points is None:
         return None, None
     return VLLMEngine(folder, load_tokenizer(folder), facts, points[0].plan), points
@@ -159,11 +167,15 @@ def scored(args, before_load=None):
             return refused
     project = checked_project(args, args.files[0])
     args.model = required(args, project, "model")
-    early = config_facts(args.model)  # a mistake in a program costs no model load
-    if early is not None and _points(args, points_grid, early) is None:
-        return EXIT_ERRORS
+    facts = config_facts(args.model)  # a mistake in a program costs no model load
+    early = None
+    if facts is not None:
+        checked = _points(args, points_grid, facts)
+        if checked is None:
+            return EXIT_ERRORS
+        early = (facts.fingerprint, checked)
     path = model_path_for(args)
-    engine, points = (_vllm_engine if args.engine == "vllm" else _hf_engine)(args, path, points_grid)
+    engine, points = (_vllm_engine if args.engine == "vllm" else _hf_engine)(args, path, points_grid, early)
     if engine is None:
         return EXIT_ERRORS
     progress = _progress(len(items.items) * (1 + len(points)))
