@@ -113,7 +113,10 @@ def test_a_steered_capture_reads_after_the_steering_before_the_site(engine, fold
     _compare(got, want)
     plain = hf_read(model, tok, _facts(folder), items, sites, batch_size=8)
     moved = {s.text: float(np.abs(got[s] - plain[s]).max()) for s in sites}
-    assert moved["resid_post[0]"] < 1e-5 and moved["resid_post[6]"] > 1e-2  # before the add, and after it
+    scale = float(np.abs(plain[sites[1]]).max())  # resid_post[0]
+    # before the add only the engine's own rounding against HF's, relative as in _compare (an absolute 1e-5 was
+    # one float32 step of these values, 2**-16, on some runs); after it, moved by the add
+    assert moved["resid_post[0]"] <= REL * scale and moved["resid_post[6]"] > 1e-2
 
 
 def test_a_capture_that_cannot_be_served_is_refused_before_any_forward(engine, folder):
