@@ -22,6 +22,8 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
+from steerc.ir.builtins import FUNCTIONS
+
 
 class TokenClass(NamedTuple):
     pygments: str  # a Pygments token type, as pygments.token.string_to_tokentype reads it
@@ -48,7 +50,7 @@ KEYWORD_CLASSES: dict[str, tuple[str, ...]] = {
 }
 
 # Names (NAME tokens) the checker gives a meaning to.
-FUNCTIONS = ("load", "normalize", "ramp", "decay", "window")  # steerc.passes.names.FUNCTIONS
+# FUNCTIONS: steerc.ir.builtins, the one table of built-in functions
 SITE_KINDS = ("resid_pre", "resid_post", "attn_out", "mlp_out", "head")  # steerc.ir.checked.SITE_KINDS
 POOLS = ("prompt.mean", "prompt.last", "token")  # steerc.passes.structure.POOLS
 

@@ -9,6 +9,13 @@ the tensors asked for. ``.npy`` files go through ``numpy.load`` with
 (:mod:`steerc.io.controlvector`, :mod:`steerc.io.gguf`). Any float dtype is
 accepted (bf16 included) and read as float32.
 
+The kinds of file are one table, :data:`READERS`: a :class:`Reader` per kind
+(its name, the extensions that select it, its opener, one line saying what it
+reads and how the "unknown format" help names it). :func:`open_vector_file`
+dispatches through it and :data:`FORMATS` and that help are derived from it,
+so a new source (an SAE folder, a BrainPatch archive) is one entry. Openers
+import what is heavy (torch) only when their kind of file is read.
+
 >>> import numpy as np, os, tempfile
 >>> path = os.path.join(tempfile.mkdtemp(), "v.npy")
 >>> np.save(path, np.arange(3, dtype=np.float16))
@@ -17,20 +24,23 @@ accepted (bf16 included) and read as float32.
 ('npy', (3,))
 >>> f.read("").dtype
 dtype('float32')
+>>> FORMATS
+('.safetensors', '.npy', '.pt', '.pth', '.gguf')
 """
 
 from __future__ import annotations
 
 import os
 import struct
+from typing import Callable
 
 import numpy as np
+from attrs import frozen
 
 from steerc.core.jsonio import JSONError
 from steerc.core.jsonio import loads as loads_json
 from steerc.core.limits import MAX_SAFETENSORS_HEADER
 from steerc.diagnostics.codes import INVALID_VECTOR_FILE
-from steerc.io.controlvector import open_control_vector
 from steerc.io.vectorfile import TensorInfo, VectorFile, VectorFileError
 
 _ST_DTYPES = {
@@ -44,24 +54,63 @@ _ST_ALL_DTYPES = {
     "I8": 1, "U8": 1, "I16": 2, "U16": 2, "I32": 4, "U32": 4, "I64": 8, "U64": 8, "BOOL": 1,
 }
 MAX_HEADER = MAX_SAFETENSORS_HEADER
-FORMATS = (".safetensors", ".npy", ".pt", ".pth", ".gguf")
+
+
+@frozen
+class Reader:
+    """One kind of vector file: how it is recognised, opened and named to the user."""
+
+    name: str  # the kind (VectorFile.kind of what it opens)
+    extensions: tuple[str, ...]  # lower case, with the dot; a path whose extension is one of them is this kind
+    open: Callable[[str], VectorFile]  # path -> VectorFile, or VectorFileError; never executes the file
+    description: str  # one line: what it reads
+    hint: str  # how "use ..." in the unknown-format help names it
+    recognises: Callable[[str], bool] | None = None  # for sources no extension names (a folder, say)
+
+    def accepts(self, path: str, ext: str) -> bool:
+        return ext in self.extensions or (self.recognises is not None and self.recognises(path))
+
+
+def _open_gguf(path: str) -> VectorFile:
+    from steerc.io.controlvector import open_control_vector
+
+    return open_control_vector(path)
+
+
+def _readers() -> dict[str, Reader]:
+    """The table, in the order the formats are listed to the user (the openers are defined below)."""
+    return {r.name: r for r in (
+        Reader("safetensors", (".safetensors",), _open_safetensors,
+               "safetensors, read by hand: the header is checked before any data is touched", ".safetensors"),
+        Reader("npy", (".npy",), _open_npy, "one NumPy array, read with allow_pickle=False", ".npy (no pickle)"),
+        Reader("pt", (".pt", ".pth"), _open_torch, "a tensor or a dict of tensors, torch.load(weights_only=True)",
+               "a .pt file saved with torch.save of tensors"),
+        Reader("gguf", (".gguf",), _open_gguf, "a llama.cpp control vector, read by hand",
+               "a llama.cpp control vector (.gguf)"),
+    )}
+
+
+def formats() -> tuple[str, ...]:
+    """Every extension the table reads, in its order."""
+    return tuple(ext for r in READERS.values() for ext in r.extensions)
+
+
+def reader_for(path: str) -> Reader | None:
+    """The table's entry for ``path``: the first whose extension or test accepts it."""
+    ext = os.path.splitext(path)[1].lower()
+    return next((r for r in READERS.values() if r.accepts(path, ext)), None)
 
 
 def open_vector_file(path: str) -> VectorFile:
+    reader = reader_for(path)
+    if reader is not None:
+        return reader.open(path)
     ext = os.path.splitext(path)[1].lower()
-    if ext == ".safetensors":
-        return _open_safetensors(path)
-    if ext == ".npy":
-        return _open_npy(path)
-    if ext in (".pt", ".pth"):
-        return _open_torch(path)
-    if ext == ".gguf":
-        return open_control_vector(path)
+    hints = [r.hint for r in READERS.values()]
     raise VectorFileError(
         INVALID_VECTOR_FILE,
         f"unknown vector format `{ext or os.path.basename(path)}`",
-        help="use .safetensors, .npy (no pickle), a .pt file saved with torch.save of tensors, or a llama.cpp "
-             "control vector (.gguf)",
+        help="use " + (", ".join(hints[:-1]) + ", or " + hints[-1] if len(hints) > 1 else "".join(hints)),
     )
 
 
@@ -264,3 +313,7 @@ def _open_torch(path: str) -> VectorFile:
             raise VectorFileError(INVALID_VECTOR_FILE, f"tensor `{name}` is not floating point")
     tensors = {name: TensorInfo(name, str(t.dtype), tuple(t.shape)) for name, t in found.items()}
     return VectorFile(path, "pt", tensors, lambda name: found[name].detach().float().numpy())
+
+
+READERS: dict[str, Reader] = _readers()
+FORMATS = formats()

@@ -19,9 +19,9 @@ import re
 
 from attrs import frozen
 
+from steerc.ir.builtins import BUILTINS
 from steerc.ir.checked import SITE_KINDS
 from steerc.lsp.hover import MEANING
-from steerc.passes.names import FUNCTIONS
 from steerc.passes.structure import MODEL_FIELDS, POOLS
 
 STATEMENTS = ("param", "vector", "probe", "intervention", "model", "constrain")
@@ -74,8 +74,13 @@ def _by_context(head: str, block: str | None, before: str) -> list[Item]:
     if _VALUE_WORDS.match(head) or head.rstrip()[-1:] in _VALUE_CHARS or re.search(r"\b(to|by)\s+$", head):
         gate = head.startswith("when")
         return names_before(before, ("probe", "param") if gate else ("param", "vector")) + (
-            _keywords(("not",), "gate") if gate else [Item(f, "function", "function") for f in FUNCTIONS])
+            _keywords(("not",), "gate") if gate else _functions())
     return []
+
+
+def _functions() -> list[Item]:
+    """The built-in functions (steerc.ir.builtins), each with its signature and what it does."""
+    return [Item(b.name, "function", f"{b.signature}: {b.doc}") for b in BUILTINS.values()]
 
 
 def _line_starts(block: str | None) -> list[Item]:

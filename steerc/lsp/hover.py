@@ -20,6 +20,7 @@ import numpy as np
 
 from steerc.frontend import fmt
 from steerc.ir import nodes as ir
+from steerc.ir.builtins import reads_vectors
 from steerc.ir.walk import walk
 from steerc.passes.layers import expand, static_layers
 
@@ -203,13 +204,13 @@ def vector_text(decl: ir.VectorDecl, result) -> str:
         lines += ["", "(not evaluated: its declaration has errors)"]
     if not _is_load(decl.value):
         lines += ["", f"= `{fmt.expr(decl.value)}`"]
-    for call in (n for n in walk(decl.value) if isinstance(n, ir.Call) and n.func == "load"):
+    for call in (n for n in walk(decl.value) if isinstance(n, ir.Call) and reads_vectors(n.func)):
         lines += ["", _load_text(call, result.source)]
     return "\n".join(lines)
 
 
 def _is_load(e) -> bool:
-    return isinstance(e, ir.Call) and e.func == "load"
+    return isinstance(e, ir.Call) and reads_vectors(e.func)
 
 
 def _shape(value) -> str:

@@ -7,6 +7,7 @@ import numpy as np
 from steerc.core.limits import FLOAT32_MAX
 from steerc.diagnostics.codes import INVALID_VALUE, SHAPE_MISMATCH
 from steerc.ir import nodes as ir
+from steerc.ir.builtins import reads_vectors
 from steerc.ir.values import PerLayer
 from steerc.passes import types as ty
 from steerc.passes.loading import load_vector
@@ -35,7 +36,7 @@ class VectorFolder:
             spend(_size(v), e.span)
             return _map(v, np.negative)
         if isinstance(e, ir.Call):
-            if e.func == "load":
+            if reads_vectors(e.func):
                 return load_vector(self.ev.ctx, e)
             v = self.vector(e.args[0])
             spend(_size(v), e.span)

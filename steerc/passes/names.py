@@ -13,12 +13,11 @@ from steerc.diagnostics import Note
 from steerc.diagnostics.codes import DUPLICATE_NAME, UNDEFINED_NAME
 from steerc.diagnostics.suggest import did_you_mean, one_of
 from steerc.ir import nodes as ir
+from steerc.ir.builtins import BUILTINS, FUNCTIONS
 from steerc.ir.walk import walk
 from steerc.passes.context import CheckContext, Symbol
 
 name = "names"
-
-FUNCTIONS = ("load", "normalize", "ramp", "decay", "window")
 
 _KINDS = {
     ir.ParamDecl: "param",
@@ -54,7 +53,7 @@ def run(ctx: CheckContext) -> None:
         for node in walk(stmt):
             if isinstance(node, ir.Name):
                 _resolve(ctx, node, order, declared, stmt, in_gate.get(id(node)))
-            elif isinstance(node, ir.Call) and node.func not in FUNCTIONS:
+            elif isinstance(node, ir.Call) and node.func not in BUILTINS:
                 ctx.error(
                     UNDEFINED_NAME,
                     f"unknown function `{node.func}`",

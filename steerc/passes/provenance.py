@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from steerc.diagnostics.codes import VECTOR_MODEL_MISMATCH, VECTOR_SITE_MISMATCH
 from steerc.ir import nodes as ir
+from steerc.ir.builtins import reads_vectors
 from steerc.ir.walk import walk
 from steerc.passes.context import CheckContext
 from steerc.passes.layers import expand
@@ -63,7 +64,7 @@ def _loads(expr, loads_of) -> list:
 def _loads_in(nodes, loads_of) -> list:
     out = []
     for n in nodes:
-        if isinstance(n, ir.Call) and n.func == "load":
+        if isinstance(n, ir.Call) and reads_vectors(n.func):
             out.append(n)
         elif isinstance(n, ir.Name) and n.id in loads_of:
             out.extend(loads_of[n.id])

@@ -29,6 +29,7 @@ from attrs import evolve
 from steerc.diagnostics.codes import PER_REQUEST_PARAM
 from steerc.ir import checked as ck
 from steerc.ir import nodes as ir
+from steerc.ir.builtins import is_schedule
 from steerc.ir.walk import children, walk
 from steerc.passes import types as ty
 from steerc.passes.context import CheckContext, Fault
@@ -155,7 +156,7 @@ def _why(operand, node: ir.Name, parents: _Parents) -> str:
         if isinstance(e, ir.Call):
             if e.func == "normalize":
                 return "inside `normalize(...)`, which rescales to unit length whatever the value"
-            if e.func in ("ramp", "decay", "window"):
+            if is_schedule(e.func):
                 return f"an argument of the schedule `{e.func}`, which would change its shape, not its scale"
             return f"an argument of `{e.func}(...)`"
         if isinstance(e, ir.BinOp) and e.op in "+-":

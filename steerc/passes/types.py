@@ -15,6 +15,7 @@ from __future__ import annotations
 from steerc.diagnostics.codes import DUPLICATE_FIELD, INVALID_VALUE, TYPE_ERROR
 from steerc.diagnostics.suggest import did_you_mean
 from steerc.ir import nodes as ir
+from steerc.ir.builtins import BUILTINS, SCHEDULE_FN, SOURCE, VECTOR_FN
 from steerc.passes.context import CheckContext
 
 name = "types"
@@ -24,9 +25,9 @@ SCHEDULE, SCHEDULED = "schedule", "scheduled vector"
 _ARTICLE = {SCALAR: "a scalar", VECTOR: "a vector", PROBE: "a probe", STRING: "a string", BOOL: "a boolean",
             SCHEDULE: "a schedule", SCHEDULED: "a scheduled vector"}
 # name -> how many scalar arguments (the values are checked by `fold`)
-SCHEDULES = {"ramp": 1, "decay": 1, "window": 2}
+SCHEDULES = {b.name: len(b.params) for b in BUILTINS.values() if b.kind == SCHEDULE_FN}
 _ONLY_ADD = "schedules vary with the generation step and scale the vector of an `add` only"
-LOAD_KEYWORDS = {"key": STRING, "per_layer": BOOL}
+LOAD_KEYWORDS = dict(BUILTINS["load"].keywords)  # {"key": STRING, "per_layer": BOOL}
 
 
 def run(ctx: CheckContext) -> None:
@@ -240,18 +241,17 @@ def _call(ctx: CheckContext, e: ir.Call) -> str | None:
         n = SCHEDULES[e.func]
         if len(e.args) != n or e.kwargs:
             ctx.error(TYPE_ERROR, f"`{e.func}` takes {n} number{'s' if n > 1 else ''}", e.span,
-                      help={"ramp": "ramp(n): from 1/n up to 1 over the first n steps",
-                            "decay": "decay(r): r to the power of the step, 0 < r <= 1",
-                            "window": "window(a, b): 1 for steps a to b-1, 0 elsewhere"}[e.func])
+                      help=f"{BUILTINS[e.func].signature}: {BUILTINS[e.func].doc}")
             return None
         ok = all(expect(ctx, a, SCALAR, f"the arguments of `{e.func}` are numbers") for a in e.args)
         return SCHEDULE if ok else None
-    if e.func == "normalize":
+    kind = BUILTINS[e.func].kind if e.func in BUILTINS else None
+    if kind == VECTOR_FN:
         if len(e.args) != 1 or e.kwargs:
             ctx.error(TYPE_ERROR, "`normalize` takes exactly one vector", e.span)
             return None
         return VECTOR if expect(ctx, e.args[0], VECTOR, "`normalize` scales a vector to length 1") else None
-    if e.func == "load":
+    if kind == SOURCE:
         return _load(ctx, e)
     return None  # unknown functions were reported by `names`
 
