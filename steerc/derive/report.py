@@ -39,7 +39,7 @@ def plot(path: str, scores: dict, layers, site_kind: str, title: str) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from steerc.eval.report import save_figure
+    from steerc.core.figures import save_figure
 
     fig, ax = plt.subplots(figsize=(7, 4), dpi=100)
     for method, by_layer in scores.items():
