@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from steerc.targets.features import ALL_KEYS, no, supported, table, yes
+from steerc.targets.hf.target import HOOK_KERNELS
 from steerc.targets.seat import Target
 
 _HF = "use the hf target (its in-process runtime or emitted package) for this"
@@ -19,11 +20,8 @@ CAPABILITIES = table(
     "a torch.export'ed steered model: input ids, positions and the prompt's length in, logits out",
     supported(
         "traced into the exported graph (the hf target's kernels)",
-        op="add scale scale-vector set suppress ablate clamp rotate preserve-norm schedule",
-        site="resid_pre resid_post attn_out mlp_out head",
-        scope="all prompt generated prompt-slice generated-slice positions union",
+        **HOOK_KERNELS,
         gate="token",
-        readout="cosine projected_cosine subspace_cosine dot norm",
         dtype="float32 bfloat16 float64",
     ),
     **{k.replace(":", "_").replace(".", "_"): yes(

@@ -13,15 +13,20 @@ def emit(plan, facts, out_dir: str, *, command: str = "", key: bytes | None = No
     return write_package(lower_hf(plan, facts), out_dir, command)
 
 
+# What the hooks compute, on every target that runs them (this one, and the export target's traced graph).
+HOOK_KERNELS = {
+    "op": "add scale scale-vector set suppress ablate clamp rotate preserve-norm schedule",
+    "site": "resid_pre resid_post attn_out mlp_out head",
+    "scope": "all prompt generated prompt-slice generated-slice positions union",
+    "readout": "cosine projected_cosine subspace_cosine dot norm",
+}
+
 CAPABILITIES = table(
     "hf",
     "Python hooks on a transformers model: an emitted package or the in-process runtime",
     supported(
-        op="add scale scale-vector set suppress ablate clamp rotate preserve-norm schedule",
-        site="resid_pre resid_post attn_out mlp_out head",
-        scope="all prompt generated prompt-slice generated-slice positions union",
+        **HOOK_KERNELS,
         gate="prompt.mean prompt.last token",
-        readout="cosine projected_cosine subspace_cosine dot norm",
         constraint="regex grammar choice",
         dtype="float32 float16 bfloat16 float64",
     ),
