@@ -68,3 +68,22 @@ def test_set_values_are_quoted_words_too(tmp_path):
     assert not (tmp_path / "PWNED").exists()
     plain = argparse.Namespace(file="d/p.steer", target="vllm", dialect="steerc", overrides=["strength=6"])
     assert _command(plain) == "steerc compile p.steer --target vllm --set strength=6"  # plain words stay as they were
+
+
+def test_importing_an_emitted_package_leaves_no_bytecode_in_it(tmp_path, monkeypatch):
+    """The export target imports the hf package it writes (to install it on the model it exports); that import
+    left ``hooks/__pycache__`` (compiled bytecode, different on each Python) in the output folder."""
+    import sys
+
+    from hf_util import load_emitted
+
+    monkeypatch.setattr(sys, "dont_write_bytecode", False)  # as a plain `python -m steerc` runs
+    monkeypatch.chdir(tmp_path)
+    _project(tmp_path, "p.steer")
+    model = os.path.join(examples_path(), "models", "tiny-llama")
+    code, _, err = run_cli(["compile", "p.steer", "--model", model, "--target", "hf", "-o", "pkg"])
+    assert code == 0, err
+    before = sorted(os.listdir(tmp_path / "pkg"))
+    load_emitted(str(tmp_path / "pkg"), "steer_pkg_no_bytecode")
+    assert sorted(os.listdir(tmp_path / "pkg")) == before and "__pycache__" not in before
+    assert sys.dont_write_bytecode is False  # put back as it was

@@ -311,7 +311,11 @@ def import_package(folder: str, name: str):
                                                   submodule_search_locations=[folder])
     module = importlib.util.module_from_spec(spec)
     sys.modules[name] = module
-    spec.loader.exec_module(module)
+    before, sys.dont_write_bytecode = sys.dont_write_bytecode, True  # the folder keeps only what compile wrote
+    try:
+        spec.loader.exec_module(module)
+    finally:
+        sys.dont_write_bytecode = before
     return module
 
 
