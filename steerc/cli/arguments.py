@@ -15,13 +15,11 @@ import os
 from steerc.core.limits import MAX_RESAMPLES, MAX_SEED
 from steerc.core.paths import where_to_write
 
-SEED_MAX = MAX_SEED  # spec/eval.md §5, spec/limits.md
-RESAMPLES_MAX = MAX_RESAMPLES
 NAME_MAX = 255  # bytes in one folder entry's name (Linux, macOS)
 
 
 def seed(text: str) -> int:
-    """An argparse type: a seed, an integer from 0 to SEED_MAX (spec/eval.md §5, spec/derive.md §4).
+    """An argparse type: a seed, an integer from 0 to MAX_SEED (spec/eval.md §5, spec/derive.md §4).
 
     >>> seed("7"), seed("4294967295")
     (7, 4294967295)
@@ -32,14 +30,14 @@ def seed(text: str) -> int:
     try:
         value = int(text.strip())
     except ValueError:
-        raise argparse.ArgumentTypeError(f"a seed is an integer from 0 to {SEED_MAX}, not {text!r}") from None
-    if not 0 <= value <= SEED_MAX:
-        raise argparse.ArgumentTypeError(f"a seed is an integer from 0 to {SEED_MAX}, not {_short(text)}")
+        raise argparse.ArgumentTypeError(f"a seed is an integer from 0 to {MAX_SEED}, not {text!r}") from None
+    if not 0 <= value <= MAX_SEED:
+        raise argparse.ArgumentTypeError(f"a seed is an integer from 0 to {MAX_SEED}, not {_short(text)}")
     return value
 
 
 def resamples(text: str) -> int:
-    """An argparse type: bootstrap resamples, a whole number from 1 to RESAMPLES_MAX, written as an integer or
+    """An argparse type: bootstrap resamples, a whole number from 1 to MAX_RESAMPLES, written as an integer or
     in exponent form (``1e4``).
 
     >>> resamples("2000"), resamples("1e4")
@@ -48,13 +46,13 @@ def resamples(text: str) -> int:
     Traceback (most recent call last):
     argparse.ArgumentTypeError: at most 100000 resamples (an interval's percentiles are stable long before), not 1e12
     """
-    words = f"a whole number of resamples from 1 to {RESAMPLES_MAX}"
+    words = f"a whole number of resamples from 1 to {MAX_RESAMPLES}"
     try:
         value = int(text.strip())
     except ValueError:  # not an integer, or one of more digits than Python converts (a huge one)
         digits = text.strip().lstrip("+")
         if digits.isdigit():
-            raise argparse.ArgumentTypeError(f"at most {RESAMPLES_MAX} resamples, not {_short(text)}") from None
+            raise argparse.ArgumentTypeError(f"at most {MAX_RESAMPLES} resamples, not {_short(text)}") from None
         try:
             number = float(text)
         except ValueError:
@@ -64,8 +62,8 @@ def resamples(text: str) -> int:
         value = int(number)
     if value < 1:
         raise argparse.ArgumentTypeError(f"{words}, not {_short(text)}")
-    if value > RESAMPLES_MAX:
-        raise argparse.ArgumentTypeError(f"at most {RESAMPLES_MAX} resamples (an interval's percentiles are stable "
+    if value > MAX_RESAMPLES:
+        raise argparse.ArgumentTypeError(f"at most {MAX_RESAMPLES} resamples (an interval's percentiles are stable "
                                          f"long before), not {_short(text)}")
     return value
 
@@ -97,11 +95,7 @@ def output_problem(path: str) -> str | None:
         return f"the file name is longer than the {NAME_MAX} bytes a folder entry holds"
     if os.path.lexists(path) and not os.path.isfile(path) and not os.path.islink(path):
         return f"{path} is not a regular file"
-    folder = os.path.dirname(os.path.abspath(path))
-    problem = where_to_write(folder)
-    if problem is not None and problem.endswith("is a file, not a folder"):
-        return f"{problem}, so it cannot hold {os.path.basename(path)}"
-    return problem
+    return where_to_write(os.path.dirname(os.path.abspath(path)), holding=os.path.basename(path))
 
 
 def same_file(a: str, b: str) -> bool:

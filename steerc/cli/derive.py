@@ -14,6 +14,7 @@ from steerc.cli import EXIT_ERRORS, EXIT_OK, UsageError, arguments
 from steerc.cli.arguments import check_output, plot_path
 from steerc.cli.common import argument_source, data_source, fail_with, load_unchecked, model_path_for, require_vllm
 from steerc.core.jsonio import dumps as json_dumps  # strict JSON (spec/json.md)
+from steerc.core.limits import MAX_SEED
 from steerc.diagnostics.codes import EMPTY_DATA
 
 
@@ -44,7 +45,7 @@ def add_arguments(cmd) -> None:
     out.add_argument("--heldout", type=float, default=0.25, metavar="FRACTION",
                      help="the share of pairs held out to score each layer (default 0.25; 0 skips the scores)")
     out.add_argument("--seed", type=arguments.seed, default=0,
-                     help=f"the seed of the held-out split, from 0 to {arguments.SEED_MAX} (default 0)")
+                     help=f"the seed of the held-out split, from 0 to {MAX_SEED} (default 0)")
     out.add_argument("--plot", metavar="OUT.png",
                      help="draw the held-out AUROC per layer and method, in the extension's format (png without "
                           "one; needs matplotlib: steerc[plot])")

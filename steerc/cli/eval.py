@@ -28,6 +28,7 @@ from steerc.cli.common import (
 )
 from steerc.cli.progress import progress as _progress
 from steerc.cli.report import print_json
+from steerc.core.limits import MAX_RESAMPLES, MAX_SEED
 
 
 def add_arguments(cmd, several: bool = True) -> None:
@@ -49,9 +50,9 @@ def add_arguments(cmd, several: bool = True) -> None:
     cmd.add_argument("--chat", action="store_true",
                      help="wrap each prompt in the model's chat template (as `steerc run` does by default)")
     cmd.add_argument("--seed", type=arguments.seed, default=0,
-                     help=f"the bootstrap's seed, from 0 to {arguments.SEED_MAX} (default 0)")
+                     help=f"the bootstrap's seed, from 0 to {MAX_SEED} (default 0)")
     cmd.add_argument("--resamples", type=arguments.resamples, default=2000, metavar="N",
-                     help=f"bootstrap resamples per interval, at most {arguments.RESAMPLES_MAX} (default 2000)")
+                     help=f"bootstrap resamples per interval, at most {MAX_RESAMPLES} (default 2000)")
     cmd.add_argument("--plot", metavar="OUT.png",
                      help="draw behaviour against KL, one curve per program, in the extension's format (png "
                           "without one; needs matplotlib: steerc[plot])")

@@ -101,9 +101,10 @@ def write_atomically(path: str, data: bytes) -> None:
         raise
 
 
-def where_to_write(path: str) -> str | None:
-    """Why a file or folder cannot be made at ``path`` (its nearest existing ancestor is a file, or not
-    writable), or None: checked before a long run, so that its result is not lost at the end."""
+def where_to_write(path: str, holding: str | None = None) -> str | None:
+    """Why a folder cannot be had at ``path`` (its nearest existing ancestor is a file, or not writable), or
+    None: checked before a long run, so that its result is not lost at the end. ``holding`` names the file the
+    folder is for, in the message."""
     existing = os.path.abspath(path)
     while not os.path.lexists(existing):
         parent = os.path.dirname(existing)
@@ -111,7 +112,8 @@ def where_to_write(path: str) -> str | None:
             break
         existing = parent
     if not os.path.isdir(existing):
-        return f"{shown_folder(existing)} is a file, not a folder"
+        return f"{shown_folder(existing)} is a file, not a folder" + (f", so it cannot hold {holding}" if holding
+                                                                        else "")
     if not os.access(existing, os.W_OK | os.X_OK):
         return f"cannot write in {shown_folder(existing)} (permission denied)"
     return None
