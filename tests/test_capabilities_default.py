@@ -25,6 +25,7 @@ from steerc.api import check_file, check_source
 from steerc.diagnostics import Refusal
 from steerc.diagnostics.codes import UNSUPPORTED_BY_TARGET
 from steerc.explain.plan import describe_op
+from steerc.ir import kernels as KERNELS
 from steerc.ir import plan as P
 from steerc.ir.values import Vec
 from steerc.targets import capabilities as C
@@ -156,7 +157,8 @@ def test_every_plan_kernel_has_a_lowering_and_an_explanation():
     """The hooks lower, and explain describes, each member of ``steerc.ir.plan.Op``: the else branch that
     asserted ``isinstance(op, Rotate)`` is unreachable by construction."""
     kinds = set(typing.get_args(P.Op))
-    assert kinds == set(hooks.LOWERINGS)
+    assert kinds == {k.op for k in KERNELS.BUILT_IN} == {k.op for k in KERNELS.KINDS.values()}
+    assert all(hooks.runs_on_hooks(k) for k in KERNELS.KINDS.values())
     v, w = Vec([1.0, 0.0]), Vec([0.0, 1.0])
     samples = {P.Affine: P.Affine(2.0, v), P.Project: P.Project((v,)), P.Rotate: P.Rotate(v, w, math.pi / 6, "by")}
     assert set(samples) == kinds
@@ -169,7 +171,7 @@ def test_a_kernel_the_hooks_cannot_lower_is_a_diagnostic_not_an_assertion(monkey
     path = os.path.join(examples_dir, "11_rotate.steer")
     result = check_file(path, facts=tiny_facts("tiny-llama"))
     assert result.ok, result.render()
-    monkeypatch.delitem(hooks.LOWERINGS, P.Rotate)
+    monkeypatch.setattr(hooks, "runs_on_hooks", lambda kind: kind.name != "rotate")  # hooks without its maths
     with pytest.raises(Refusal) as caught:
         hooks.lower_hf(result.plan, result.facts)
     (d,) = caught.value.diagnostics

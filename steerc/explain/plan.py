@@ -20,7 +20,7 @@ from steerc.ir import checked as ck
 from steerc.ir import nodes as ir
 from steerc.ir.checked import gate_text
 from steerc.ir.interpret import schedule_factor
-from steerc.ir.plan import Affine, Kernel, Plan, Project, Rotate, Site
+from steerc.ir.plan import Kernel, Plan, Site, kind_of
 
 FORMAT = "steerc.explain/1"
 BACKEND_OF = {"hf": "hf", "vllm": "vllm", "serve": "vllm"}
@@ -117,30 +117,11 @@ def describe_schedule(schedule) -> dict:
 
 
 def describe_op(op) -> dict:
-    if isinstance(op, Affine):
-        scalar = isinstance(op.scale, float)
-        s = _fmt(op.scale) if scalar else "s"
-        if scalar and op.scale == 0.0:
-            form = "b" if op.bias is not None else "0"
-        elif scalar and op.scale == 1.0:
-            form = "h + b" if op.bias is not None else "h"
-        else:
-            form = f"{s} * h" + (" + b" if op.bias is not None else "")
-        out = {"kind": "affine", "form": form}
-        if not scalar:
-            out["scale"] = "per component"
-        if op.bias is not None:
-            out["bias_norm"] = round(_norm(op.bias), 6)
-        if op.schedule:
-            out["schedule"] = describe_schedule(op.schedule)
-        return out
-    if isinstance(op, Project):
-        k = len(op.basis)
-        if op.target is None:
-            return {"kind": "project", "form": "h - Q Q^T h", "rank": k}
-        return {"kind": "project", "form": "h - Q Q^T h + Q t", "rank": k, "targets": [_fmt(t) for t in op.target]}
-    assert isinstance(op, Rotate)
-    return {"kind": "rotate", "form": f"rotate {op.mode} {_fmt(math.degrees(op.angle))} deg in plane (e1, e2)"}
+    """What a kernel computes: its kind's own description (steerc.ir.kernels), and its schedule if any."""
+    out = kind_of(op).explain(op, _fmt)
+    if getattr(op, "schedule", ()):
+        out["schedule"] = describe_schedule(op.schedule)
+    return out
 
 
 def _gate(kernel: Kernel, plan: Plan) -> dict | None:

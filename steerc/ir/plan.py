@@ -9,6 +9,9 @@ primitive kernels to apply there in order, and the probes to read:
   (``ablate``: ``t = 0``; ``clamp u to c``: ``Q = [u/|u|]``, ``t = [c]``);
 * :class:`Rotate` — angular steering in the plane ``(e1, e2)``.
 
+Each kind of kernel is one module of :mod:`steerc.ir.kernels` (its op class, operands, encodings,
+verifier, explanation and torch maths); engines and formats dispatch through its table.
+
 Each :class:`Kernel` carries its token scope, its gate, whether it
 preserves the norm of its input, and where it came from (provenance is not
 part of equality, so fusion compares meaning).
@@ -34,6 +37,7 @@ from steerc.core.source import Span
 from steerc.ir import checked as ck
 from steerc.ir import nodes as ir
 from steerc.ir.checked import Constraint, Gate
+from steerc.ir.kernels import Affine, Project, Rotate, kind_of  # noqa: F401 (re-exported)
 from steerc.ir.param_values import ParamError, check_values  # noqa: F401 (re-exported)
 from steerc.ir.values import Vec
 
@@ -55,37 +59,8 @@ class Site:
         return f"head[{self.layer}, {self.head}]" if self.kind == "head" else f"{self.kind}[{self.layer}]"
 
 
-@frozen
-class Affine:
-    scale: float | Vec  # a scalar, or one factor per component
-    bias: Vec | None = None
-    # Factors of the generation step that multiply the bias, sorted (empty: constant).
-    # ("ramp", n, 0), ("decay", r, 0), ("window", a, b); see schedule_factor in interpret.
-    schedule: tuple[tuple[str, float, float], ...] = ()
-
-    @property
-    def kills(self) -> bool:
-        """True when the output does not depend on the input (``set``, ``suppress``)."""
-        if isinstance(self.scale, Vec):
-            return not self.scale.array.any()
-        return self.scale == 0.0
-
-
-@frozen
-class Project:
-    basis: tuple[Vec, ...]  # orthonormal rows
-    target: tuple[float, ...] | None = None  # None: ablate (all zeros)
-
-
-@frozen
-class Rotate:
-    e1: Vec
-    e2: Vec  # unit, orthogonal to e1
-    angle: float  # radians
-    mode: str  # "to" | "by"
-
-
-Op = Union[Affine, Project, Rotate]
+# The op of a kernel: an instance of a kernel kind's op class (steerc.ir.kernels, one module per kind).
+Op = Union[Affine, Project, Rotate]  # the built-in kinds; a registered kind's op is an Op too
 
 
 @frozen
@@ -257,16 +232,9 @@ def _times(coefficient, value: float):
 
 
 def _rebind_op(op: Op, bindings, values) -> Op:
+    kind = kind_of(op)
     for b in bindings:
-        v = _times(b.coefficient, values[b.param])
-        if b.role == "bias":
-            op = evolve(op, bias=v)
-        elif b.role == "scale":
-            op = evolve(op, scale=v)
-        elif b.role == "target":
-            op = evolve(op, target=(v,))
-        else:
-            op = evolve(op, angle=v)
+        op = kind.bind(op, b.role, _times(b.coefficient, values[b.param]))
     return op
 
 

@@ -12,12 +12,20 @@ import math
 import numpy as np
 
 from steerc.core.errors import FieldError
-from steerc.core.limits import FLOAT32_MAX, MAX_SCHEDULE_STEP
+from steerc.core.limits import FLOAT32_MAX
 from steerc.diagnostics import Diagnostics, Note
 from steerc.diagnostics.codes import DEAD_INTERVENTION, NO_EFFECT
 from steerc.ir import checked as ck
 from steerc.ir import nodes as ir
-from steerc.ir.plan import SUB_ORDER, Affine, ParamError, Plan, Project, Rotate, check_params, declared_problem, rebind
+from steerc.ir.plan import (
+    SUB_ORDER,
+    ParamError,
+    Plan,
+    check_params,
+    declared_problem,
+    kind_of,
+    rebind,
+)
 from steerc.passes import drop_dead, drop_noops, fuse_affine, fuse_projections, lower_plan
 from steerc.passes.fold import step_scope
 
@@ -143,7 +151,7 @@ def verify(plan: Plan, facts) -> None:
             where = f"sites[{i}].kernels[{j}]"
             _check(len(k.scope) > 0, f"{s.text}: kernel without scope", f"{where}.scope")
             _verify_op(k.op, width, s.text, f"{where}.op")
-            if isinstance(k.op, Affine) and k.op.schedule:
+            if getattr(k.op, "schedule", ()):
                 for n, item in enumerate(k.scope):
                     _check(step_scope(item), f"{s.text}: a scheduled kernel steers only from the prompt's last "
                                              "position on (generated, generated[a:b], prompt[-1:])",
@@ -168,8 +176,6 @@ PROBE_ROWS = {"dot": (1, 1), "cosine": (1, 1), "projected_cosine": (1, None), "s
 BASIS_READOUTS = ("projected_cosine", "subspace_cosine")
 POOLS = ("token", "prompt.mean", "prompt.last")
 GATE_OPS = ("<", "<=", ">", ">=")
-# Which op a binding's role belongs to.
-ROLE_OPS = {"bias": Affine, "scale": Affine, "target": Project, "angle": Rotate}
 
 
 def _verify_site(s, facts, field: str) -> int:
@@ -237,17 +243,16 @@ def _verify_bindings(k, params: set, width: int, where: str, field: str) -> None
     for n, b in enumerate(k.bindings):
         at = f"{field}.bindings[{n}]"
         _check(b.param in params, f"no per-request param named {b.param[:40]!r} in the plan", f"{at}.param")
-        _check(b.role in ROLE_OPS and isinstance(k.op, ROLE_OPS[b.role]) and b.role not in roles,
+        kind = kind_of(k.op)
+        _check(kind is not None and b.role in kind.bindable and b.role not in roles,
                f"{where}: a {b.role} binding on a {type(k.op).__name__.lower()} kernel"
                + (" (twice)" if b.role in roles else ""), f"{at}.role")
         roles.add(b.role)
-        op = k.op
-        vector = b.role == "bias" or (b.role == "scale" and not isinstance(op.scale, float))
-        if b.role == "bias":
-            _check(op.bias is not None, f"{where}: a bias binding on a kernel without a bias", f"{at}.role")
-        if b.role == "target":
-            _check(op.target is not None and len(op.target) == 1,
-                   f"{where}: a target binding needs a clamp (one direction, one target)", f"{at}.role")
+        value = dict(kind.operands_of(k.op)).get(b.role)
+        _check(value is not None, f"{where}: a {b.role} binding on a kernel without a {b.role}", f"{at}.role")
+        vector = not isinstance(value, float) and kind.operand(b.role).shape != "k"
+        _check(vector or isinstance(value, float) or len(value) == 1,
+               f"{where}: a {b.role} binding needs one {b.role} (a clamp: one direction, one target)", f"{at}.role")
         if vector:
             _check(not isinstance(b.coefficient, (int, float)) and b.coefficient.width == width
                    and bool(np.isfinite(b.coefficient.array).all()),
@@ -266,37 +271,20 @@ def _unit_rows(vectors, width: int, where: str, field: str = "") -> None:
            f"{where}: basis not orthonormal", field)
 
 
+class _Verifier:
+    """What a kind's ``verify`` checks with (steerc.ir.kernels.base)."""
+
+    check = staticmethod(_check)
+    f32 = staticmethod(_f32)
+    unit_rows = staticmethod(_unit_rows)
+
+    @staticmethod
+    def finite_vector(v, width: int) -> bool:
+        return v.width == width and bool(np.isfinite(v.array).all())
+
+
 def _verify_op(op, width: int, where: str, field: str = "") -> None:
-    if isinstance(op, Affine):
-        _check(not op.schedule or op.bias is not None, f"{where}: a schedule without a bias", f"{field}.schedule")
-        for n, (kind, a, b) in enumerate(op.schedule):
-            at = f"{field}.schedule[{n}]"
-            _check(kind in ("ramp", "decay", "window") and math.isfinite(a) and math.isfinite(b),
-                   f"{where}: bad schedule {kind}", at)
-            steps = (a,) if kind == "ramp" else (a, b) if kind == "window" else ()
-            _check(kind != "decay" or 0.0 < a <= 1.0, f"{where}: a decay rate is in (0, 1], got {a:g}", at)
-            _check(all(x == int(x) and 0 <= x <= MAX_SCHEDULE_STEP for x in steps),
-                   f"{where}: {kind} counts whole steps up to {MAX_SCHEDULE_STEP}", at)
-            _check(not ((kind == "ramp" and a < 1) or (kind == "window" and a >= b)),
-                   f"{where}: an empty {kind}", at)
-        for name, v in (("scale", op.scale), ("bias", op.bias)):
-            if v is None:
-                continue
-            if isinstance(v, (int, float)):
-                _check(_f32(v), f"{where}: the {name} is not a finite float32 number", f"{field}.{name}")
-            else:
-                _check(v.width == width and bool(np.isfinite(v.array).all()), f"{where}: bad affine vector",
-                       f"{field}.{name}")
-    elif isinstance(op, Project):
-        _check(0 < len(op.basis) <= width, f"{where}: basis empty or larger than the width", f"{field}.basis")
-        _unit_rows(op.basis, width, where, f"{field}.basis")
-        _check(op.target is None or len(op.target) == len(op.basis), f"{where}: targets do not match basis",
-               f"{field}.target")
-        _check(op.target is None or all(_f32(t) for t in op.target),
-               f"{where}: a target is not a finite float32 number", f"{field}.target")
-    elif isinstance(op, Rotate):
-        _unit_rows((op.e1, op.e2), width, where, f"{field}.e1")
-        _check(op.mode in ("to", "by"), f"{where}: bad rotation mode", f"{field}.mode")
-        _check(_f32(op.angle), f"{where}: the angle is not a finite float32 number", f"{field}.angle")
-    else:
+    kind = kind_of(op)
+    if kind is None:
         raise InvalidPlan(field, f"{where}: unknown kernel {op!r}")
+    kind.verify(op, width, where, field, _Verifier)

@@ -6,10 +6,13 @@ compute with it, and ``steerc compile --target hf`` copies it verbatim next to
 the generated hook code as ``_support.py``, so an emitted package runs without
 steerc installed and computes with the very same functions.
 
-It is the one seat of the steering arithmetic: the kernels, the probe
-readouts (:func:`readout`) and the gate evaluator (:func:`evaluate_gate`)
-are written here once, and each runtime (and a vLLM request's receipt) keeps
-only where its probe values and positions live.
+It is the one seat of the steering arithmetic around the kernels: the one
+dispatch of a kernel (:func:`steer`, which runs a kernel kind's maths from
+:mod:`steerc.ir.kernels`: the package carries their source as
+``_kernels.py``), the probe readouts (:func:`readout`) and the gate
+evaluator (:func:`evaluate_gate`) are written here once, and each runtime
+(and a vLLM request's receipt) keeps only where its probe values and
+positions live.
 
 Positions count per sequence from its first real token (left padding is
 never a position and is never modified). ``P`` is a row's prompt length: the
@@ -22,7 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import inspect
-import math
+import math  # noqa: F401 - S.math, for the kernels' maths
 
 import torch
 
@@ -33,15 +36,6 @@ import torch
 def compute_dtype(dtype: torch.dtype) -> torch.dtype:
     """Half-precision activations are steered in float32, then cast back."""
     return torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
-
-
-def affine(h, scale, bias, factor=None):
-    """``scale * h + factor * bias`` (scale: a number or a vector; bias: a vector or None; factor: the
-    schedule's value per position, ``h`` without its last axis, or None for 1)."""
-    out = h * scale if not (isinstance(scale, float) and scale == 1.0) else h
-    if bias is None:
-        return out
-    return out + (bias if factor is None else factor.unsqueeze(-1) * bias)
 
 
 def schedule_factor(kinds, params, pos, plen):
@@ -64,32 +58,21 @@ def schedule_factor(kinds, params, pos, plen):
     return out
 
 
-def project(h, basis, target):
-    """``h - Q (Q^T h) + Q t`` with ``Q`` the rows of ``basis`` ([k, d])."""
-    coeff = h @ basis.T
-    if target is not None:
-        coeff = coeff - target
-    return h - coeff @ basis
+def steer(kernel, x, operands, mode, mask, keep_norm: bool = False):
+    """One kernel on ``x`` where ``mask`` holds: the one dispatch of every runtime and the emitted package.
 
-
-def rotate(h, e1, e2, angle, mode: str):
-    """Angular steering in the plane (e1, e2); the rest of ``h`` and its norm are kept.
-
-    ``angle`` in radians: a number, or a one-element tensor (a buffer that can
-    change without re-tracing a compiled graph).
+    ``kernel`` is a kernel kind's maths (``steerc.ir.kernels``: ``kernel(S, x, operands, mode)``, with this
+    module as ``S``); ``operands`` its values by role on ``x``'s device and dtype (numbers stay numbers),
+    with ``factor`` when a schedule scales it; ``keep_norm`` rescales the result to ``x``'s norm
+    (``preserve norm``).
     """
-    a = h @ e1
-    b = h @ e2
-    if torch.is_tensor(angle):
-        c, s = torch.cos(angle), torch.sin(angle)
-    else:
-        c, s = math.cos(angle), math.sin(angle)
-    if mode == "to":
-        rho = torch.sqrt(a * a + b * b)
-        a2, b2 = rho * c, rho * s
-    else:
-        a2, b2 = a * c - b * s, a * s + b * c
-    return h + (a2 - a).unsqueeze(-1) * e1 + (b2 - b).unsqueeze(-1) * e2
+    new = kernel(_SELF, x, operands, mode)
+    if keep_norm:
+        new = preserve_norm(x, new)
+    return select(mask, new, x)
+
+
+_SELF = inspect.getmodule(compute_dtype)  # this module: what a kernel's maths calls S
 
 
 def preserve_norm(before, after):

@@ -25,7 +25,8 @@ from steerc.diagnostics.codes import UNSUPPORTED_BY_TARGET
 from steerc.facts.sites import site_table
 from steerc.ir import checked as ck
 from steerc.ir import nodes as ir
-from steerc.ir.plan import Affine, Plan, Project, Rotate, Site, coefficient_bounds
+from steerc.ir.kernels import Kind, kind_of
+from steerc.ir.plan import Plan, Site, coefficient_bounds
 from steerc.passes.lower_plan import BASIS_READOUTS
 
 
@@ -72,16 +73,15 @@ def gate_data(g) -> tuple | None:
 
 @frozen
 class KernelCall:
-    kind: str  # affine | project | rotate
-    tensors: tuple[tuple[str, str], ...]  # (role, tensor name): scale, bias, basis, target, e1, e2
-    scale: float | None  # scalar scale of an affine kernel (None when it is a tensor)
-    angle: float | None
-    mode: str | None
+    kind: str  # a kernel kind's name (steerc.ir.kernels.KINDS)
+    tensors: tuple[tuple[str, str], ...]  # (role, tensor name) in the order the kind gives them, then schedule
+    numbers: tuple[tuple[str, float], ...]  # (role, value) of the operands that are plain numbers, sorted by role
+    mode: str | None  # the kind's variant (a rotation's to or by), else None
     scope: tuple
     gate: tuple | None
     preserve_norm: bool
     label: str  # "name (file:line): op text"
-    schedule: tuple[str, ...] = ()  # an affine kernel's schedule kinds; their numbers: tensor "schedule" [m, 2]
+    schedule: tuple[str, ...] = ()  # a scheduled kernel's factor kinds; their numbers: tensor "schedule" [m, 2]
     # per-request params: (role, param, coefficient: float or float32 array) of the op's operands, and
     # (param, coefficient) or None for each comparison of the gate, in the order gate_data lists them
     bindings: tuple = field(default=(), eq=False)
@@ -89,6 +89,9 @@ class KernelCall:
 
     def tensor(self, role: str) -> str | None:
         return dict(self.tensors).get(role)
+
+    def number(self, role: str) -> float | None:
+        return dict(self.numbers).get(role)
 
 
 @frozen
@@ -146,35 +149,10 @@ def _base_path(layers_path: str) -> str:
     return layers_path.rsplit(".", 1)[0]
 
 
-def _affine(op: Affine, put) -> tuple:
-    scale = None
-    if isinstance(op.scale, float):
-        scale = op.scale
-    else:
-        put("scale", op.scale.array)
-    if op.bias is not None:
-        put("bias", op.bias.array)
-    if op.schedule:
-        put("schedule", np.asarray([[a, b] for _, a, b in op.schedule], dtype=np.float64))
-    return "affine", scale, None, None
-
-
-def _project(op: Project, put) -> tuple:
-    put("basis", np.stack([b.array for b in op.basis]))
-    if op.target is not None:
-        put("target", np.asarray(op.target, dtype=np.float32))
-    return "project", None, None, None
-
-
-def _rotate(op: Rotate, put) -> tuple:
-    put("e1", op.e1.array)
-    put("e2", op.e2.array)
-    return "rotate", None, float(op.angle), op.mode
-
-
-# How each kind of plan kernel becomes a hook call: (kind, scale, angle, mode), its tensors through put(role,
-# array). One entry per member of steerc.ir.plan.Op (tests/test_capabilities_default.py holds them together).
-LOWERINGS = {Affine: _affine, Project: _project, Rotate: _rotate}
+def runs_on_hooks(kind: Kind) -> bool:
+    """Whether the hook engines (the HF runtime and package, the vLLM buffers, the serve plugin, export) run
+    a kind: every kind with its torch maths does, through the one dispatch (``kind.maths``)."""
+    return callable(kind.maths)
 
 
 def unlowerable(kernel, backend: str) -> Refusal:
@@ -198,21 +176,28 @@ def _kernel_call(kernel, prefix: str, tensors: dict, backend: str = "hf") -> Ker
         tensors[name] = np.ascontiguousarray(array, dtype=np.float32)
         named.append((role, name))
 
-    lower = LOWERINGS.get(type(op))
-    if lower is None:
+    kind = kind_of(op)
+    if kind is None or not runs_on_hooks(kind):
         raise unlowerable(kernel, backend)
-    kind, scale, angle, mode = lower(op, put)
+    numbers = []
+    for role, value in kind.operands_of(op):
+        if isinstance(value, float):
+            numbers.append((role, value))
+        else:
+            put(role, value)
+    schedule = getattr(op, "schedule", ())
+    if schedule:
+        put("schedule", np.asarray([[a, b] for _, a, b in schedule], dtype=np.float64))
     label = "; ".join(
         f"{p.intervention} ({os.path.basename(p.span.file)}:{p.span.line}): {p.note}" if p.span
         else f"{p.intervention}: {p.note}"
         for p in kernel.provenance
     )
-    schedule = tuple(k for k, _, _ in op.schedule) if isinstance(op, Affine) else ()
     bindings = tuple((b.role, b.param, b.coefficient if isinstance(b.coefficient, float)
                       else np.ascontiguousarray(b.coefficient.array, dtype=np.float32)) for b in kernel.bindings)
-    return KernelCall(kind, tuple(named), scale, angle, mode, scope_data(kernel.scope),
-                      gate_data(kernel.gate), kernel.preserve_norm, label, schedule, bindings,
-                      gate_params(kernel.gate))
+    return KernelCall(kind.name, tuple(named), tuple(sorted(numbers)), kind.mode_of(op),
+                      scope_data(kernel.scope), gate_data(kernel.gate), kernel.preserve_norm, label,
+                      tuple(k for k, _, _ in schedule), bindings, gate_params(kernel.gate))
 
 
 def _probe_call(p, prefix: str, tensors: dict) -> ProbeCall:

@@ -10,6 +10,7 @@ from steerc.api import check_file, check_source
 from steerc.core.jsonio import JSONError, loads
 from steerc.facts import FORMAT, FactsError, ModelFacts, facts_from_config
 from steerc.facts.sites import TABLES, SiteTable, hf_table
+from steerc.ir.kernels import KINDS
 from steerc.ir.plan import rebind
 from steerc.runtime import kernels as S
 from steerc.targets.hooks import HookCode, HookProgram, KernelCall, lower_hf
@@ -170,23 +171,14 @@ def compile_for(path_or_text, model, *, name: str | None = None, options=None):
 
 
 def _kernel(call: KernelCall, x, ctx, tensors: S.Tensors):
-    def t(role):
-        name = call.tensor(role)
-        return tensors.get(name, x) if name is not None else None
-
     m = ctx.scope_mask(call.scope)
     if call.gate is not None:
         m = m & ctx.gate_mask(call.gate)
-    if call.kind == "affine":
-        factor = S.schedule_factor(call.schedule, t("schedule"), ctx.pos, ctx.plen) if call.schedule else None
-        new = S.affine(x, call.scale if call.scale is not None else t("scale"), t("bias"), factor)
-    elif call.kind == "project":
-        new = S.project(x, t("basis"), t("target"))
-    else:
-        new = S.rotate(x, t("e1"), t("e2"), call.angle, call.mode)
-    if call.preserve_norm:
-        new = S.preserve_norm(x, new)
-    return S.select(m, new, x)
+    o = {role: tensors.get(name, x) for role, name in call.tensors if role != "schedule"}
+    o.update(call.numbers)
+    if call.schedule:
+        o["factor"] = S.schedule_factor(call.schedule, tensors.get(call.tensor("schedule"), x), ctx.pos, ctx.plen)
+    return S.steer(KINDS[call.kind].maths, x, o, call.mode, m, call.preserve_norm)
 
 
 def _site_fn(hook: HookCode, tensors: S.Tensors):

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import torch
 
+from steerc.ir.kernels import KINDS
 from steerc.runtime import kernels as S
 
 
@@ -142,22 +143,18 @@ class SteerState(torch.nn.Module):
 
 
 def _kernel(state: SteerState, k: dict, x, n: int):
-    t = {role: state.buffer(name) for role, name in k["tensors"].items()}
+    kind = KINDS[k["kind"]]
     mask = state.scope_mask(state.boot["scopes"][k["scope"]], n)
     if k["gate"] is not None:
         mask = mask & state.gate_mask(state.boot["gates"][k["gate"]], n)
-    if k["kind"] == "affine":
-        factor = None
-        if k.get("schedule"):
-            factor = S.schedule_factor(k["schedule"], t["schedule"], state.pos[:n], state.plen[:n])
-        new = S.affine(x, t["scale"], t.get("bias"), factor)
-    elif k["kind"] == "project":
-        new = S.project(x, t["basis"], t.get("target"))
-    else:
-        new = S.rotate(x, t["e1"], t["e2"], t["angle"][0], k["mode"])
-    if k["preserve_norm"]:
-        new = S.preserve_norm(x, new)
-    return S.select(mask, new, x)
+    o = {}
+    for role, name in k["tensors"].items():
+        if role != "schedule":  # a one-number operand is a [1] buffer: its value is the buffer's element
+            o[role] = state.buffer(name)[0] if kind.operand(role).shape == "1" else state.buffer(name)
+    if k.get("schedule"):
+        o["factor"] = S.schedule_factor(k["schedule"], state.buffer(k["tensors"]["schedule"]), state.pos[:n],
+                                        state.plen[:n])
+    return S.steer(kind.maths, x, o, k["mode"], mask, k["preserve_norm"])
 
 
 def site_function(state: SteerState, sites: list[dict], index: int | None = None):

@@ -3,7 +3,9 @@
 The package holds ``__init__.py`` (generated: one function per hooked
 module, written out kernel by kernel, plus ``install(model, tokenizer=None)``),
 ``_support.py`` (copied verbatim from :mod:`steerc.runtime.kernels`) and
-``tensors.safetensors``. It imports torch and safetensors only.
+``tensors.safetensors``. The maths of each kernel kind it uses is written
+into ``__init__.py`` from its source in :mod:`steerc.ir.kernels` (the
+functions every runtime runs), so the package cannot compute otherwise. It imports torch and safetensors only.
 
 Why not torch.fx: fx would make the compiler import torch and tie the
 emitted bytes to the installed torch version's code printer; steerc's
@@ -20,13 +22,16 @@ as a literal or a one-line comment with its line breaks escaped.
 
 from __future__ import annotations
 
+import inspect
 import json
 import os
+import textwrap
 
 from safetensors.numpy import save as save_safetensors
 
 from steerc import __version__
 from steerc.facts.families import FAMILIES
+from steerc.ir.kernels import KINDS
 from steerc.targets.hf.pysource import comment, docstring, identifier, literal
 from steerc.targets.hooks import HookCode, HookProgram, KernelCall, SiteCode
 
@@ -105,37 +110,56 @@ def _tensor(name: str | None, like: str) -> str:
 
 
 def _kernel_lines(k: KernelCall, scopes: _Names, gates: _Names, bound: _Bound, v: str) -> list[str]:
+    """One kernel: its mask, then ``S.steer`` with its kind's maths (``_kernels.py``) and its operands, in the
+    order its kind declares them (a per-request operand reads its bound slot)."""
     roles = {role: (param, coefficient) for role, param, coefficient in k.bindings}
-
-    def operand(role: str) -> str:
-        if role in roles and k.tensor(role) is not None:
-            return bound.tensor(k.tensor(role), *roles[role], v)
-        return _tensor(k.tensor(role), v)
-
     lines = [comment(k.label)]
     lines.append(f"m = ctx.scope_mask({scopes(k.scope)})")
     if k.gate is not None:
         gate = bound.gate(k) if any(b is not None for b in k.gate_params) else gates(k.gate)
         lines.append(f"m = m & ctx.gate_mask({gate})")
-    if k.kind == "affine":
-        if k.scale is None:
-            scale = operand("scale")
+    operands = []
+    for o in KINDS[k.kind].operands:
+        name, number = k.tensor(o.role), k.number(o.role)
+        if name is not None:
+            value = bound.tensor(name, *roles[o.role], v) if o.role in roles else _tensor(name, v)
+        elif number is not None:
+            value = bound.scalar(*roles[o.role]) if o.role in roles else literal(number)
         else:
-            scale = bound.scalar(*roles["scale"]) if "scale" in roles else literal(k.scale)
-        if k.schedule:
-            lines.append(f"f = S.schedule_factor({literal(k.schedule)}, {_tensor(k.tensor('schedule'), v)}, "
-                         "ctx.pos, ctx.plen)")
-        new = f"S.affine({v}, {scale}, {operand('bias')}{', f' if k.schedule else ''})"
-    elif k.kind == "project":
-        new = f"S.project({v}, {_tensor(k.tensor('basis'), v)}, {operand('target')})"
-    else:
-        angle = bound.scalar(*roles["angle"]) if "angle" in roles else literal(k.angle)
-        new = (f"S.rotate({v}, {_tensor(k.tensor('e1'), v)}, {_tensor(k.tensor('e2'), v)}, "
-               f"{angle}, {literal(k.mode)})")
-    if k.preserve_norm:
-        new = f"S.preserve_norm({v}, {new})"
-    lines.append(f"{v} = S.select(m, {new}, {v})")
+            continue
+        operands.append(f"{literal(o.role)}: {value}")
+    if k.schedule:
+        lines.append(f"f = S.schedule_factor({literal(k.schedule)}, {_tensor(k.tensor('schedule'), v)}, "
+                     "ctx.pos, ctx.plen)")
+        operands.append(f"{literal('factor')}: f")
+    lines.append(f"{v} = S.steer({identifier(_maths_name(k.kind))}, {v}, {{{', '.join(operands)}}}, "
+                 f"{literal(k.mode)}, m, {literal(k.preserve_norm)})")
     return lines
+
+
+def _maths_name(kind: str) -> str:
+    return f"kernel_{KINDS[kind].maths.__name__}"
+
+
+def render_kernels(kinds) -> list[str]:
+    """The maths of each kernel kind the hooks use, written into ``__init__.py`` from its source in
+    :mod:`steerc.ir.kernels` (the function every runtime runs, renamed ``kernel_<name>``), so the package
+    cannot compute otherwise. Source that is not a plain ASCII function is refused."""
+    out, seen = [], {}
+    for kind in sorted(kinds):
+        fn = KINDS[kind].maths
+        name = _maths_name(kind)
+        if seen.setdefault(name, kind) != kind:
+            raise ValueError(f"kernel kinds {seen[name]!r} and {kind!r} both name their maths {fn.__name__!r}")
+        source = textwrap.dedent(inspect.getsource(fn)).rstrip("\n")
+        head = f"def {fn.__name__}("
+        if not source.startswith(head) or not source.isascii():
+            raise ValueError(f"the maths of kernel kind {kind!r} is not a plain ASCII function (def ...)")
+        out.append(comment(f"kernel kind {kind}: {fn.__module__}.{fn.__name__}"))
+        out.append(f"def {name}(" + source[len(head):])
+        out.append("")
+        out.append("")
+    return out
 
 
 def _site_lines(site: SiteCode, scopes: _Names, gates: _Names, bound: _Bound) -> list[str]:
@@ -221,6 +245,11 @@ def render_init(program: HookProgram, command: str, bound: _Bound) -> str:
     if program.params:
         out.extend(_params_lines(program, bound))
     out.append("")
+    kinds = {k.kind for h in program.hooks for s in h.sites for k in s.kernels}
+    if kinds:
+        out.append("# Kernels: the maths of each kind, as steerc.ir.kernels writes it (S.steer runs them).")
+        out.append("")
+        out.extend(render_kernels(kinds))
     out.append("\n\n".join(functions))
     out.append("")
     out.append("HOOKS = (")

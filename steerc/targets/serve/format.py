@@ -31,7 +31,8 @@ from steerc.core.jsonio import canonical
 from steerc.core.source import Span
 from steerc.ir import checked as ck
 from steerc.ir import nodes as ir
-from steerc.ir.plan import Affine, Binding, Kernel, Param, Plan, ProbePlan, Project, Provenance, Rotate, Site, SitePlan
+from steerc.ir.kernels import KINDS, kind_of
+from steerc.ir.plan import Binding, Kernel, Param, Plan, ProbePlan, Provenance, Site, SitePlan
 from steerc.ir.values import Vec
 from steerc.targets.constraints import constraint_from_json, constraint_json, request_fields
 from steerc.targets.signing import mac
@@ -111,36 +112,7 @@ def _gate(g) -> dict:
 
 
 def _op(op, arts: _Artifacts) -> dict:
-    import numpy as np
-
-    if isinstance(op, Affine):
-        scale = {"value": op.scale} if isinstance(op.scale, float) else arts.put(op.scale.array)
-        out = {"kind": "affine", "scale": scale, "bias": arts.put(op.bias.array) if op.bias is not None else None}
-        if op.schedule:
-            out["schedule"] = [_schedule_json(f) for f in op.schedule]
-        return out
-    if isinstance(op, Project):
-        return {"kind": "project", "basis": arts.put(np.stack([b.array for b in op.basis])),
-                "target": list(op.target) if op.target is not None else None}
-    return {"kind": "rotate", "e1": arts.put(op.e1.array), "e2": arts.put(op.e2.array), "angle": op.angle,
-            "mode": op.mode}
-
-
-def _schedule_json(factor) -> dict:
-    kind, a, b = factor
-    if kind == "ramp":
-        return {"kind": "ramp", "steps": int(a)}
-    if kind == "decay":
-        return {"kind": "decay", "rate": a}
-    return {"kind": "window", "start": int(a), "stop": int(b)}
-
-
-def _schedule_from(d: dict) -> tuple[str, float, float]:
-    if d["kind"] == "ramp":
-        return ("ramp", float(d["steps"]), 0.0)
-    if d["kind"] == "decay":
-        return ("decay", float(d["rate"]), 0.0)
-    return ("window", float(d["start"]), float(d["stop"]))
+    return kind_of(op).to_serve(op, arts.put)
 
 
 def _site(site: Site) -> dict:
@@ -266,16 +238,7 @@ def _vec(ref: dict, load) -> "object":
 
 
 def _op_from(d: dict, load):
-    kind = d["kind"]
-    if kind == "affine":
-        scale = float(d["scale"]["value"]) if "value" in d["scale"] else _vec(d["scale"], load)
-        schedule = tuple(sorted(_schedule_from(f) for f in d.get("schedule") or ()))
-        return Affine(scale, _vec(d["bias"], load) if d["bias"] is not None else None, schedule)
-    if kind == "project":
-        rows = read_artifact(load(d["basis"]["artifact"]), d["basis"]["artifact"])
-        target = tuple(float(t) for t in d["target"]) if d["target"] is not None else None
-        return Project(tuple(Vec(r) for r in rows), target)
-    return Rotate(_vec(d["e1"], load), _vec(d["e2"], load), float(d["angle"]), d["mode"])
+    return KINDS[d["kind"]].from_serve(d, lambda ref: read_artifact(load(ref["artifact"]), ref["artifact"]))
 
 
 def from_serve(doc: dict, load) -> Plan:

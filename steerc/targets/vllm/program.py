@@ -56,12 +56,9 @@ def split_gates(boot: dict, stages) -> str | None:
 def _kernel(k: KernelCall, prefix: str, tensors: dict, scopes: list, gates: list, thresholds: list,
             bindings: list, coefficients: dict) -> dict:
     named = dict(k.tensors)
-    if k.kind == "affine" and "scale" not in named:
-        tensors[f"{prefix}.scale"] = np.asarray([k.scale], dtype=np.float32)
-        named["scale"] = f"{prefix}.scale"
-    if k.kind == "rotate":
-        tensors[f"{prefix}.angle"] = np.asarray([k.angle], dtype=np.float32)
-        named["angle"] = f"{prefix}.angle"
+    for role, value in k.numbers:  # every number is a buffer, so a new value needs no new graph
+        tensors[f"{prefix}.{role}"] = np.asarray([value], dtype=np.float32)
+        named[role] = f"{prefix}.{role}"
     scope = list(map(list, k.scope))
     if scope not in scopes:
         scopes.append(scope)
@@ -76,7 +73,7 @@ def _kernel(k: KernelCall, prefix: str, tensors: dict, scopes: list, gates: list
                 bindings.append({"param": bound[0], "buffer": "gates.thresholds", "index": first + j,
                                  "coefficient": "gates.coefficients"})
     for role, param, coefficient in k.bindings:
-        buffer = named["scale" if role == "scale" else role]
+        buffer = named[role]
         name = f"{buffer}_coefficient"
         tensors[name] = np.asarray(coefficient, dtype=np.float32).reshape(np.shape(tensors[buffer]))
         bindings.append({"param": param, "buffer": buffer, "index": None, "coefficient": name})

@@ -44,6 +44,7 @@ from steerc.core.format_schema import SchemaError, check
 from steerc.core.limits import MAX_SCHEDULE_STEP
 from steerc.facts import ModelFacts
 from steerc.facts.sites import site_table
+from steerc.ir.kernels import KINDS
 from steerc.ir.plan import Param, ParamError, check_values, declared_problem
 from steerc.passes.lower_plan import BASIS_READOUTS
 from steerc.targets.constraints import constraint_from_json
@@ -139,10 +140,36 @@ SCHEMA_PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "plan.sch
 SIGNED = ("content_sha256", "hmac")
 
 
-@functools.lru_cache(maxsize=1)
 def schema() -> dict:
+    """The plan's JSON Schema: ``plan.schema.json`` with the kernel kinds' parts from the kernel seat (a kind
+    registered at run time included)."""
+    return _schema(tuple(KINDS))
+
+
+@functools.lru_cache(maxsize=4)
+def _schema(names: tuple) -> dict:
     with open(SCHEMA_PATH, encoding="utf-8") as fh:
-        return json.load(fh)
+        return with_kinds(json.load(fh))
+
+
+def with_kinds(doc: dict) -> dict:
+    """``doc`` with its kernel's ``kind``, ``tensors`` and ``mode`` written from :data:`KINDS`: the published
+    schema (``plan.schema.json``, ``spec/vllm_plan.schema.json``) is this of itself (:func:`published`)."""
+    kernel = doc["$defs"]["kernel"]["properties"]
+    kernel["kind"] = {"enum": list(KINDS)}
+    roles = [o.role for kind in KINDS.values() for o in kind.operands]
+    name = {"type": "string", "minLength": 1, "maxLength": 256}
+    kernel["tensors"]["properties"] = {role: dict(name) for role in dict.fromkeys([*roles, "schedule"])}
+    modes = list(dict.fromkeys(m for kind in KINDS.values() for m in kind.modes))
+    kernel["mode"] = {"oneOf": [{"type": "null"}, {"enum": modes}]}
+    return doc
+
+
+def published() -> str:
+    """The text of ``plan.schema.json`` as the built-in kinds make it."""
+    with open(SCHEMA_PATH, encoding="utf-8") as fh:
+        doc = json.load(fh)
+    return json.dumps(with_kinds(doc), indent=2) + "\n"
 
 
 def content_bytes(obj: dict) -> bytes:
@@ -252,10 +279,6 @@ def _header_facts(header: dict):
     return facts
 
 
-_ROLES = {"affine": ({"scale"}, {"bias", "schedule"}), "project": ({"basis"}, {"target"}),
-          "rotate": ({"e1", "e2", "angle"}, set())}
-
-
 def _check_boot(boot: dict, facts, params=None) -> None:
     """The structure: hooks on the modules the site table names, shapes, and every index in range."""
     try:
@@ -337,44 +360,42 @@ def _check_boot(boot: dict, facts, params=None) -> None:
 
 
 def _check_kernel(field: str, k: dict, width: int, boot: dict, buffer) -> None:
-    required, optional = _ROLES[k["kind"]]
+    kind = KINDS[k["kind"]]  # the schema admits only registered kinds
+    required = {o.role for o in kind.operands if not o.optional}
+    optional = {o.role for o in kind.operands if o.optional} | ({"schedule"} if kind.schedulable else set())
     roles = set(k["tensors"])
     if not required <= roles or roles - required - optional:
         raise PlanError(f"{field}.tensors", f"a {k['kind']} kernel takes {', '.join(sorted(required))}"
                         + (f" (and {', '.join(sorted(optional))})" if optional else ""))
     t = k["tensors"]
-    if k["kind"] == "affine":
-        scale = t["scale"]
-        if scale not in boot["buffers"] or tuple(boot["buffers"][scale]["shape"]) != (1,):
-            buffer(f"{field}.tensors.scale", scale, (width,))
+    rows = None  # the k of a "k,d" operand, which a "k" operand matches
+    for o in kind.operands:
+        if o.role not in t:
+            continue
+        at = f"{field}.tensors.{o.role}"
+        if o.shape == "1|d":
+            one = t[o.role] in boot["buffers"] and tuple(boot["buffers"][t[o.role]]["shape"]) == (1,)
+            buffer(at, t[o.role], (1,) if one else (width,))
+        elif o.shape == "k,d":
+            rows = buffer(at, t[o.role], (None, width))[0]
+            if rows > width:
+                raise PlanError(at, "more directions than the site is wide")
         else:
-            buffer(f"{field}.tensors.scale", scale, (1,))
-        if "bias" in t:
-            buffer(f"{field}.tensors.bias", t["bias"], (width,))
-    elif k["kind"] == "project":
-        rows = buffer(f"{field}.tensors.basis", t["basis"], (None, width))[0]
-        if rows > width:
-            raise PlanError(f"{field}.tensors.basis", "more directions than the site is wide")
-        if "target" in t:
-            buffer(f"{field}.tensors.target", t["target"], (rows,))
-    else:
-        for role in ("e1", "e2"):
-            buffer(f"{field}.tensors.{role}", t[role], (width,))
-        buffer(f"{field}.tensors.angle", t["angle"], (1,))
+            buffer(at, t[o.role], {"d": (width,), "1": (1,), "k": (rows,)}[o.shape])
     schedule = k.get("schedule")
     if schedule or "schedule" in t:
         if not schedule or "schedule" not in t or "bias" not in t:
             raise PlanError(f"{field}.schedule", "a schedule needs its kinds, its [m, 2] numbers and a bias to scale")
         buffer(f"{field}.tensors.schedule", t["schedule"], (len(schedule), 2))
-    if (k["kind"] == "rotate") != (k["mode"] is not None):
-        raise PlanError(f"{field}.mode", "a rotation has a mode (to or by); other kernels have none")
+    if not (k["mode"] in kind.modes if kind.modes else k["mode"] is None):
+        raise PlanError(f"{field}.mode", f"a {k['kind']} kernel has a mode ({' or '.join(kind.modes)})" if kind.modes
+                        else f"a {k['kind']} kernel has no mode")
     if k["scope"] >= len(boot["scopes"]):
         raise PlanError(f"{field}.scope", f"scope {k['scope']}, the boot section has {len(boot['scopes'])}")
     if k["gate"] is not None and k["gate"] >= len(boot["gates"]):
         raise PlanError(f"{field}.gate", f"gate {k['gate']}, the boot section has {len(boot['gates'])}")
 
 
-BINDABLE = ("scale", "bias", "target", "angle")
 
 
 def _check_bindings(boot: dict, params, shapes: dict, used: set) -> None:
@@ -390,7 +411,7 @@ def _check_bindings(boot: dict, params, shapes: dict, used: set) -> None:
     for hook in boot["hooks"]:
         for site in hook["sites"]:
             for k in site["kernels"]:
-                bindable.update(k["tensors"][r] for r in BINDABLE if r in k["tensors"])
+                bindable.update(k["tensors"][r] for r in KINDS[k["kind"]].bindable if r in k["tensors"])
     bound = set()
     for i, b in enumerate(boot.get("bindings") or ()):
         field = f"plan.boot.bindings[{i}]"
