@@ -59,6 +59,10 @@ MAX_GGUF_HEADER_BYTES = 64 * 1024 * 1024
 MAX_GGUF_STRINGS = 262_144
 MAX_GGUF_TENSORS = 65_536
 
+# --------------------------------------------------------------------- serve
+
+MAX_SERVED_PLANS = 32
+
 # ------------------------------------------------------------------- output
 
 MAX_ECHO_COLUMNS = 120
@@ -176,6 +180,13 @@ LIMITS: dict[str, Limit] = _table(
       "of a second")),
     ("MAX_GGUF_TENSORS", "tensors", "the tensor entries of a GGUF file",
      "a control vector holds one per layer; the largest models hold a few thousand tensors"),
+    ("MAX_SERVED_PLANS", "plans",
+     ("the plans a serve process keeps admitted and built between requests (the HTTP front end, the offline "
+      "front end and each worker: by the plan's text and the model's facts, and a plan bound to a request's "
+      "params by their values too); the least recently used goes first"),
+     ("each holds up to three copies of its vectors (the artifacts, the plan, the built tensors: some 200 KiB "
+      "for four vectors of 4,096 floats), within the request caps; a server steers with a handful of plans at "
+      "a time, and a plan that falls out is admitted and built again on its next request")),
     ("MAX_PROMPT_CHARS", "characters", "the prompt text of `steerc explain --tokens`, and each `--prompt` of `steerc run`",
      "the text is tokenized whole before its tokens are counted"),
     ("MAX_PROMPT_TOKENS", "tokens", "the prompt tokens `steerc explain --tokens` shows",

@@ -3,6 +3,9 @@
 The server's front end (the HTTP middleware, or the logits-processor hook
 for the offline API) and its workers run the same :func:`admit`: whatever
 passes it builds and runs in the worker, so nothing is left to fail there.
+A process admits and builds each plan once (:data:`PLANS`, by the plan's
+text and the model's facts); a later request of it is checked for what is
+its own (see :func:`admit`).
 It checks, with the field at fault in every refusal:
 
 * the plan JSON against ``serve.schema.json`` (types, unknown keys, sizes,
@@ -44,11 +47,14 @@ import functools
 import hashlib
 import json
 import os
+import threading
+from collections import OrderedDict
 from collections.abc import Mapping
 
 from steerc.core.errors import FieldError
 from steerc.core.format_schema import SchemaError, check
-from steerc.core.jsonio import JSONError, loads
+from steerc.core.jsonio import JSONError, canonical, loads
+from steerc.core.limits import MAX_SERVED_PLANS
 from steerc.facts import ModelFacts
 from steerc.facts.sites import site_table
 from steerc.ir.plan import ParamError, check_params, rebind
@@ -72,6 +78,7 @@ from steerc.targets.vllm.program import build, prefix_cache_safe, split_gates
 MAX_PLAN_CHARS = 4 * 1024 * 1024
 MAX_ARTIFACT_BYTES = 64 * 1024 * 1024
 MAX_INLINE_CHARS = 4 * MAX_ARTIFACT_BYTES
+MAX_PARAMS_CHARS = 64 * 1024
 SCHEMA_PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "serve.schema.json")
 
 
@@ -90,6 +97,12 @@ def schema() -> dict:
 def decode_json(field: str, value, limit: int):
     """A JSON value from a request field (a string, or already decoded), bounded in size and depth
     (steerc's one JSON reader, :mod:`steerc.core.jsonio`: no NaN, no huge integers, no lone surrogates)."""
+    return _parse(field, json_text(field, value, limit), limit)
+
+
+def json_text(field: str, value, limit: int) -> str:
+    """A request field's JSON text, at most ``limit`` characters: the string it is, or the text of a value
+    already decoded (which :func:`decode_json` reads back). Admission keeps plans by this text's hash."""
     if isinstance(value, (bytes, bytearray)):
         value = bytes(value).decode("utf-8", errors="replace")
     if not isinstance(value, str):
@@ -103,10 +116,18 @@ def decode_json(field: str, value, limit: int):
             raise RequestError(field, f"not JSON steerc reads ({type(exc).__name__}: {str(exc)[:120]})") from None
     if len(value) > limit:
         raise RequestError(field, f"{len(value)} characters is over the {limit}-character cap")
+    return value
+
+
+def _parse(field: str, text: str, limit: int):
     try:
-        return loads(value, max_bytes=4 * limit)
+        return loads(text, max_bytes=4 * limit)
     except JSONError as exc:
         raise RequestError(field, f"not JSON steerc reads ({exc})") from None
+
+
+def _digest(text: str) -> str:
+    return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
 
 
 def inline_artifacts(extra: dict) -> dict[str, bytes]:
@@ -141,19 +162,48 @@ class Admitted:
     target's predicate, on the plan's boot section): only then may the request
     share prefix-cached KV with others of the same plan; otherwise the front end
     gives it a salt of its own (:func:`~steerc.targets.serve.request.unique_salt`).
+
+    ``facts``: the model facts it was admitted against, which :meth:`built` builds for; ``contexts``: the
+    servers (HMAC key, sites, tensor-parallel size) it has passed :func:`check_context` for.
     """
 
-    __slots__ = ("plan", "doc", "artifacts", "salt", "cacheable", "params")
+    __slots__ = ("plan", "doc", "artifacts", "salt", "cacheable", "params", "facts", "contexts", "_built",
+                 "_plan_id")
 
-    def __init__(self, plan, doc, artifacts, salt, cacheable: bool, params: dict | None = None):
+    def __init__(self, plan, doc, artifacts, salt, cacheable: bool, params: dict | None = None, *,
+                 facts=None, built: tuple[dict, dict] | None = None):
         self.plan, self.doc, self.artifacts, self.salt = plan, doc, artifacts, salt
         self.cacheable = cacheable
         self.params = params if params is not None else (check_params(plan, {}) if plan.params else {})
+        self.facts = facts
+        self.contexts: set = set()
+        self._built = None if built is None else _read_only(built)
+        self._plan_id: str | None = None
 
     @property
     def plan_id(self) -> str:
         """The plan's identity: the sha256 of what its HMAC covers (the canonical plan, artifacts by name)."""
-        return hashlib.sha256(signed_bytes(self.doc)).hexdigest()
+        if self._plan_id is None:
+            self._plan_id = hashlib.sha256(signed_bytes(self.doc)).hexdigest()
+        return self._plan_id
+
+    def built(self) -> tuple[dict, dict]:
+        """The plan as the vllm runtime runs it, ``(boot, tensors)``
+        (:func:`steerc.targets.vllm.program.build` on :attr:`facts`): built once, then shared by every request
+        of this admitted plan. Its arrays are read-only; a worker copies them into its own buffers."""
+        if self._built is None:
+            if self.facts is None:
+                raise ValueError("an Admitted built without the facts it was admitted against")
+            self._built = _read_only(build(self.plan, self.facts))
+        return self._built
+
+
+def _read_only(built: tuple[dict, dict]) -> tuple[dict, dict]:
+    """``build``'s result with its arrays frozen: it is shared between requests, so none may change it."""
+    for value in built[1].values():
+        if hasattr(value, "flags"):
+            value.flags.writeable = False
+    return built
 
 
 def cacheable(doc: dict, artifacts: dict[str, bytes]) -> bool:
@@ -235,10 +285,7 @@ def check_document(doc, facts, artifacts: dict[str, bytes], *, tp_size: int = 1,
         check(doc, schema(), PLAN_KEY)
     except SchemaError as exc:
         raise RequestError(exc.field, exc.message) from None
-    if key is not None:
-        if not signing.verify(key, signed_bytes(doc), doc.get("hmac")):
-            _fail("hmac", "missing or wrong: this server accepts only plans signed with its key "
-                          "(steerc compile --hmac-key-file)")
+    _check_hmac(doc, key)
     if doc["model"]["fingerprint"] != facts.fingerprint:
         _fail("model.fingerprint", "compiled for another model than this server's (its layout facts differ)")
     mine = facts.to_json()
@@ -250,9 +297,7 @@ def check_document(doc, facts, artifacts: dict[str, bytes], *, tp_size: int = 1,
     refs = _Refs(artifacts)
     for i, p in enumerate(doc["probes"]):
         field = f"probes[{i}]"
-        width = _check_site(f"{field}.site", p["site"], facts, tp_size, sites)
-        if p["site"]["kind"] == "head" and tp_size > 1:
-            _fail(f"{field}.site", "a head probe cannot be shared across tensor-parallel ranks")
+        width = _check_probe_site(field, p["site"], facts, tp_size, sites)
         lo, hi = PROBE_ROWS[p["readout"]]
         if hi == 0:
             if p["vectors"] is not None:
@@ -299,19 +344,60 @@ def check_document(doc, facts, artifacts: dict[str, bytes], *, tp_size: int = 1,
     except InvalidPlan as exc:
         _fail(exc.field, exc.message)
     try:
-        boot, _ = build(plan, facts)  # what the worker builds (steerc.runtime.vllm.serve.RequestSteer)
+        boot, tensors = build(plan, facts)  # what the worker runs (steerc.runtime.vllm.request.RequestSteer)
     except Exception as exc:  # noqa: BLE001 - a verified plan that still does not lower is refused, not run
         _fail("", f"does not build ({type(exc).__name__}: {exc})")
     salt = cache_salt(doc)
     if doc["cache_salt"] != salt:
         _fail("cache_salt", "is not this plan's salt (recomputed from the plan and its artifacts)")
     used = {k: artifacts[k] for k in refs.used}
-    return Admitted(plan, doc, used, salt, prefix_cache_safe(boot))
+    admitted = Admitted(plan, doc, used, salt, prefix_cache_safe(boot), facts=facts, built=(boot, tensors))
+    admitted.contexts.add(_context(key, tp_size, sites))
+    return admitted
+
+
+def _check_hmac(doc: dict, key: bytes | None) -> None:
+    if key is not None:
+        if not signing.verify(key, signed_bytes(doc), doc.get("hmac")):
+            _fail("hmac", "missing or wrong: this server accepts only plans signed with its key "
+                          "(steerc compile --hmac-key-file)")
+
+
+def _check_probe_site(field: str, site: dict, facts, tp_size: int, sites) -> int:
+    """A probe's site as :func:`_check_site` checks it, and no head probe under tensor parallelism."""
+    width = _check_site(f"{field}.site", site, facts, tp_size, sites)
+    if site["kind"] == "head" and tp_size > 1:
+        _fail(f"{field}.site", "a head probe cannot be shared across tensor-parallel ranks")
+    return width
+
+
+def _context(key: bytes | None, tp_size: int, sites) -> tuple:
+    """What of a server admission depends on besides the plan and the model (the key by its hash only)."""
+    return (None if key is None else hashlib.sha256(key).hexdigest(), int(tp_size),
+            None if sites is None else tuple(sites))
+
+
+def check_context(admitted: Admitted, *, tp_size: int = 1, key: bytes | None = None, sites=None) -> None:
+    """The checks of :func:`check_document` that depend on the server, not on the plan or the model: the
+    HMAC key, the sites it has steer points at, what its tensor-parallel ranks can hold. A plan admitted
+    on the same model for one server is admitted for another once these pass: they run in
+    :func:`check_document`'s order, and everything else passed already, so a refusal names the field a whole
+    admission would name. Remembered per server."""
+    context = _context(key, tp_size, sites)
+    if context in admitted.contexts:
+        return
+    doc, facts = admitted.doc, admitted.facts
+    _check_hmac(doc, key)
+    for i, p in enumerate(doc["probes"]):
+        _check_probe_site(f"probes[{i}]", p["site"], facts, tp_size, sites)
+    for i, entry in enumerate(doc["sites"]):
+        _check_site(f"sites[{i}].site", entry["site"], facts, tp_size, sites)
+    admitted.contexts.add(context)
 
 
 def bind_request(admitted: Admitted, raw) -> Admitted:
     """The admitted plan at the request's ``steerc_params`` (a JSON object of numbers), with their salt."""
-    values = decode_json(PARAMS_KEY, raw, 64 * 1024)
+    values = decode_json(PARAMS_KEY, raw, MAX_PARAMS_CHARS)
     if not isinstance(values, dict):
         raise RequestError(PARAMS_KEY, "expected a JSON object of param name to number")
     try:
@@ -319,19 +405,68 @@ def bind_request(admitted: Admitted, raw) -> Admitted:
     except ParamError as exc:
         raise RequestError(f"{PARAMS_KEY}.{exc.field}", exc.message) from None
     return Admitted(rebind(admitted.plan, full), admitted.doc, admitted.artifacts,
-                    request_salt(admitted.doc, values), admitted.cacheable, full)
+                    request_salt(admitted.doc, values), admitted.cacheable, full, facts=admitted.facts)
+
+
+class PlanCache:
+    """Admitted plans with their builds, by content: at most ``size``, the least recently used out first.
+
+    A key names everything an admission read besides the server's own settings: the plan's JSON text (by
+    its sha256; its artifacts are named by theirs), the model's facts and, for a plan bound to a request's
+    params, their text. Only plans that passed are kept. Safe to share between threads.
+    """
+
+    def __init__(self, size: int):
+        self.size = size
+        self._entries: OrderedDict = OrderedDict()
+        self._lock = threading.Lock()
+
+    def get(self, key):
+        with self._lock:
+            value = self._entries.get(key)
+            if value is not None:
+                self._entries.move_to_end(key)
+            return value
+
+    def put(self, key, value) -> None:
+        with self._lock:
+            self._entries[key] = value
+            self._entries.move_to_end(key)
+            while len(self._entries) > self.size:
+                self._entries.popitem(last=False)
+
+    def clear(self) -> None:
+        with self._lock:
+            self._entries.clear()
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+
+# This process's admitted plans (the HTTP front end's, the offline front end's and a worker's alike).
+PLANS = PlanCache(MAX_SERVED_PLANS)
 
 
 def admit(extra_args, facts, *, store=None, tp_size: int = 1, salt=None,
           key: bytes | None = None, sites=None, stages=None) -> Admitted | None:
     """A request's steering from its ``extra_args`` (None when it asks for none).
 
-    ``store`` (an :class:`~steerc.runtime.vllm.serve.ArtifactStore`) supplies
+    ``store`` (an :class:`~steerc.runtime.vllm.store.ArtifactStore`) supplies
     artifacts the request references without carrying them; ``salt`` is the
     request's ``cache_salt`` where the caller sees it (the HTTP front end):
     it must be the plan's; ``key``: the HMAC key every plan must be signed with; ``sites``: the site
     groups the server has steer points at (all when None); ``stages``: under pipeline parallelism, each
     stage's first layer (a gate must read probes on its own stage).
+
+    A plan is admitted (:func:`check_document`) and built once per process: :data:`PLANS` keeps it by the
+    sha256 of its text and the model's facts, and a request bound to params keeps its bound plan by their
+    text too. A later request of a plan admitted here, the same request passing the offline front end and
+    a worker in one process among them, is checked only for what is its own: its fields, its inline
+    artifacts (each hashed against its name) or the store's, the server's key, sites and ranks
+    (:func:`check_context`), its params, receipt id, salt and pipeline stages. The worker still admits
+    what the front end admitted: where they are two processes, what reaches the worker came over the wire,
+    and a worker runs only what it checked itself (nothing the front end concluded travels with the
+    request; the cache holds only this process's own admissions).
     """
     if extra_args is None:
         return None
@@ -345,19 +480,11 @@ def admit(extra_args, facts, *, store=None, tp_size: int = 1, salt=None,
             if orphan in extra_args:
                 raise RequestError(orphan, f"{orphan} without a plan ({PLAN_KEY} is missing)")
         return None
-    doc = decode_json(PLAN_KEY, extra_args[PLAN_KEY], MAX_PLAN_CHARS)
-    if not isinstance(doc, dict) or doc.get("format") != FORMAT:
-        raise RequestError(f"{PLAN_KEY}.format", f"expected a {FORMAT} plan")
-    artifacts = inline_artifacts(extra_args)
-    if store is not None and isinstance(doc.get("artifacts"), list):  # a malformed list: the schema names it
-        for name in doc["artifacts"]:
-            if isinstance(name, str) and name not in artifacts and len(name) == 64:
-                data = store.lookup(name)
-                if data is not None:
-                    artifacts[name] = data
-    admitted = check_document(doc, facts, artifacts, tp_size=tp_size, key=key, sites=sites)
+    text = json_text(PLAN_KEY, extra_args[PLAN_KEY], MAX_PLAN_CHARS)
+    plan_key = ("plan", _digest(text), canonical(facts.to_json()))
+    admitted = _admit_plan(plan_key, text, extra_args, facts, store=store, tp_size=tp_size, key=key, sites=sites)
     if extra_args.get(PARAMS_KEY) is not None:
-        admitted = bind_request(admitted, extra_args[PARAMS_KEY])
+        admitted = _bind(plan_key, admitted, extra_args[PARAMS_KEY])
     receipt = extra_args.get(RECEIPT_KEY)
     if receipt is not None and not (isinstance(receipt, str) and RECEIPT_ID.fullmatch(receipt)):
         raise RequestError(RECEIPT_KEY, "set by the server's front end (ask with `steerc_receipt: true` at the "
@@ -365,7 +492,51 @@ def admit(extra_args, facts, *, store=None, tp_size: int = 1, salt=None,
     if salt is not None and salt != admitted.salt:
         raise RequestError("cache_salt", "is not the plan's cache_salt (request_fields() sets it)")
     if stages is not None and len(stages) > 1:
-        why = split_gates(build(admitted.plan, facts)[0], stages)
+        why = split_gates(admitted.built()[0], stages)
         if why is not None:
             raise RequestError(f"{PLAN_KEY}.probes", why)
     return admitted
+
+
+def _admit_plan(plan_key: tuple, text: str, extra_args, facts, *, store, tp_size: int, key, sites) -> Admitted:
+    """The request's plan, admitted: :data:`PLANS`' entry when this process admitted it on these facts and
+    the request still supplies every artifact it uses (checked against their names here), else a whole
+    admission (which names whatever is wrong), kept for the next request."""
+    known = PLANS.get(plan_key)
+    if known is not None:
+        artifacts = _artifacts(extra_args, known.doc, store)
+        if all(name in artifacts for name in known.doc["artifacts"]):
+            check_context(known, tp_size=tp_size, key=key, sites=sites)
+            return known
+    doc = _parse(PLAN_KEY, text, MAX_PLAN_CHARS)
+    if not isinstance(doc, dict) or doc.get("format") != FORMAT:
+        raise RequestError(f"{PLAN_KEY}.format", f"expected a {FORMAT} plan")
+    admitted = check_document(doc, facts, _artifacts(extra_args, doc, store), tp_size=tp_size, key=key,
+                              sites=sites)
+    PLANS.put(plan_key, admitted)
+    return admitted
+
+
+def _artifacts(extra_args, doc: dict, store) -> dict[str, bytes]:
+    """The artifacts a request supplies: those it carries, each verified against its name, then those of
+    the plan's list the store holds (verified when first read)."""
+    artifacts = inline_artifacts(extra_args)
+    if store is not None and isinstance(doc.get("artifacts"), list):  # a malformed list: the schema names it
+        for name in doc["artifacts"]:
+            if isinstance(name, str) and name not in artifacts and len(name) == 64:
+                data = store.lookup(name)
+                if data is not None:
+                    artifacts[name] = data
+    return artifacts
+
+
+def _bind(plan_key: tuple, admitted: Admitted, raw) -> Admitted:
+    """:func:`bind_request`, kept in :data:`PLANS` by the params' text: the same values again reuse the bound
+    plan and its build."""
+    text = json_text(PARAMS_KEY, raw, MAX_PARAMS_CHARS)
+    bound_key = ("params", *plan_key[1:], _digest(text))
+    bound = PLANS.get(bound_key)
+    if bound is None:
+        bound = bind_request(admitted, text)
+        PLANS.put(bound_key, bound)
+    return bound
