@@ -110,9 +110,14 @@ def test_no_import_circles():
     assert not real, "modules that import each other in a circle:\n" + "\n".join(" <-> ".join(c) for c in real)
 
 
-# The vLLM runtime's own layers (steerc/runtime/vllm/__init__.py): engine access, a worker's share,
-# steering state, the two modes side by side (serve's HTTP front end above serve), the loader, the API.
-VLLM_LAYERS = {"engine": 1, "parallel": 2, "steer": 3, "points": 3, "receipt": 3, "slots": 3, "activations": 3, "plan": 4, "serve": 4, "http": 5, "loader": 6, "api": 7}
+# The vLLM runtime's own layers (steerc/runtime/vllm/__init__.py): engine access (and the serve plugin's
+# artifact store), a worker's share, steering state, the two modes side by side — the vllm target's plan,
+# and the serve plugin's request steering and logits guard, its router above them, then serve (which wires
+# them) and its HTTP front end —, the loader, the API.
+VLLM_LAYERS = {"engine": 1, "store": 1, "parallel": 2,
+               "steer": 3, "points": 3, "receipt": 3, "slots": 3, "activations": 3,
+               "plan": 4, "request": 4, "guard": 4, "router": 5, "serve": 6, "http": 6,
+               "loader": 7, "api": 8}
 
 
 def test_the_vllm_runtime_imports_down_its_own_layers():

@@ -48,7 +48,7 @@ from steerc.runtime.vllm.engine import (
     served_sites,
 )
 from steerc.runtime.vllm.receipt import take
-from steerc.runtime.vllm.serve import ArtifactStore
+from steerc.runtime.vllm.store import ArtifactStore
 from steerc.targets.serve.admission import MAX_INLINE_CHARS, MAX_PLAN_CHARS, RequestError, admit
 from steerc.targets.serve.capacity import capabilities
 from steerc.targets.serve.request import (

@@ -1,0 +1,85 @@
+"""One steered request in a serve worker: its buffers, its function at each module, its plan slot.
+
+:class:`RequestSteer` is built from a request's admitted plan with the vllm
+target's machinery (:mod:`steerc.runtime.vllm.steer`: the same kernels,
+probes and gates), cut to this worker's share (:mod:`.parallel`: its
+tensor-parallel rank, its pipeline stage). A hook that is one affine kernel
+on full rows is lowered into a plan slot (:mod:`.slots`) instead of running
+per request. The router (:mod:`.router`) decides which rows each request
+owns in a step; this module holds only what one request needs.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from steerc.runtime.vllm.parallel import check_gates_on_stage, layer_path, localise, owns
+from steerc.runtime.vllm.receipt import Receipt
+from steerc.runtime.vllm.slots import host_mask, slottable
+from steerc.runtime.vllm.steer import SteerState, site_function
+from steerc.targets.vllm.program import build, prefix_cache_safe
+
+
+class RequestSteer:
+    """One request's steering: its buffers (vLLM buffer form) and per-module functions.
+
+    ``built``: the plan's ``(boot, tensors)`` when the caller holds them already (the router passes the
+    admitted plan's, built once per process: :meth:`steerc.targets.serve.admission.Admitted.built`); they
+    are only read, never changed. Without it the plan is built here.
+    """
+
+    def __init__(self, plan, facts, *, max_tokens: int, dtype, device, tp_rank: int, tp_size: int,
+                 slot_id: str = "", receipt: bool = False, model=None, built: tuple[dict, dict] | None = None):
+        boot, tensors = built if built is not None else build(plan, facts)
+        self.cacheable = prefix_cache_safe(boot)  # may it reuse KV that other requests computed?
+        # Pipeline stages: this worker's hooks only (model None: every hook, as in the tests without an engine).
+        here = (lambda path: True) if model is None else (lambda path: owns(model, layer_path(path)))
+        hooks = {}
+        for hook in boot["hooks"]:
+            local = localise(hook, facts.heads, tp_rank, tp_size, facts.head_dim, facts.family)
+            if local is not None and here(hook["module"]):
+                if model is not None:
+                    check_gates_on_stage(model, boot, local)
+                hooks[(hook["module"], hook["kind"], hook["tensor"])] = local
+        # Which stage answers for the receipt: the one holding the plan's probes (gate values stay on their
+        # stage), else the first; probes on two stages leave no stage able to.
+        root = layer_path(boot["hooks"][0]["module"]).rsplit(".", 1)[0] if boot["hooks"] else "model.layers"
+        probes = [here(f"{root}.{p['layer']}") for p in boot["probes"]]
+        self.receipt_here = probes[0] if probes else here(f"{root}.0")
+        self.receipt_split = not all(probes)
+        receipt = receipt and self.receipt_here
+        kernels = {key: slottable(local, lambda name: np.size(tensors[name]), facts.hidden)
+                   for key, local in hooks.items()}
+        # Only slotted kernels and no receipt: nothing reads this request's own step metadata.
+        self.needs_metadata = receipt or any(k is None for k in kernels.values())
+        self.state = SteerState(boot, tensors, max_tokens=max_tokens if self.needs_metadata else 1, max_slots=1,
+                                width=max(facts.hidden, facts.head_dim), dtype=dtype, device=device)
+        self.fns = {key: site_function(self.state, local["sites"]) for key, local in hooks.items()}
+        self.slotted: dict[tuple, tuple] = {}  # point key -> (scale, bias, scope): lowered into a plan slot
+        for key, kernel in kernels.items():
+            if kernel is not None:
+                scale, bias, scope = kernel
+                self.slotted[key] = (self.state.buffer(scale), None if bias is None else self.state.buffer(bias),
+                                     boot["scopes"][scope])
+        self.slot_id, self.slot = slot_id, 0
+        self.started = False
+        self.receipt: Receipt | None = None
+
+    def masks(self, pos, plen) -> dict:
+        """Each slotted point's scope mask over this step's rows of the request (one per distinct scope)."""
+        by_scope, out = {}, {}
+        for key, (_, _, scope) in self.slotted.items():
+            tag = id(scope)
+            if tag not in by_scope:
+                by_scope[tag] = host_mask(scope, pos, plen)
+            out[key] = by_scope[tag]
+        return out
+
+    def feed(self, pos, plen, restart: bool) -> None:
+        if restart and self.started:  # recomputed from its first token (after preemption): pool afresh
+            self.state.reset_slots([0])
+            if self.receipt is not None:
+                self.receipt.restart()
+        self.started = True
+        n = len(pos)
+        self.state.write_metadata(pos, plen, np.zeros(n, dtype=np.int64), np.ones(n, dtype=bool))

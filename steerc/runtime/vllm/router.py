@@ -1,0 +1,255 @@
+"""The serve plugin in a worker: each step, every steered request's plan on that request's rows only.
+
+:class:`ServeRouter` is installed on the loaded model by steerc's loader
+(mode ``"serve"``, through :func:`steerc.runtime.vllm.serve.attach`). Before
+each step it reads each new request's plan from its
+``SamplingParams.extra_args``, admits it
+(:func:`steerc.targets.serve.admission.admit`), builds its steering
+(:class:`~steerc.runtime.vllm.request.RequestSteer`) and hooks the modules
+its plan touches (:mod:`.points`). A steer point applies every steered
+request's kernels to that request's token rows only; rows of other requests
+stay bit-identical. Pooled probes keep per-request state across
+chunked-prefill steps.
+
+Admission here is not a formality: the worker reads what came over the wire
+from the front end (another process on a server), and trusts none of it. A
+plan this process admitted before, with the same content and on the same
+model, is not admitted or built again (admission keeps it, bounded); only
+what is the request's own is checked again.
+
+A request refused here fails alone and closed: :data:`~.guard.FAILED_KEY`
+in its ``extra_args`` names the fault, and the logits processor
+(:class:`~.guard.SteercGuard`) ends it at its next token; the engine and the
+other requests go on.
+
+Prefix caching: a steered request carries ``cache_salt`` = the plan's salt
+(checked at admission), so KV computed under one plan is never reused by a
+request with another plan or none. A plan whose steering depends on tokens
+a cache hit skips (:func:`steerc.targets.vllm.program.prefix_cache_safe`:
+prompt-pooled probes, scopes relative to the prompt) gets a salt of its own
+per request from the HTTP front end; a request of such a plan whose first
+step still starts past token 0 (a cache hit) is failed closed here.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+
+from steerc.runtime.kernels import compute_dtype
+from steerc.runtime.vllm import points
+from steerc.runtime.vllm.engine import (
+    attach_step_hooks,
+    engine_key,
+    facts_of,
+    hooks_never_ran,
+    is_compiled,
+    pipeline_stages,
+    served_sites,
+    token_metadata,
+)
+from steerc.runtime.vllm.guard import FAILED_KEY
+from steerc.runtime.vllm.parallel import layer_path, owns, tensor_parallel
+from steerc.runtime.vllm.receipt import Receipt
+from steerc.runtime.vllm.request import RequestSteer
+from steerc.runtime.vllm.slots import SlotTables
+from steerc.targets.serve.admission import RequestError, admit
+from steerc.targets.serve.capacity import point_hooks
+from steerc.targets.serve.request import RECEIPT_KEY
+
+log = logging.getLogger("steerc")
+_FAILED = object()
+
+
+def slot_id(admitted) -> str:
+    """Requests share a plan slot when they run the same plan with the same param values."""
+    params = json.dumps(admitted.params, sort_keys=True, default=repr)
+    return hashlib.sha256(f"{admitted.plan_id}\n{params}".encode()).hexdigest()
+
+
+def _body(key, router):
+    """A steer point's body: each steered request's function on its own rows (others untouched), or None
+    when no request steers here this step."""
+    if key[2] == "fused_pair":
+        def pair(hidden, residual):
+            router.ran.add(key)
+            active = router.rows.get(key, ())
+            if key in router.slots.step:
+                hidden, residual = router.slots.apply_pair(key, hidden, residual)
+            elif not active:
+                return None
+            else:
+                hidden, residual = hidden.clone(), residual.clone()
+            for req, a, b in active:
+                fn = req.fns[key]
+                total = hidden[a:b].to(fn.dtype) + residual[a:b].to(fn.dtype)
+                hidden[a:b] = fn(total).to(hidden.dtype)
+                residual[a:b] = 0  # the next fused add-norm sums the pair: rows stay exact
+            return hidden, residual
+
+        return pair
+
+    def one(x):
+        router.ran.add(key)
+        flat = x.reshape(-1, x.shape[-1])
+        out = router.slots.apply(key, flat) if key in router.slots.step else None
+        for req, a, b in router.rows.get(key, ()):
+            if out is None:
+                out = flat.clone()
+            out[a:b] = req.fns[key](flat[a:b])
+        return None if out is None else out.reshape(x.shape)
+
+    return one
+
+
+class ServeRouter:
+    """The worker side of the serve plugin, installed on the model by steerc's loader (mode "serve")."""
+
+    def __init__(self, model, view, vllm_config):
+        self.model, self.view = model, view
+        self.facts = facts_of(vllm_config)
+        self.key = engine_key(vllm_config)
+        self.sites = served_sites(vllm_config)
+        self.stages = pipeline_stages(vllm_config)
+        self.compiled = is_compiled(vllm_config)
+        self.max_tokens = int(vllm_config.scheduler_config.max_num_batched_tokens)
+        param = next(model.parameters())
+        self.dtype, self.device = compute_dtype(param.dtype), param.device
+        self.tp_rank, self.tp_size = tensor_parallel()
+        self.requests: dict[str, object] = {}   # req id -> RequestSteer, None (unsteered) or _FAILED
+        self.rows: dict[tuple, list] = {}
+        self.hooks: dict[tuple, object] = {}
+        self.slots = SlotTables(self.facts.hidden, self.dtype, self.device)
+        self.ran: set = set()
+        self.fresh: list = []
+        self.receipts: list = []
+        self.failures = 0
+        self.handles = attach_step_hooks(model, self.before, self.after)
+        if self.compiled:
+            # Traced once, at the first forward: every provisioned site has its steer point from now on.
+            if self.device.type == "cuda":
+                comp = vllm_config.compilation_config
+                comp.splitting_ops = list(comp.splitting_ops or []) + [
+                    op for op in points.SPLITTING_OPS if op not in (comp.splitting_ops or [])]
+            for key in point_hooks(self.facts, self.sites):
+                if owns(model, layer_path(key[0])):
+                    self._point(key)
+
+    # -- per step ---------------------------------------------------------
+    def before(self, positions) -> None:
+        self.rows, self.ran, self.fresh, self.receipts = {}, set(), [], []
+        live = self.view.live()
+        for gone in [r for r in self.requests if r not in live]:
+            steer = self.requests.pop(gone)
+            if isinstance(steer, RequestSteer) and steer.slotted:
+                self.slots.release(steer.slot_id)
+        slotted: dict[tuple, list] = {}
+        layout = self.view.layout()
+        if layout is None:
+            self.slots.write_step(slotted, 0)
+            return
+        pos, plen, _ = token_metadata(layout, positions, "serve")
+        for i, rid in enumerate(layout.req_ids):
+            if rid not in self.requests:
+                self.requests[rid] = self._admit(rid)
+                steer = self.requests[rid]
+                if isinstance(steer, RequestSteer) and not steer.cacheable and int(layout.first[i]) > 0:
+                    # Its first step starts past token 0: vLLM served the rest from the prefix cache, computed
+                    # without this request's pooled probes or prompt-relative scopes. Never steer half a prompt.
+                    self._fail(rid, f"its first {int(layout.first[i])} tokens came from the prefix cache, and its "
+                                    "plan depends on every prompt token (a prompt-pooled probe or a scope relative "
+                                    "to the prompt): send it with a cache_salt of its own (steerc serve does)")
+                elif isinstance(steer, RequestSteer):
+                    self.fresh.append(rid)
+            steer = self.requests[rid]
+            if not isinstance(steer, RequestSteer):
+                continue
+            a, b = int(layout.starts[i]), int(layout.starts[i + 1])
+            if steer.needs_metadata:
+                steer.feed(pos[a:b], plen[a:b], restart=bool(layout.first[i] == 0))
+            if steer.receipt is not None:
+                self.receipts.append((steer, pos[a:b], plen[a:b]))
+            masks = steer.masks(pos[a:b], plen[a:b]) if steer.slotted else {}
+            for key in steer.fns:
+                if key in masks:
+                    slotted.setdefault(key, []).append((steer.slot, a, b, masks[key]))
+                else:
+                    self.rows.setdefault(key, []).append((steer, a, b))
+        self.slots.write_step(slotted, len(pos))
+
+    def after(self) -> None:
+        """A request's first step must have run every hook its plan needs on this rank."""
+        for rid in self.fresh:
+            steer = self.requests.get(rid)
+            missing = [k[0] for k in steer.fns if k not in self.ran and owns(self.model, layer_path(k[0]))]
+            if missing:
+                self._fail(rid, hooks_never_ran(missing, self.facts.family))
+        for steer, pos, plen in self.receipts:  # after the pass: what its kernels did, before vLLM sees it
+            steer.receipt.record(steer.state, pos, plen)
+
+    # -- requests -----------------------------------------------------------
+    def _admit(self, rid: str):
+        """A new request's steering: None (it asks for none), its RequestSteer, or _FAILED (refused here).
+
+        The request is admitted again although the front end admitted it: on a server the front end is
+        another process, and what reaches the worker is bytes it must check itself (a plan for another model
+        passes a front end that does not hold the model). Admission keeps what this process admitted and
+        built, by content: the same plan again is neither admitted nor built twice.
+        """
+        params = self.view.sampling_params(rid)
+        extra = getattr(params, "extra_args", None)
+        try:
+            admitted = admit(extra, self.facts, tp_size=self.tp_size, key=self.key, sites=self.sites,
+                             stages=self.stages)
+            if admitted is None:
+                return None
+            receipt = extra.get(RECEIPT_KEY) is not None and self.tp_rank == 0
+            steer = RequestSteer(admitted.plan, self.facts, max_tokens=self.max_tokens, dtype=self.dtype,
+                                 device=self.device, tp_rank=self.tp_rank, tp_size=self.tp_size,
+                                 slot_id=slot_id(admitted), receipt=receipt, model=self.model,
+                                 built=admitted.built())
+            self._hook(steer)
+            if receipt and steer.receipt_here:  # one worker writes it: the first rank of the probes' stage
+                steer.receipt = Receipt(extra[RECEIPT_KEY], admitted)
+                if steer.receipt_split:
+                    steer.receipt.fail("its probes lie on two pipeline stages, and no one stage holds every "
+                                       "gate's values; its steering is unaffected")
+            if steer.slotted:  # last: a request that holds a slot is in self.requests
+                steer.slot = self.slots.acquire(steer.slot_id, {k: v[:2] for k, v in steer.slotted.items()})
+            return steer
+        except Exception as exc:  # noqa: BLE001 - this request fails; the engine and the others go on
+            self._fail(rid, str(exc), params)
+            return _FAILED
+
+    def _fail(self, rid: str, message: str, params=None) -> None:
+        """Fail one request closed: it is never steered, and SteercGuard ends it at its next token."""
+        self.failures += 1
+        held = self.requests.get(rid)
+        if isinstance(held, RequestSteer) and held.slotted:
+            self.slots.release(held.slot_id)
+        self.requests[rid] = _FAILED
+        params = params if params is not None else self.view.sampling_params(rid)
+        extra = getattr(params, "extra_args", None)
+        if isinstance(extra, dict):
+            extra[FAILED_KEY] = message[:500]
+        log.error("steerc: request %s refused in the worker and ended: %s", rid, message)
+
+    def _hook(self, steer: RequestSteer) -> None:
+        """Eager: a steer point at each module a plan needs, the first time one does. Compiled: they are all
+        there since boot (admission refused sites without one)."""
+        for key in steer.fns:
+            if key in self.hooks or not owns(self.model, layer_path(key[0])):
+                continue
+            if self.compiled:
+                raise RequestError("steerc_plan", f"no steer point at {key[0]} on this compiled server")
+            self._point(key)
+
+    def _point(self, key) -> None:
+        self.hooks[key] = points.install(self.model.get_submodule(key[0]), key[1], key[2], _body(key, self))
+
+    def status(self) -> dict:
+        steered = sorted(r for r, s in self.requests.items() if isinstance(s, RequestSteer))
+        return {"steered": steered, "hooks": len(self.hooks), "failures": self.failures,
+                "plan_slots": len(self.slots.plans), "slot_capacity": self.slots.capacity,
+                "runner": self.view.runner_kind, "compiled": self.compiled, "sites": list(self.sites)}
