@@ -75,7 +75,8 @@ class Receipt:
 
     def __init__(self, rid: str, admitted):
         self.path = receipt_path(rid)
-        self.recorder = GateRecorder(admitted.plan)
+        # At the request's own values: rebinding a plan to no values puts each per-request param at its default.
+        self.recorder = GateRecorder(admitted.plan, admitted.params)
         self.head = {"plan": {"id": admitted.plan_id, "cache_salt": admitted.salt},
                      "params": dict(sorted(admitted.params.items()))}
         self.failed: str | None = None
