@@ -177,7 +177,7 @@ def test_a_kernel_the_hooks_cannot_lower_is_a_diagnostic_not_an_assertion(monkey
     (d,) = caught.value.diagnostics
     assert d.code == UNSUPPORTED_BY_TARGET and d.is_error
     # the first rotation in layer order: turn_a_bit at resid_pre[1] (lines 13-16)
-    assert "`Rotate` kernel of `turn_a_bit`" in d.message and d.help
+    assert "`rotate` kernel of `turn_a_bit`" in d.message and d.help
     assert d.span is not None and d.span.file.endswith("11_rotate.steer") and 13 <= d.span.line <= 16
 
 

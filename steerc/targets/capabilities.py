@@ -16,9 +16,11 @@ from __future__ import annotations
 
 from steerc.diagnostics import Diagnostic
 from steerc.diagnostics.codes import UNSUPPORTED_BY_TARGET
+from steerc.ir.kernels import kind_of
 from steerc.targets.families import check_family
 from steerc.targets.features import ALL_KEYS, FEATURE_GROUPS, Capabilities, Feature, program_features
 from steerc.targets.registry import REGISTRY
+from steerc.targets.seat import kernel_refusal
 
 __all__ = ["ALL_KEYS", "DISPLAY", "FEATURE_GROUPS", "GROUP_TITLES", "TARGETS", "Capabilities", "Feature",
            "capability_matrix", "check_target"]
@@ -86,5 +88,22 @@ def check_target(result, target: str) -> None:
             result.diagnostics.append(Diagnostic.error(UNSUPPORTED_BY_TARGET,
                                                        f"the {target} target cannot express {what}: {f.note}",
                                                        span, help=f.instead or None))
+    refused = unlowered_kernel(result.plan, target)
+    if refused is not None:
+        result.diagnostics.append(refused)
     if REGISTRY[target].check is not None:
         REGISTRY[target].check(result)
+
+
+def unlowered_kernel(plan, target: str):
+    """``unsupported-by-target`` at the first plan kernel whose kind ``target`` does not declare it lowers
+    (``Target.kernels``), or None: a kind added later is refused there until the target says otherwise."""
+    if plan is None:
+        return None
+    lowers = REGISTRY[target].kernels
+    for sp in plan.sites:
+        for k in sp.kernels:
+            kind = kind_of(k.op)
+            if kind is None or not lowers(kind):
+                return kernel_refusal(k, f"{target} target", "it lowers no such kernel")
+    return None

@@ -20,14 +20,14 @@ import numpy as np
 from attrs import field, frozen
 
 from steerc.core.jsonio import canonical
-from steerc.diagnostics import Diagnostic, Refusal
-from steerc.diagnostics.codes import UNSUPPORTED_BY_TARGET
+from steerc.diagnostics import Refusal
 from steerc.facts.sites import site_table
 from steerc.ir import checked as ck
 from steerc.ir import nodes as ir
 from steerc.ir.kernels import Kind, kind_of
 from steerc.ir.plan import Plan, Site, coefficient_bounds
 from steerc.passes.lower_plan import BASIS_READOUTS
+from steerc.targets.seat import kernel_refusal
 
 
 def scope_item(s) -> tuple:
@@ -157,14 +157,8 @@ def runs_on_hooks(kind: Kind) -> bool:
 
 def unlowerable(kernel, backend: str) -> Refusal:
     """A plan kernel these hooks have no lowering for, as ``unsupported-by-target`` at the intervention that
-    made it (never an assertion: the capability tables refuse the feature first, this is the backstop)."""
-    span = next((p.span for p in kernel.provenance if p.span is not None), None)
-    names = ", ".join(f"`{p.intervention}`" for p in kernel.provenance) or "an intervention"
-    return Refusal([Diagnostic.error(
-        UNSUPPORTED_BY_TARGET, f"the {backend} hooks cannot express the `{type(kernel.op).__name__}` kernel of "
-                               f"{names}: steerc lowers no such kernel for this engine", span,
-        help="check the program with `steerc check --target T` for a target that supports it "
-             "(spec/capabilities.md)")])
+    made it (never an assertion: the target's kernel kinds refuse it first, this is the backstop)."""
+    return Refusal([kernel_refusal(kernel, f"{backend} hooks", "steerc lowers no such kernel for this engine")])
 
 
 def _kernel_call(kernel, prefix: str, tensors: dict, backend: str = "hf") -> KernelCall:

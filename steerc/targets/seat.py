@@ -18,6 +18,38 @@ from steerc.targets.features import Capabilities
 Emit = Callable[..., list[str]]
 
 
+def with_maths(kind) -> bool:
+    """The kernel kinds of the hook engines (hf, export, vllm, serve): every kind with its torch maths, which
+    they run through the one dispatch (``steerc.runtime.kernels.steer``)."""
+    return callable(kind.maths)
+
+
+def only(*names: str) -> Callable[[object], bool]:
+    """The kernel kinds of a target that lowers these by name and no other."""
+    return lambda kind: kind.name in names
+
+
+def kernel_refusal(kernel, target: str, why: str):
+    """``unsupported-by-target`` at the intervention that made a plan kernel ``target`` cannot lower."""
+    from steerc.diagnostics import Diagnostic
+    from steerc.diagnostics.codes import UNSUPPORTED_BY_TARGET
+    from steerc.ir.kernels import kind_of
+
+    span = next((p.span for p in kernel.provenance if p.span is not None), None)
+    names = ", ".join(f"`{p.intervention}`" for p in kernel.provenance) or "an intervention"
+    kind = kind_of(kernel.op)
+    name = kind.name if kind is not None else type(kernel.op).__name__
+    return Diagnostic.error(UNSUPPORTED_BY_TARGET, f"the {target} cannot express the `{name}` kernel of {names}: "
+                                                   f"{why}", span,
+                            help="check the program with `steerc check --target T` for a target that supports it "
+                                 "(spec/capabilities.md)")
+
+
+def no_kernels(kind) -> bool:
+    """The default: a target lowers no kernel kind it does not declare."""
+    return False
+
+
 @frozen
 class Target:
     name: str  # the registry's key and the capability table's name
@@ -30,6 +62,7 @@ class Target:
     target: str = ""  # the ``--target`` that selects it (default: its name)
     dialect: str = "steerc"  # with this ``--dialect``
     needs_model: bool = False  # its emit builds from the model's weights: ``emit(..., model=load)``, load() -> model
+    kernels: Callable[[object], bool] = no_kernels  # which kernel kinds (steerc.ir.kernels) it lowers
 
     @property
     def selected_by(self) -> tuple[str, str]:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from steerc.targets.features import ALL_KEYS, no, supported, table, yes
 from steerc.targets.hf.target import HOOK_KERNELS
-from steerc.targets.seat import Target
+from steerc.targets.seat import Target, with_maths
 
 _HF = "use the hf target (its in-process runtime or emitted package) for this"
 
@@ -41,4 +41,4 @@ CAPABILITIES = table(
 )
 
 TARGET = Target("export", "a torch.export'ed steered model (program.pt2, AOTInductor model.aoti.pt2)",
-                CAPABILITIES, emit, backend="hf", needs_model=True)
+                CAPABILITIES, emit, backend="hf", needs_model=True, kernels=with_maths)

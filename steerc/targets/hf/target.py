@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from steerc.targets.features import no, supported, table, yes
-from steerc.targets.seat import Target
+from steerc.targets.seat import Target, with_maths
 
 
 def emit(plan, facts, out_dir: str, *, command: str = "", key: bytes | None = None) -> list[str]:
@@ -40,4 +40,4 @@ CAPABILITIES = table(
                                           "tokenizer, params={...})` (logits equal, every bound role)"),
 )
 
-TARGET = Target("hf", "a Python package of hooks", CAPABILITIES, emit, backend="hf")
+TARGET = Target("hf", "a Python package of hooks", CAPABILITIES, emit, backend="hf", kernels=with_maths)

@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 from steerc.targets.features import ALL_KEYS, Capabilities, Feature, no, supported, table, yes
-from steerc.targets.seat import Target
+from steerc.targets.seat import Target, only
 
 _LLAMACPP_ELSEWHERE = "or use the hf or vllm target"
 
@@ -64,4 +64,4 @@ def check(result) -> None:
 
 CAPABILITIES = _capabilities()
 TARGET = Target("llamacpp", "control_vector.gguf for llama.cpp's --control-vector", CAPABILITIES, emit,
-                check=check)
+                check=check, kernels=only("affine"))

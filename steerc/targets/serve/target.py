@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 from steerc.targets.features import no, supported, table, yes
-from steerc.targets.seat import Target
+from steerc.targets.seat import Target, with_maths
 from steerc.targets.vllm.target import VLLM_DTYPES
 
 
@@ -46,4 +46,4 @@ CAPABILITIES = table(
 )
 
 TARGET = Target("serve", "plan.json for per-request steering on a vLLM server", CAPABILITIES, emit,
-                backend="vllm", signs=True)
+                backend="vllm", signs=True, kernels=with_maths)

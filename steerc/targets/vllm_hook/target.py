@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from steerc.targets.features import ALL_KEYS, Feature, no, table, yes
-from steerc.targets.seat import Target
+from steerc.targets.seat import Target, only
 
 
 def emit(plan, facts, out_dir: str, *, command: str = "", key: bytes | None = None) -> list[str]:
@@ -100,4 +100,4 @@ CAPABILITIES = table(
 
 # vLLM-Hook's plugin places its own hooks: no steerc family table applies (backend None).
 TARGET = Target("vllm-hook", "IBM vLLM-Hook's intervention spec", CAPABILITIES, emit, check=check,
-                target="serve", dialect="vllm-hook")
+                target="serve", dialect="vllm-hook", kernels=only("affine", "project", "rotate"))
