@@ -58,7 +58,7 @@ def main() -> int:
     import numpy as np
     import xgrammar as xgr
 
-    from steerc.runtime import kernels as S
+    from steerc.runtime import hooks as S
     from steerc.runtime.hf import compile_for, install
     from steerc.targets.hooks import lower_hf
 

@@ -26,7 +26,7 @@ from test_hf_static_cache import PROGRAMS, write_bank  # noqa: E402
 from tiny_models import CharTokenizer, tiny_model  # noqa: E402
 
 from steerc.runtime.hf import facts_from_model, install  # noqa: E402
-from steerc.runtime.kernels import HookNeverRan  # noqa: E402
+from steerc.runtime.hooks import HookNeverRan  # noqa: E402
 
 IDS = torch.tensor([[0, 0, 5, 2, 7, 8], [3, 4, 5, 2, 7, 8]])
 MASK = torch.tensor([[0, 0, 1, 1, 1, 1], [1] * 6])

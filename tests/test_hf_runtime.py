@@ -234,7 +234,7 @@ def _reroute(model, layer: int):
 def test_a_hook_that_never_runs_is_an_error_naming_module_family_and_version():
     import transformers
 
-    from steerc.runtime.kernels import HookNeverRan
+    from steerc.runtime.hooks import HookNeverRan
 
     model = tiny_model("llama")
     plan = plan_for(model, _program("mlp_out[1]", "add") + "intervention y {\n  at resid_post[2]\n  scale 2\n}\n")
@@ -265,7 +265,7 @@ def test_the_emitted_package_refuses_a_forward_that_skips_a_hook(tmp_path):
     from hf_util import load_emitted
 
     from steerc.runtime.hf import facts_from_model
-    from steerc.runtime.kernels import HookNeverRan as InProcess
+    from steerc.runtime.hooks import HookNeverRan as InProcess
     from steerc.targets.hf.emit import emit
     from steerc.targets.hooks import lower_hf
 

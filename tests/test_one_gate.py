@@ -33,7 +33,8 @@ from steerc.targets.vllm.program import numbered_gate
 
 torch = pytest.importorskip("torch")
 
-from steerc.runtime import kernels as S  # noqa: E402  (after the importorskip)
+from steerc.runtime import hooks as H  # noqa: E402  (after the importorskip)
+from steerc.runtime import kernels as S  # noqa: E402
 from steerc.runtime.vllm.receipt import _StateView  # noqa: E402
 from steerc.runtime.vllm.steer import SteerState  # noqa: E402
 
@@ -140,7 +141,8 @@ def _line(name: str) -> int:
     return fn.lineno
 
 
-@pytest.mark.parametrize("path", [SHARED, os.path.join("steerc", "runtime", "vllm", "steer.py"),
+@pytest.mark.parametrize("path", [os.path.join("steerc", "runtime", "hooks.py"),
+                                  os.path.join("steerc", "runtime", "vllm", "steer.py"),
                                   os.path.join("steerc", "runtime", "vllm", "receipt.py")])
 def test_each_runtime_hands_its_values_to_the_shared_evaluator(path):
     (fn,) = [f for f in _functions(_modules()[path]) if f.name == "gate_mask"]
@@ -157,6 +159,29 @@ def test_the_shared_module_imports_torch_alone():
             imported.add((node.module or "").split(".")[0])
     assert "steerc" not in imported
     assert imported <= {"__future__", "contextlib", "inspect", "math", "json", "torch", "transformers", "xgrammar"}
+
+
+def test_the_hook_runtime_imports_torch_and_the_shared_module_alone():
+    """hooks.py is the emitted package's ``_hooks.py``: its one steerc import is the shared module, which the
+    emitter rewrites to the package's ``_support`` (the HF hook runtime split from the shared maths, issue 33)."""
+    from steerc.targets.hf.emit import hooks_source
+
+    tree = _modules()[os.path.join("steerc", "runtime", "hooks.py")]
+    top = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            top |= {a.name.split(".")[0] for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.level == 0:
+            top.add((node.module or "").split(".")[0])
+    assert top <= {"__future__", "contextlib", "inspect", "math", "json", "torch", "transformers", "xgrammar",
+                   "steerc"}
+    named = [ast.unparse(n) for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)
+             and (n.module or "").startswith("steerc")]
+    assert named == ["from steerc.runtime import kernels as S"]
+    package = hooks_source()
+    assert b"from steerc" not in package and b"import steerc" not in package
+    assert b"from . import _support as S  # steerc:support" not in package
+    assert b"\nfrom . import _support as S\n" in package
 
 
 # ------------------------------------------------------------------ the semantics
@@ -199,7 +224,7 @@ def _shared(gate, values):
 def _hf_context(gate, values):
     """Through the HF runtime's (and the emitted package's) context: per-token values this forward, pooled
     values held per row."""
-    ctx = S.Context()
+    ctx = H.Context()
     ctx.pos = torch.zeros(ROWS, TOKENS, dtype=torch.long)
     ctx.values = {n: torch.from_numpy(v) for n, v in values.items() if PROBES[n] == "token"}
     ctx.held = {n: torch.from_numpy(v[:, 0].copy()) for n, v in values.items() if PROBES[n] != "token"}

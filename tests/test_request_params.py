@@ -341,7 +341,7 @@ def test_the_emitted_package_takes_params_as_install_does(tmp_path, text):
     assert result.ok, result.render()
     plan = result.plan
     files = emit(lower_hf(plan, facts), str(tmp_path / "pkg"), "steerc compile (test)")
-    assert files == ["__init__.py", "_params.py", "_support.py", "tensors.safetensors"]
+    assert files == ["__init__.py", "_hooks.py", "_params.py", "_support.py", "tensors.safetensors"]
     pkg = load_emitted(str(tmp_path / "pkg"), f"steer_params_{len(text)}")
     ids = torch.tensor([[5, 6, 7, 8, 9, 10]])
 
@@ -397,7 +397,7 @@ def test_an_emitted_package_without_params_is_as_before(tmp_path):
     facts = facts_from_model(model)
     plan = _plan(facts, strength=2.0)
     fixed = _check(TEXT.replace(" per request", ""), facts, strength=2.0).plan
-    assert emit(lower_hf(fixed, facts), str(tmp_path / "pkg"), "t") == ["__init__.py", "_support.py",
+    assert emit(lower_hf(fixed, facts), str(tmp_path / "pkg"), "t") == ["__init__.py", "_hooks.py", "_support.py",
                                                                          "tensors.safetensors"]
     pkg = load_emitted(str(tmp_path / "pkg"), "steer_no_params")
     assert list(inspect.signature(pkg.install).parameters) == ["model", "tokenizer", "check"]

@@ -16,7 +16,7 @@ model (with its project's ``steer.toml`` and ``set``), installed with
 :func:`steerc.runtime.hf.install`, and
 
 * ``loglikelihood`` scores each continuation teacher-forced
-  (:meth:`~steerc.runtime.kernels.Handle.teacher_forced`): the continuation's
+  (:meth:`~steerc.runtime.hooks.Handle.teacher_forced`): the continuation's
   tokens are generated positions, as in ``steerc eval`` — ``tokens
   generated`` steers them and not the context;
 * ``loglikelihood_rolling`` scores a text in lm-eval's rolling windows,

@@ -7,7 +7,7 @@ and whose other tokens are scored as a completion (spec/eval.md, *Tokens*):
 * a cost item gives one, prompt + text, or the text alone with its first
   token as the prompt.
 
-One forward per sequence under :meth:`~steerc.runtime.kernels.Handle.teacher_forced`
+One forward per sequence under :meth:`~steerc.runtime.hooks.Handle.teacher_forced`
 gives each completion token's log-probability as generating it would (the
 completion's positions are generated positions for scopes, schedules and
 gates). Unsteered forwards run once and are reused by every point of a sweep:
@@ -97,8 +97,8 @@ class HFEngine:
 
     name = "hf"
 
-    def __init__(self, model, tokenizer):
-        self.model, self.tokenizer = model, tokenizer
+    def __init__(self, model, tokenizer, name: str = "hf"):
+        self.model, self.tokenizer, self.name = model, tokenizer, name
         self.vocab = int(model.config.vocab_size)
         self.handle = None
         self._point = None
@@ -133,6 +133,27 @@ class HFEngine:
         finally:
             if handle is not None:
                 self.handle = install(self.model, point.plan, self.tokenizer)
+
+
+def _vllm(session):
+    from steerc.eval.vllm import VLLMEngine
+
+    return VLLMEngine(session)
+
+
+# The scoring engine of each engine of steerc.runtime.engines that runs the model outside this process, by
+# its name; an engine whose session holds a transformers model here is scored by HFEngine.
+SCORERS = {"vllm": _vllm}
+
+
+def engine_on(name: str, session):
+    """The scoring engine of ``steerc eval --engine name`` on its booted session (spec/eval.md §9)."""
+    own = SCORERS.get(name)
+    if own is not None:
+        return own(session)
+    if session.model is None:
+        raise LookupError(f"the engine {name} runs its model elsewhere and has no scorer in SCORERS")
+    return HFEngine(session.model, session.tokenizer, name=name)
 
 
 class Scorer:

@@ -33,7 +33,7 @@ def read_items(model, tokenizer, facts, items, sites, *, batch_size: int = 8, pe
 
     from steerc.facts.sites import site_table
     from steerc.passes.lower_plan import canonical_site
-    from steerc.runtime.kernels import site_tensor
+    from steerc.runtime.hooks import site_tensor
 
     table = site_table(facts.family, "hf")
     hooks: dict[tuple, list] = {}

@@ -12,6 +12,7 @@ from steerc.facts import FORMAT, FactsError, ModelFacts, facts_from_config
 from steerc.facts.sites import TABLES, SiteTable, hf_table
 from steerc.ir.kernels import KINDS
 from steerc.ir.plan import rebind
+from steerc.runtime import hooks as H
 from steerc.runtime import kernels as S
 from steerc.targets.hooks import HookCode, HookProgram, KernelCall, lower_hf
 
@@ -214,7 +215,7 @@ def check_model(model, fingerprint: str, facts: dict) -> None:
         raise SteerInstallError("this steering was compiled for another model (" + "; ".join(diff) + ")")
 
 
-def install_program(model, program: HookProgram, tokenizer=None, *, check: bool = True) -> S.Handle:
+def install_program(model, program: HookProgram, tokenizer=None, *, check: bool = True) -> H.Handle:
     if check:
         check_model(model, program.fingerprint, program.facts)
     tensors = S.Tensors({k: torch.from_numpy(v.copy()) for k, v in program.tensors.items()})
@@ -224,15 +225,15 @@ def install_program(model, program: HookProgram, tokenizer=None, *, check: bool 
         raise SteerInstallError(f"this program {what}: pass the tokenizer to install()")
     constraint = None
     if program.constraint_data is not None:
-        constraint = S.constraint_factory(tokenizer, model.config.vocab_size, program.constraint_data)
-    context = S.Context(tokenizer, program.after_texts, constraint)
+        constraint = H.constraint_factory(tokenizer, model.config.vocab_size, program.constraint_data)
+    context = H.Context(tokenizer, program.after_texts, constraint)
     try:
-        return S.install(model, program.base_path, hooks, context, family=program.facts.get("family", "?"))
+        return H.install(model, program.base_path, hooks, context, family=program.facts.get("family", "?"))
     except AttributeError as exc:
         raise SteerInstallError(f"the model has no module the plan hooks: {exc}") from None
 
 
-def install(model, plan, tokenizer=None, *, check: bool = True, params=None, facts: str | None = None) -> S.Handle:
+def install(model, plan, tokenizer=None, *, check: bool = True, params=None, facts: str | None = None) -> H.Handle:
     """Install a plan's steering on ``model``; returns a removable handle (also a context manager).
 
     ``facts`` is a confirmed facts file (:func:`write_facts`), for a family

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import torch
 
-from steerc.runtime import kernels as S
+from steerc.runtime import hooks as H
 
 
 def selected(scopes, tokenizer, ids: list[int], generated: int) -> dict:
@@ -30,7 +30,7 @@ def selected(scopes, tokenizer, ids: list[int], generated: int) -> dict:
     """
     scopes = list(dict.fromkeys(scopes))
     after = sorted({item[1] for scope in scopes for item in scope if item[0] == "after"})
-    context = S.Context(tokenizer, after)
+    context = H.Context(tokenizer, after)
     context.generating = context.expect_prompt = True  # as inside a steered generate() call
     prompt = torch.tensor([list(ids)], dtype=torch.long)
     context.begin_forward(prompt, None, torch.ones_like(prompt), 0)

@@ -1,7 +1,7 @@
 """Build the export target's artifacts (torch, transformers): the steered decoder, exported.
 
 The hf target's package is written to ``OUT/hooks`` and installed on the loaded model, so the exported
-graph computes with the very kernels the hf target runs (``_support.py``). A wrapper module holds a static
+graph computes with the very kernels the hf target runs (``_support.py`` and ``_hooks.py``). A wrapper module holds a static
 KV cache and the program's tensors as registered buffers, and takes what a step needs to keep scopes,
 schedules and per-token gates meaning what they mean in ``generate``:
 

@@ -2,8 +2,9 @@
 
 The package holds ``__init__.py`` (generated: one function per hooked
 module, written out kernel by kernel, plus ``install(model, tokenizer=None)``),
-``_support.py`` (copied verbatim from :mod:`steerc.runtime.kernels`) and
-``tensors.safetensors``. The maths of each kernel kind it uses is written
+``_support.py`` (copied verbatim from :mod:`steerc.runtime.kernels`),
+``_hooks.py`` (:mod:`steerc.runtime.hooks`, its one steerc import made the
+package's own) and ``tensors.safetensors``. The maths of each kernel kind it uses is written
 into ``__init__.py`` from its source in :mod:`steerc.ir.kernels` (the
 functions every runtime runs), so the package cannot compute otherwise. It imports torch and safetensors only.
 
@@ -36,6 +37,10 @@ from steerc.targets.hf.pysource import comment, docstring, identifier, literal
 from steerc.targets.hooks import HookCode, HookProgram, KernelCall, SiteCode
 
 SUPPORT = os.path.join(os.path.dirname(__file__), "..", "..", "runtime", "kernels.py")
+HOOKS = os.path.join(os.path.dirname(__file__), "..", "..", "runtime", "hooks.py")
+# The one line of runtime/hooks.py that names steerc, and what the package's copy says instead.
+HOOKS_IMPORT = (b"from steerc.runtime import kernels as S  # steerc:support (the emitted package's "
+                b"`from . import _support as S`)\n", b"from . import _support as S\n")
 PARAMS = os.path.join(os.path.dirname(__file__), "..", "..", "ir", "param_values.py")
 
 
@@ -220,6 +225,7 @@ def render_init(program: HookProgram, command: str, bound: _Bound) -> str:
         "from safetensors.torch import load_file",
         "",
         *(["from . import _params as P"] if program.params else []),
+        "from . import _hooks as H",
         "from . import _support as S",
         "",
         f"SOURCE_SHA256 = {literal(program.source_sha256)}",
@@ -281,11 +287,11 @@ def _params_lines(program: HookProgram, bound: _Bound) -> list[str]:
 
 
 _INSTALL_BODY = '''    if check:
-        S.check_facts(model, FACTS, MODEL_TYPES)
+        H.check_facts(model, FACTS, MODEL_TYPES)
     if (AFTER_TEXTS or CONSTRAINT) and tokenizer is None:
         raise ValueError("this steering needs the tokenizer (a scope after a text, or an output constraint)")
-    constraint = S.constraint_factory(tokenizer, model.config.vocab_size, CONSTRAINT) if CONSTRAINT else None
-    ctx = S.Context(tokenizer, AFTER_TEXTS, constraint)
+    constraint = H.constraint_factory(tokenizer, model.config.vocab_size, CONSTRAINT) if CONSTRAINT else None
+    ctx = H.Context(tokenizer, AFTER_TEXTS, constraint)
 '''
 _INSTALL_DOC = '''    """Install the steering on ``model``; returns a handle with ``remove()`` (also a context manager).
 
@@ -294,7 +300,7 @@ _INSTALL_DOC = '''    """Install the steering on ``model``; returns a handle wit
     a model whose layout differs from the one these hooks were compiled for.
 '''
 _INSTALL = ("def install(model, tokenizer=None, check=True):\n" + _INSTALL_DOC + '    """\n' + _INSTALL_BODY
-            + '    return S.install(model, BASE_MODEL, HOOKS, ctx, family=FACTS["family"])\n')
+            + '    return H.install(model, BASE_MODEL, HOOKS, ctx, family=FACTS["family"])\n')
 _INSTALL_WITH_PARAMS = (
     "def install(model, tokenizer=None, check=True, params=None):\n" + _INSTALL_DOC + '''
     ``params`` gives values to the per-request params (the same kernels as a
@@ -305,7 +311,7 @@ _INSTALL_WITH_PARAMS = (
     values = P.check_values(PARAMS, params, LARGEST)
 ''' + _INSTALL_BODY + '''    ctx.bound, ctx.bound_tensors = S.bind(_T, BOUND, values)
     ctx.bound.update((name, P.bound_gate(gate, bound, values)) for name, gate, bound in BOUND_GATES)
-    return S.install(model, BASE_MODEL, HOOKS, ctx, family=FACTS["family"])
+    return H.install(model, BASE_MODEL, HOOKS, ctx, family=FACTS["family"])
 ''')
 
 
@@ -318,6 +324,7 @@ def emit(program: HookProgram, out_dir: str, command: str) -> list[str]:
     blobs = {
         "__init__.py": init.encode("ascii"),
         "_support.py": _read(SUPPORT),
+        "_hooks.py": hooks_source(),
         "tensors.safetensors": save_safetensors({k: tensors[k] for k in sorted(tensors)}),
     }
     if program.params:
@@ -328,6 +335,15 @@ def emit(program: HookProgram, out_dir: str, command: str) -> list[str]:
             fh.write(data)
         os.replace(tmp, os.path.join(out_dir, name))
     return sorted(blobs)
+
+
+def hooks_source() -> bytes:
+    """``_hooks.py``: :mod:`steerc.runtime.hooks` with its one steerc import made the package's own."""
+    data = _read(HOOKS)
+    old, new = HOOKS_IMPORT
+    if data.count(old) != 1:
+        raise RuntimeError("steerc/runtime/hooks.py must import the support module exactly as HOOKS_IMPORT says")
+    return data.replace(old, new)
 
 
 def import_package(folder: str, name: str):
