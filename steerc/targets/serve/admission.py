@@ -57,6 +57,7 @@ from steerc.core.jsonio import JSONError, canonical, loads
 from steerc.core.limits import MAX_SERVED_PLANS
 from steerc.facts import ModelFacts
 from steerc.facts.sites import site_table
+from steerc.ir.kernels import KINDS
 from steerc.ir.plan import ParamError, check_params, rebind
 from steerc.passes.plan_pipeline import PROBE_ROWS, InvalidPlan, verify
 from steerc.targets import signing
@@ -88,10 +89,33 @@ class RequestError(FieldError):
     prefix = "steerc: "
 
 
-@functools.lru_cache(maxsize=1)
 def schema() -> dict:
+    """The serve format's JSON Schema: ``serve.schema.json`` with each kernel kind's ``op`` fragment from the
+    kernel seat (a kind registered at run time included)."""
+    return _schema(tuple(KINDS))
+
+
+@functools.lru_cache(maxsize=4)
+def _schema(names: tuple) -> dict:
     with open(SCHEMA_PATH, encoding="utf-8") as fh:
-        return json.load(fh)
+        return with_kinds(json.load(fh))
+
+
+def with_kinds(doc: dict) -> dict:
+    """``doc`` with ``$defs.op`` (one fragment per kind) and the bindings' roles written from :data:`KINDS`:
+    the published schema (``serve.schema.json``, ``spec/serve.schema.json``) is this of itself
+    (:func:`published`)."""
+    doc["$defs"]["op"] = {"oneOf": [kind.serve_schema for kind in KINDS.values()]}
+    roles = list(dict.fromkeys(role for kind in KINDS.values() for role in kind.bindable))
+    doc["$defs"]["binding"]["properties"]["role"] = {"enum": roles}
+    return doc
+
+
+def published() -> str:
+    """The text of ``serve.schema.json`` as the built-in kinds make it."""
+    with open(SCHEMA_PATH, encoding="utf-8") as fh:
+        doc = json.load(fh)
+    return json.dumps(with_kinds(doc), indent=2) + "\n"
 
 
 def decode_json(field: str, value, limit: int):
@@ -310,19 +334,8 @@ def check_document(doc, facts, artifacts: dict[str, bytes], *, tp_size: int = 1,
         width = _check_site(f"sites[{i}].site", entry["site"], facts, tp_size, sites)
         for j, k in enumerate(entry["kernels"]):
             field = f"sites[{i}].kernels[{j}]"
-            op = k["op"]
-            if op["kind"] == "affine":
-                if "artifact" in op["scale"]:
-                    refs.tensor(f"{field}.op.scale", op["scale"], None, width)
-                if op["bias"] is not None:
-                    refs.tensor(f"{field}.op.bias", op["bias"], None, width)
-            elif op["kind"] == "project":
-                basis = refs.tensor(f"{field}.op.basis", op["basis"], (1, width), width)
-                if op["target"] is not None and len(op["target"]) != basis.shape[0]:
-                    _fail(f"{field}.op.target", f"{len(op['target'])} targets for {basis.shape[0]} directions")
-            else:
-                refs.tensor(f"{field}.op.e1", op["e1"], None, width)
-                refs.tensor(f"{field}.op.e2", op["e2"], None, width)
+            op = k["op"]  # the schema admits only registered kinds
+            KINDS[op["kind"]].check_serve(f"{field}.op", op, refs.tensor, width, _fail)
             for s, scope in enumerate(k["scope"]):
                 if scope["kind"] == "after":
                     _fail(f"{field}.scope[{s}]", "`after` scopes are not supported by the serve target")
