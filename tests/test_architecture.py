@@ -154,3 +154,13 @@ def test_diagnostic_codes_are_constants_never_strings():
                     and node.func.value.id == "Diagnostic" and node.args and isinstance(node.args[0], ast.Constant)):
                 found.append(f"{me}:{node.lineno}: Diagnostic.{node.func.attr}({node.args[0].value!r}, ...)")
     assert not found, "\n".join(found)
+
+
+def test_the_runtime_bottom_is_the_shared_kernels_then_the_hf_hook_runtime():
+    """runtime/kernels.py (what both engines compute per step) imports no steerc module, runtime/hooks.py
+    (the HF hook runtime) that one alone, and the vLLM runtime never the HF hook runtime (issue 33's split);
+    both are copied into the emitted HF package, which runs without steerc."""
+    graph = _graph()
+    assert graph["steerc.runtime.kernels"] == set()
+    assert graph["steerc.runtime.hooks"] == {"steerc.runtime.kernels"}
+    assert not [m for m, deps in graph.items() if m.startswith("steerc.runtime.vllm.") and "steerc.runtime.hooks" in deps]
