@@ -29,7 +29,7 @@ COMMANDS = {
     "derive": ("derive", ("make steering vectors from contrastive data (mean difference, PCA, logistic), or "
                           "calibrate a probe's threshold")),
     "capture": ("capture", ("read activations at sites over texts into a safetensors file, with provenance "
-                            "(--engine hf or vllm)")),
+                            "(--engine {engines})")),
     "eval": ("eval", ("measure programs' effect (behaviour pairs) and cost (KL, perplexity) on data, over a "
                       "sweep of their params")),
     "tune": ("tune", ("pick a program's params by a rule over eval's metrics (--maximize behavior --subject-to "
@@ -70,12 +70,18 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def command_help(name: str) -> str:
-    """``name``'s one-line help; compile's names the targets of the registry (importing it only then)."""
+    """``name``'s one-line help; compile's names the targets of the registry, capture's the engines of theirs
+    (importing it only then)."""
     help_text = COMMANDS[name][1]
     if "{targets}" in help_text:
         from steerc.targets.registry import TARGET_NAMES
 
         help_text = help_text.format(targets=", ".join(TARGET_NAMES))
+    if "{engines}" in help_text:
+        from steerc.runtime.engines import names
+
+        *rest, last = names()
+        help_text = help_text.format(engines=f"{', '.join(rest)} or {last}" if rest else last)
     return help_text
 
 

@@ -17,6 +17,7 @@ import sys
 from steerc.cli import EXIT_ERRORS, EXIT_OK, UsageError
 from steerc.cli.arguments import check_output
 from steerc.cli.common import data_source, fail_with, model_path_for
+from steerc.cli.engines import add_engine_argument
 from steerc.core.jsonio import dumps as json_dumps
 
 FORMAT = "steerc.capture/1"
@@ -36,8 +37,7 @@ def add_arguments(cmd) -> None:
                      help="the last token (default), the mean of every token, the mean of the text's tokens "
                           "after its prompt, or every token ([texts, longest, width], zero past a text's end)")
     cmd.add_argument("--chat", action="store_true", help="wrap each prompt in the model's chat template")
-    cmd.add_argument("--engine", choices=("hf", "vllm"), default="hf",
-                     help="hf (default): transformers with steerc's hooks; vllm: inside the vllm target's engine")
+    add_engine_argument(cmd)
     cmd.add_argument("-o", "--out", dest="output", required=True, metavar="OUT.safetensors",
                      help="where to write the arrays: one [texts, width] float32 tensor per site, and "
                           "lengths (int64 [texts], the tokens each text was read at)")
@@ -102,7 +102,7 @@ def _program(args, facts):
 
 
 def run(args) -> int:
-    from steerc.cli.derive import load_checked, model_facts, sites_arg, vllm_engine
+    from steerc.cli.derive import booted, model_facts, sites_arg
     from steerc.derive import activations as A
     from steerc.derive.bank import write_arrays
     from steerc.derive.data import DataError
@@ -140,23 +140,15 @@ def run(args) -> int:
             raise UsageError(exc.diagnostics[0].message) from None
         return items
 
-    if args.engine == "vllm":
-        from steerc.runtime.vllm import capture_items
-
-        with vllm_engine(path, facts, "capture", plan=plan) as (llm, tokenizer):
-            items = items_of(tokenizer, C.config_context(path))
-            acts = capture_items(llm, items, sites, facts, per_position=all_)
-    else:
-        import contextlib
-
-        from steerc.core.limits import context_of
-        from steerc.runtime.hf import install
-
-        model, tokenizer = load_checked(path, facts, args)
-        items = items_of(tokenizer, context_of(model.config))
-        with install(model, plan, tokenizer) if plan is not None else contextlib.nullcontext():
-            acts = A.read(model, tokenizer, facts, items, sites, batch_size=args.batch_size, per_position=all_,
-                          label=f"reading {len(texts)} texts at {len(sites)} sites")
+    with booted(args, path, facts, plan, command="capture") as session:
+        items = items_of(session.tokenizer, session.context)
+        reader = session.reader(facts, per_position=all_)
+        with session.steering():
+            if reader is not None:  # an engine that reads the model itself
+                acts = reader(items, sites)
+            else:  # a transformers model here, read by steerc's hooks
+                acts = A.read(session.model, session.tokenizer, facts, items, sites, batch_size=args.batch_size,
+                              per_position=all_, label=f"reading {len(texts)} texts at {len(sites)} sites")
     answer = C.captured(acts, sites, items, args.read)
     info = {
         "format": FORMAT,

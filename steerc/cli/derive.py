@@ -12,7 +12,8 @@ import sys
 
 from steerc.cli import EXIT_ERRORS, EXIT_OK, UsageError, arguments
 from steerc.cli.arguments import check_output, plot_path
-from steerc.cli.common import argument_source, data_source, fail_with, load_unchecked, model_path_for, require_vllm
+from steerc.cli.common import argument_source, data_source, fail_with, load_unchecked, model_path_for
+from steerc.cli.engines import add_engine_argument
 from steerc.core.jsonio import dumps as json_dumps  # strict JSON (spec/json.md)
 from steerc.core.limits import MAX_SEED
 from steerc.diagnostics.codes import EMPTY_DATA
@@ -59,9 +60,7 @@ def add_arguments(cmd) -> None:
                           "param a gate of the program compares the probe with (`when PROBE > PARAM`)")
     run_ = cmd.add_argument_group("running")
     run_.add_argument("--batch-size", type=int, default=8, metavar="N", help="texts per forward pass (default 8)")
-    run_.add_argument("--engine", choices=("hf", "vllm"), default="hf",
-                      help="hf (default): transformers with steerc's hooks; vllm: read inside the vllm target's "
-                           "engine (steerc.runtime.vllm.capture; needs vLLM)")
+    add_engine_argument(run_)
     run_.add_argument("--no-cache", action="store_true",
                       help="read activations afresh (they are cached by model and data hash otherwise)")
     run_.add_argument("--format", choices=("text", "json"), default="text", help="how to print the result")
@@ -144,25 +143,14 @@ def load_checked(path: str, facts, args=None):
 
 
 @contextlib.contextmanager
-def vllm_engine(path: str, facts, command: str = "derive", plan=None):
-    """(engine, tokenizer) for a command's ``--engine vllm``: one eager engine on the model's folder, steering
-    as ``plan`` does (by default nothing), without prefix caching; shut down afterwards."""
-    require_vllm(command)
-    from steerc.api import check_source
-    from steerc.runtime.models import hf_folder, load_tokenizer
-    from steerc.runtime.vllm import checkpoint_dtype, load, logs_to_stderr
-    from steerc.targets.vllm.emit import plan_bytes
+def booted(args, path: str, facts, plan=None, command: str = "derive"):
+    """``--engine``'s session on the weights at ``path``, steering as ``plan`` does (None: nothing), shut down on
+    leaving (:func:`steerc.cli.engines.session`); a transformers model loads through :func:`load_checked`,
+    against ``facts``."""
+    from steerc.cli.engines import session
 
-    logs_to_stderr()
-    folder = hf_folder(path)
-    if plan is None:
-        plan = check_source("steer 1\n", "capture.steer", facts=facts).plan  # the engine's plan: no hooks
-    llm = load(folder, plan_bytes(plan, facts), enforce_eager=True, enable_prefix_caching=False,
-               dtype=checkpoint_dtype(folder))
-    try:
-        yield llm, load_tokenizer(folder)
-    finally:
-        llm.llm_engine.engine_core.shutdown()
+    with session(args, path, facts, plan, command=command, load=lambda p: load_checked(p, facts, args)) as booted:
+        yield booted
 
 
 def run(args) -> int:
@@ -221,15 +209,9 @@ def _derive(args) -> int:
     missing = [s for s in sites if s not in acts]
     if missing:
         try:
-            if args.engine == "vllm":
-                from steerc.runtime.vllm import capture_items
-
-                with vllm_engine(path, facts) as (llm, tokenizer):
-                    fresh = read_pairs(None, tokenizer, facts, dataset, missing, reading,
-                                       reader=lambda items, sites: capture_items(llm, items, sites, facts))
-            else:
-                model, tokenizer = load_checked(path, facts, args)
-                fresh = read_pairs(model, tokenizer, facts, dataset, missing, reading, batch_size=args.batch_size)
+            with booted(args, path, facts) as session:
+                fresh = read_pairs(session.model, session.tokenizer, facts, dataset, missing, reading,
+                                   batch_size=args.batch_size, reader=session.reader(facts), context=session.context)
         except DeriveError as exc:
             raise UsageError(exc.diagnostics[0].message.replace("(read completion)", "(--read completion)")) \
                 from None
@@ -291,6 +273,7 @@ def _calibrate(args) -> int:
     from steerc.api import check_source
     from steerc.cli.common import checked_project, options_from, read_text
     from steerc.derive.methods import best_threshold
+    from steerc.runtime.engines import DEFAULT
 
     for flag in ("output", "at", "plot", "method"):
         if getattr(args, flag) is not None:  # even an empty -o ''
@@ -315,11 +298,7 @@ def _calibrate(args) -> int:
         gates = _threshold_gates(args, result)
         if isinstance(gates, int):
             return gates
-    if args.engine == "vllm":
-        values = _vllm_probe_values(model_path_for(args), facts, result.plan, args.probe, pos + neg, args.chat)
-    else:
-        model, tokenizer = load_checked(model_path_for(args), facts, args)
-        values = _probe_values(model, tokenizer, result.plan, args.probe, pos + neg, args)
+    values = _engine_probe_values(args, model_path_for(args), facts, result.plan, pos + neg)
     vp, vn = values[:len(pos)], values[len(pos):]
     op, threshold, f1, accuracy = best_threshold(vp, vn)
     wrote = None
@@ -327,7 +306,8 @@ def _calibrate(args) -> int:
         wrote = _write_threshold(args, result, gates, op, threshold, facts)
         if isinstance(wrote, int):
             return wrote
-    report = {"probe": args.probe, "readout": probe.kind, **({"engine": args.engine} if args.engine != "hf" else {}), "site": probe.site.text, "pool": probe.pool,
+    report = {"probe": args.probe, "readout": probe.kind, **({"engine": args.engine} if args.engine != DEFAULT else {}),
+              "site": probe.site.text, "pool": probe.pool,
               "chat": bool(args.chat), "op": op, "threshold": threshold, "f1": f1, "accuracy": accuracy,
               "positive": {"n": len(vp), "min": float(vp.min()), "mean": float(vp.mean()), "max": float(vp.max())},
               "negative": {"n": len(vn), "min": float(vn.min()), "mean": float(vn.mean()), "max": float(vn.max())}}
@@ -430,43 +410,22 @@ def _write_threshold(args, result, gates, op: str, threshold: float, facts):
     return params_write(args, args.calibrate, {name: threshold}, "derive --calibrate")
 
 
-def _vllm_probe_values(path: str, facts, plan, name: str, texts: list[str], chat: bool):
-    """The probe's value on each text inside one eager vLLM engine with the program's plan installed, read
-    from the plan's own probe state as its gates read it (:func:`steerc.runtime.vllm.probe_values`)."""
+def _engine_probe_values(args, path: str, facts, plan, texts: list[str]):
+    """``--probe``'s value on each text, read on ``--engine``'s engine with the program's plan installed, as the
+    plan's gates read it (a per-token probe at the text's last token, a pooled one's held value once the prompt
+    has passed): the session's ``probe_values`` (steerc.runtime.engines)."""
     from steerc.runtime.capture import encode
-    from steerc.runtime.vllm import probe_values
 
-    with vllm_engine(path, facts, "derive --calibrate", plan=plan) as (llm, tokenizer):
-        return probe_values(llm, [encode(tokenizer, t, None, chat)[0] for t in texts], name)
+    with booted(args, path, facts, plan, command="derive --calibrate") as session:
+        ids = [encode(session.tokenizer, t, None, args.chat)[0] for t in texts]
+        return session.probe_values(ids, args.probe, batch_size=args.batch_size)
 
 
 def _probe_values(model, tokenizer, plan, name: str, texts: list[str], args):
-    """The probe's value on each text, as the HF runtime computes it for a gate: the pooled value once the
-    prompt has passed, or a per-token probe at the prompt's last token."""
-    import numpy as np
-    import torch
-
+    """The probe's value on each text of a transformers model here, as ``--engine hf`` reads it (the reference
+    that tests/engine/test_capture.py holds vLLM's values to)."""
     from steerc.runtime.capture import encode
-    from steerc.runtime.hf import install
+    from steerc.runtime.engines import HFSession
 
-    out = np.zeros(len(texts))
-    with install(model, plan, tokenizer) as handle:
-        for start in range(0, len(texts), args.batch_size):
-            batch = [encode(tokenizer, t, None, args.chat)[0] for t in texts[start:start + args.batch_size]]
-            length = max(len(ids) for ids in batch)
-            pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
-            ids = torch.full((len(batch), length), pad, dtype=torch.long)
-            mask = torch.zeros((len(batch), length), dtype=torch.long)
-            for i, row in enumerate(batch):
-                ids[i, :len(row)] = torch.tensor(row)
-                mask[i, :len(row)] = 1
-            with torch.no_grad():
-                model(input_ids=ids, attention_mask=mask, use_cache=False)
-            ctx = handle.context
-            if name in ctx.values:
-                last = mask.sum(dim=1) - 1
-                vals = ctx.values[name][torch.arange(len(batch)), last]
-            else:
-                vals = ctx.held[name]
-            out[start:start + len(batch)] = vals.double().numpy()
-    return out
+    ids = [encode(tokenizer, t, None, args.chat)[0] for t in texts]
+    return HFSession(model, tokenizer, plan).probe_values(ids, name, batch_size=args.batch_size)

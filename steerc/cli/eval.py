@@ -22,10 +22,10 @@ from steerc.cli.common import (
     model_path_for,
     parse_overrides,
     read_text,
-    require_vllm,
     required,
     root_of,
 )
+from steerc.cli.engines import add_engine_argument, layout, session
 from steerc.cli.progress import progress as _progress
 from steerc.cli.report import print_json
 from steerc.core.limits import MAX_RESAMPLES, MAX_SEED
@@ -44,9 +44,7 @@ def add_arguments(cmd, several: bool = True) -> None:
                           'with "prompt"), one JSON object per line')
     cmd.add_argument("--sweep", action="append", default=[], metavar="NAME=a:b:n",
                      help="n values of a param from a to b (repeatable: a grid); --set gives the others")
-    cmd.add_argument("--engine", choices=("hf", "vllm"), default="hf",
-                     help="hf (default): transformers with steerc's hooks; vllm: the vllm target's engine, scores "
-                          "from prompt logprobs (needs vLLM), one engine for the whole sweep")
+    add_engine_argument(cmd, note="; one engine for the whole sweep")
     cmd.add_argument("--chat", action="store_true",
                      help="wrap each prompt in the model's chat template (as `steerc run` does by default)")
     cmd.add_argument("--seed", type=arguments.seed, default=0,
@@ -117,38 +115,41 @@ def _checked(args, points_grid, facts, early):
     return _points(args, points_grid, facts)
 
 
-def _hf_engine(args, path: str, points_grid, early=None):
-    """(the HF engine, the points checked against the loaded model), or (None, None) after the errors."""
-    from steerc.eval.score import HFEngine
-    from steerc.runtime.hf import facts_from_model
-
-    model, tokenizer = load_unchecked(path, "eval")
-    points = _checked(args, points_grid, facts_from_model(model), early)
-    return (None, None) if points is None else (HFEngine(model, tokenizer), points)
+def _engine_points(args, path: str, points_grid, early):
+    """(the layout ``--engine``'s engine runs the model with, where it is known before the boot, and the
+    points checked against it: None after their errors), or (None, None) where the engine reads its
+    layout once booted (HF: the loaded model's)."""
+    facts = layout(args, path, "eval")
+    return (None, None) if facts is None else (facts, _checked(args, points_grid, facts, early))
 
 
-def _vllm_engine(args, path: str, points_grid, early=None):
-    """(the vLLM engine, booted once with the first point's plan; the points checked against the model's
-    config), or (None, None) after the errors."""
-    require_vllm("eval")
-    from steerc.eval.vllm import VLLMEngine
-    from steerc.runtime.models import hf_folder, load_tokenizer
+def _evaluate(args, path: str, items, points_grid, early):
+    """The document of ``evaluate`` on ``--engine``'s engine, booted once with the first point's plan and
+    shut down after (steerc.runtime.engines), or EXIT_ERRORS after the errors of a point."""
+    from steerc.eval import evaluate
+    from steerc.eval.score import engine_on
 
-    folder = hf_folder(path)
-    facts = config_facts(folder)
-    if facts is None:
-        raise UsageError(f"cannot read the layout of {folder} from its config.json, which vLLM needs")
-    points = _checked(args, points_grid, facts, early)
-    if points is None:
-        return None, None
-    return VLLMEngine(folder, load_tokenizer(folder), facts, points[0].plan), points
+    facts, points = _engine_points(args, path, points_grid, early)
+    if facts is not None and points is None:
+        return EXIT_ERRORS
+    with session(args, path, facts, points[0].plan if points else None, command="eval",
+                 load=lambda p: load_unchecked(p, "eval")) as booted:
+        if points is None:  # checked against the loaded model's layout
+            points = _checked(args, points_grid, booted.facts, early)
+            if points is None:
+                return EXIT_ERRORS
+        progress = _progress(len(items.items) * (1 + len(points)))
+        doc = evaluate(engine_on(args.engine, booted), items, points, chat=args.chat, seed=args.seed,
+                       resamples=args.resamples, progress=progress, model_name=args.model)
+    progress.finish()
+    return doc
 
 
 def scored(args, before_load=None):
     """The ``steerc.eval/1`` document of the command's programs and data, or an exit code after printing
     why not. ``before_load(items)`` may refuse (an exit code) once the data is read, before any model loads."""
     from steerc.derive.data import DataError
-    from steerc.eval import SweepError, evaluate, grid
+    from steerc.eval import SweepError, grid
     from steerc.eval.data import parse_items
     from steerc.eval.score import EvalError
 
@@ -176,13 +177,10 @@ def scored(args, before_load=None):
             return EXIT_ERRORS
         early = (facts.fingerprint, checked)
     path = model_path_for(args)
-    engine, points = (_vllm_engine if args.engine == "vllm" else _hf_engine)(args, path, points_grid, early)
-    if engine is None:
-        return EXIT_ERRORS
-    progress = _progress(len(items.items) * (1 + len(points)))
     try:
-        doc = evaluate(engine, items, points, chat=args.chat, seed=args.seed, resamples=args.resamples,
-                       progress=progress, model_name=args.model)
+        doc = _evaluate(args, path, items, points_grid, early)
+        if isinstance(doc, int):
+            return doc
     except EvalError as exc:
         from steerc.diagnostics import Diagnostic
         from steerc.diagnostics.codes import INVALID_DATA
@@ -192,9 +190,6 @@ def scored(args, before_load=None):
         end = src.text.find("\n", start)
         span = src.span(start, end if end >= 0 else len(src.text))
         return fail_with(args, [Diagnostic.error(INVALID_DATA, exc.message, span, help=exc.help)], {src.name: src})
-    finally:
-        getattr(engine, "close", lambda: None)()
-    progress.finish()
     if getattr(args, "plot", None) is not None:
         from steerc.eval.report import plot
 

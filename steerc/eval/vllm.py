@@ -1,6 +1,7 @@
 """``steerc eval --engine vllm``: the items scored by the vllm target's engine (spec/eval.md §11).
 
-One engine for the whole run, booted once with the first point's plan:
+One engine for the whole run, booted once with the first point's plan (the ``vllm`` entry of
+:mod:`steerc.runtime.engines`, whose session this scores on and which shuts it down):
 
 * every sequence is sent whole as its prompt, with
   ``extra_args["steerc_prompt_len"]``: the worker then treats the
@@ -42,24 +43,17 @@ class VLLMEngine:
 
     name = "vllm"
 
-    def __init__(self, folder: str, tokenizer, facts, first_plan, **engine_kwargs):
-        from steerc.runtime.vllm import checkpoint_dtype, enable, load, logs_to_stderr
+    def __init__(self, session):
+        """On a booted :class:`steerc.runtime.engines.VLLMSession` (its engine stays the session's, shut down
+        with it), the steering off until a point puts its plan on."""
+        from steerc.runtime.vllm import enable
         from steerc.targets.vllm.emit import plan_bytes
 
-        logs_to_stderr()
-        self.tokenizer, self.facts = tokenizer, facts
+        self.llm, self.tokenizer, self.facts = session.llm, session.tokenizer, session.facts
         self._plan_bytes = plan_bytes
-        data = plan_bytes(first_plan, facts)
-        engine_kwargs.setdefault("dtype", checkpoint_dtype(folder))
-        self.llm = load(folder, data, enforce_eager=True, enable_prefix_caching=False, **engine_kwargs)
-        self._installed = data
+        self._installed = session.installed
         self.vocab = int(self.llm.llm_engine.model_config.get_vocab_size())
         enable(self.llm, False)
-
-    def close(self) -> None:
-        llm, self.llm = self.llm, None
-        if llm is not None:
-            llm.llm_engine.engine_core.shutdown()
 
     # ---- scoring
     def score(self, requests):
