@@ -43,7 +43,6 @@ import re
 
 from steerc.core.limits import MAX_LAYERS
 from steerc.diagnostics.codes import INVALID_VECTOR_FILE
-from steerc.facts.families import MODEL_TYPES
 from steerc.io.gguf import (
     F32,
     INT32,
@@ -52,7 +51,7 @@ from steerc.io.gguf import (
     GGUFError,
     OtherArchitecture,
     gguf_bytes,
-    read_floats,
+    read_bytes,
     read_header,
 )
 from steerc.io.vectorfile import TensorInfo, VectorFile, VectorFileError
@@ -70,6 +69,8 @@ _LLAMACPP = {"mistral": "llama", "mixtral": "llama", "gemma3_text": "gemma3", "g
 
 def llamacpp_arch(name: str) -> str:
     """llama.cpp's architecture name for a steerc family, a Hugging Face model_type or a llama.cpp name."""
+    from steerc.facts.families import MODEL_TYPES  # with a model only: checking a file needs no facts
+
     family = MODEL_TYPES.get(name, name)
     return _LLAMACPP.get(family, family)
 
@@ -142,13 +143,13 @@ def open_control_vector(path: str):
     _check_rows(tensors, meta, bad)
     infos = {name: info for name, (info, _) in tensors.items()}
 
-    def reader(name: str):
+    def raw(name: str) -> tuple[bytes, str]:
         try:
-            return read_floats(path, tensors[name][1]).reshape(-1)
+            return read_bytes(path, tensors[name][1]), "<f4"
         except GGUFError as exc:
             raise bad(str(exc)) from None
 
-    f = VectorFile(path, "gguf", infos, reader)
+    f = VectorFile(path, "gguf", infos, raw=raw)
     f.meta = meta
     return f
 

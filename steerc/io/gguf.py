@@ -38,7 +38,6 @@ import mmap
 import os
 import struct
 
-import numpy as np
 from attrs import frozen
 
 from steerc.core.limits import MAX_GGUF_HEADER_BYTES, MAX_GGUF_STRINGS, MAX_GGUF_TENSORS
@@ -279,8 +278,9 @@ def _pad(n: int, alignment: int) -> int:
     return (n + alignment - 1) // alignment * alignment
 
 
-def read_floats(path: str, tensor: GGUFTensor) -> np.ndarray:
-    """An F32 tensor's values, shaped (placed by :func:`read_header`; a file changed since is a GGUFError)."""
+def read_bytes(path: str, tensor: GGUFTensor) -> bytes:
+    """An F32 tensor's data, little-endian float32 (placed by :func:`read_header`; a file changed since is a
+    GGUFError)."""
     if tensor.type_id != F32:
         raise GGUFError(f"tensor `{tensor.name}` is {tensor.type_name}, not F32")
     count = _count(tensor.shape)
@@ -289,7 +289,14 @@ def read_floats(path: str, tensor: GGUFTensor) -> np.ndarray:
         raw = fh.read(count * 4)
     if len(raw) != count * 4:
         raise GGUFError(f"the data of tensor `{tensor.name}` runs past the end of the file")
-    return np.frombuffer(raw, dtype="<f4").reshape(tensor.shape)
+    return raw
+
+
+def read_floats(path: str, tensor: GGUFTensor):
+    """An F32 tensor's values as a numpy array, shaped (see :func:`read_bytes`)."""
+    import numpy as np
+
+    return np.frombuffer(read_bytes(path, tensor), dtype="<f4").reshape(tensor.shape)
 
 
 # ---------------------------------------------------------------- writing
@@ -314,6 +321,8 @@ def gguf_bytes(metadata, tensors) -> bytes:
     tensor entries, padding to 32 bytes, then each tensor's little-endian data
     padded to 32 bytes. The same arguments give the same bytes.
     """
+    import numpy as np
+
     out = bytearray(MAGIC + struct.pack("<IQQ", VERSION, len(tensors), len(metadata)))
     for key, vtype, value in metadata:
         out += _pack_string(key) + struct.pack("<I", vtype) + _pack_value(vtype, value)

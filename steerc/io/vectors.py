@@ -3,7 +3,8 @@
 ``.safetensors`` files are read by hand: the JSON header first (keys, dtypes
 and shapes are checked before any data is touched), then only the bytes of
 the tensors asked for. ``.npy`` files go through ``numpy.load`` with
-``allow_pickle=False``. ``.pt``/``.pth`` files load only through
+``allow_pickle=False``, but for a plain float array, whose header and data
+are read by hand. ``.pt``/``.pth`` files load only through
 ``torch.load(weights_only=True)`` and only when torch is installed.
 ``.gguf`` files are llama.cpp control vectors, read by hand too
 (:mod:`steerc.io.controlvector`, :mod:`steerc.io.gguf`). Any float dtype is
@@ -14,7 +15,10 @@ The kinds of file are one table, :data:`READERS`: a :class:`Reader` per kind
 reads and how the "unknown format" help names it). :func:`open_vector_file`
 dispatches through it and :data:`FORMATS` and that help are derived from it,
 so a new source (an SAE folder, a BrainPatch archive) is one entry. Openers
-import what is heavy (torch) only when their kind of file is read.
+import what is heavy only when their kind of file is read: torch for ``.pt``,
+numpy for a ``.npy`` that is not a plain float array; safetensors, GGUF and
+plain ``.npy`` files hand over their tensors' bytes (``VectorFile(raw=...)``),
+which ``steerc check`` reads without numpy.
 
 >>> import numpy as np, os, tempfile
 >>> path = os.path.join(tempfile.mkdtemp(), "v.npy")
@@ -30,11 +34,12 @@ dtype('float32')
 
 from __future__ import annotations
 
+import math
 import os
 import struct
+import sys
 from typing import Callable
 
-import numpy as np
 from attrs import frozen
 
 from steerc.core.jsonio import JSONError
@@ -43,12 +48,7 @@ from steerc.core.limits import MAX_SAFETENSORS_HEADER
 from steerc.diagnostics.codes import INVALID_VECTOR_FILE
 from steerc.io.vectorfile import TensorInfo, VectorFile, VectorFileError
 
-_ST_DTYPES = {
-    "F16": ("<f2", 2),
-    "BF16": (None, 2),
-    "F32": ("<f4", 4),
-    "F64": ("<f8", 8),
-}
+_ST_DTYPES = {"F16": "<f2", "BF16": "bf16", "F32": "<f4", "F64": "<f8"}  # the float dtypes, as byte formats
 _ST_ALL_DTYPES = {
     "F16": 2, "BF16": 2, "F32": 4, "F64": 8, "F8_E4M3": 1, "F8_E5M2": 1,
     "I8": 1, "U8": 1, "I16": 2, "U16": 2, "I32": 4, "U32": 4, "I64": 8, "U64": 8, "BOOL": 1,
@@ -203,7 +203,7 @@ def _open_safetensors(path: str) -> VectorFile:
         if name != "__metadata__"
     }
 
-    def reader(name: str) -> np.ndarray:
+    def raw(name: str) -> tuple[bytes, str]:
         entry = header[name]
         dtype = entry["dtype"]
         if dtype not in _ST_DTYPES:
@@ -214,24 +214,23 @@ def _open_safetensors(path: str) -> VectorFile:
         begin, end = entry["data_offsets"]
         with open(path, "rb") as fh:
             fh.seek(data_start + begin)
-            raw = fh.read(end - begin)
-        if dtype == "BF16":
-            bits = np.frombuffer(raw, dtype="<u2").astype(np.uint32) << 16
-            arr = bits.view(np.float32)
-        else:
-            arr = np.frombuffer(raw, dtype=_ST_DTYPES[dtype][0])
-        return arr.reshape(entry["shape"])
+            data = fh.read(end - begin)
+        if len(data) != end - begin:  # the file was cut short since its header was read
+            raise VectorFileError(INVALID_VECTOR_FILE, f"the data of tensor `{name}` runs past the end of the file")
+        return data, _ST_DTYPES[dtype]
 
     meta = header.get("__metadata__")
     meta = {k: v for k, v in meta.items() if isinstance(k, str) and isinstance(v, str)} if isinstance(meta, dict) else None
-    return VectorFile(path, "safetensors", tensors, reader, meta)
+    return VectorFile(path, "safetensors", tensors, metadata=meta, raw=raw)
 
 
 # ----------------------------------------------------------------------- npy
 
 
-def _npy_header(path: str) -> tuple[tuple[int, ...], np.dtype]:
+def _npy_header(path: str) -> tuple:
     """(shape, dtype) from a .npy file's header, without reading its data."""
+    import numpy as np
+
     fmt = np.lib.format
     try:
         with open(path, "rb") as fh:
@@ -252,24 +251,82 @@ def _npy_header(path: str) -> tuple[tuple[int, ...], np.dtype]:
     return tuple(int(s) for s in shape), dtype
 
 
+_NPY_MAGIC = b"\x93NUMPY"
+_NPY_FLOATS = {"f2": "float16", "f4": "float32", "f8": "float64"}
+_NPY_MAX_HEADER = 10_000  # numpy's limit on a header it reads without allow_pickle
+
+
+def _npy_plain(path: str) -> tuple[tuple[int, ...], str, int] | None:
+    """(shape, byte format, data offset) of a .npy file that is a plain float array, read without numpy;
+    None for any other (numpy then reads its header, and says what is wrong with it).
+
+    Plain: format version 1.0 or 2.0, a header of at most 10,000 characters that is a dict literal of
+    exactly ``descr``, ``fortran_order`` and ``shape``, a little- or big-endian float16, float32 or
+    float64 ``descr``, a shape of non-negative ints, in C order unless it has at most one dimension.
+    numpy reads every such file, and reads it the same way.
+    """
+    import ast
+
+    with open(path, "rb") as fh:
+        head = fh.read(12)
+        if head[:6] != _NPY_MAGIC or head[6:8] not in (b"\x01\x00", b"\x02\x00"):
+            return None
+        length = "<H" if head[6] == 1 else "<I"  # the header's length, after the magic and the version
+        start = 8 + struct.calcsize(length)
+        if len(head) < start:
+            return None
+        (size,) = struct.unpack_from(length, head, 8)
+        if size > _NPY_MAX_HEADER:
+            return None
+        fh.seek(start)
+        text = fh.read(size)
+    if len(text) != size:
+        return None
+    try:
+        d = ast.literal_eval(text.decode("latin1"))
+    except (SyntaxError, ValueError, TypeError, MemoryError, RecursionError):
+        return None
+    if not isinstance(d, dict) or set(d) != {"descr", "fortran_order", "shape"}:
+        return None
+    descr, fortran, shape = d["descr"], d["fortran_order"], d["shape"]
+    if not isinstance(descr, str) or len(descr) != 3 or descr[0] not in "<>" or descr[1:] not in _NPY_FLOATS \
+            or not isinstance(shape, tuple) or not all(type(n) is int and n >= 0 for n in shape) \
+            or fortran not in (False, True) or (fortran and len(shape) > 1):
+        return None
+    return shape, descr, start + size
+
+
+def _npy_dtype_name(fmt: str) -> str:
+    """numpy's name of a float format: ``float32``, or ``>f4`` when it is not this machine's byte order."""
+    native = "<" if sys.byteorder == "little" else ">"
+    return _NPY_FLOATS[fmt[1:]] if fmt[0] == native else fmt
+
+
 def _open_npy(path: str) -> VectorFile:
     with open(path, "rb") as fh:
         if fh.read(4) == b"PK\x03\x04":
             raise VectorFileError(INVALID_VECTOR_FILE, "a .npz archive is not a .npy file")
-    shape, dtype = _npy_header(path)
-    if dtype.hasobject:
-        raise VectorFileError(
-            INVALID_VECTOR_FILE,
-            "this .npy file holds Python objects (it needs pickle, which steerc never uses)",
-            help="save a plain float array: np.save(path, vector.astype(np.float32))",
-        )
-    if dtype.kind != "f":
-        raise VectorFileError(
-            INVALID_VECTOR_FILE, f"array has dtype {dtype}; steering vectors must be floating point"
-        )
-    info = TensorInfo("", str(dtype), shape)
+    plain = _npy_plain(path)
+    if plain is None:
+        shape, dtype = _npy_header(path)
+        if dtype.hasobject:
+            raise VectorFileError(
+                INVALID_VECTOR_FILE,
+                "this .npy file holds Python objects (it needs pickle, which steerc never uses)",
+                help="save a plain float array: np.save(path, vector.astype(np.float32))",
+            )
+        if dtype.kind != "f":
+            raise VectorFileError(
+                INVALID_VECTOR_FILE, f"array has dtype {dtype}; steering vectors must be floating point"
+            )
+        info = TensorInfo("", str(dtype), shape)
+    else:
+        shape, fmt, offset = plain
+        info = TensorInfo("", _npy_dtype_name(fmt), shape)
 
-    def reader(_name: str) -> np.ndarray:
+    def reader(_name: str):
+        import numpy as np
+
         try:
             arr = np.load(path, allow_pickle=False)
         except Exception as exc:  # noqa: BLE001 - a truncated or corrupt body
@@ -279,7 +336,17 @@ def _open_npy(path: str) -> VectorFile:
             raise VectorFileError(INVALID_VECTOR_FILE, "not a readable .npy file")
         return arr
 
-    return VectorFile(path, "npy", {"": info}, reader)
+    def raw(name: str) -> tuple[bytes, str]:
+        size = math.prod(shape) * int(fmt[2])
+        with open(path, "rb") as fh:
+            fh.seek(offset)
+            data = fh.read(size)
+        if len(data) != size:  # a truncated body: numpy's reading says how, as without this path
+            reader(name)
+            raise VectorFileError(INVALID_VECTOR_FILE, "not a readable .npy file")
+        return data, fmt
+
+    return VectorFile(path, "npy", {"": info}, reader, raw=raw if plain is not None else None)
 
 
 # ----------------------------------------------------------------------- torch
