@@ -31,7 +31,6 @@ from steerc.frontend import parse
 from steerc.ir import nodes as ir
 from steerc.passes.check_pipeline import CHECK_PASSES, run_checks
 from steerc.passes.context import CheckContext, Options
-from steerc.passes.plan_pipeline import build_plan
 
 __all__ = ["CheckResult", "Options", "check_file", "check_source", "CHECK_PASSES"]
 
@@ -45,7 +44,8 @@ class CheckResult:
     facts: object = None  # steerc.facts.ModelFacts, when checked against a model
     plan: object = None  # steerc.ir.plan.Plan, when checked against a model without errors
     sources: dict[str, Source] = field(factory=dict)
-    # name -> folded value of each param (a float) and vector (a numpy array or a PerLayer bank) that checked
+    # name -> folded value of each param (a float) and vector (a numpy array or a PerLayer bank) that checked;
+    # empty when only the diagnostics were asked for (check(..., diagnostics_only=True))
     values: dict[str, object] = field(factory=dict)
 
     @property
@@ -72,16 +72,17 @@ def check_source(
     path: str | None = None,
     options: Options | None = None,
     facts=None,
+    diagnostics_only: bool = False,
 ) -> CheckResult:
     """Check program text; ``facts`` (a ModelFacts) adds the layout checks. Its line ends are read as a
     file's are (``\\r\\n`` and a lone ``\\r`` end a line: ``steerc.core.source.normalize_newlines``).
 
     Relative paths in ``load(...)`` and ``from "..."`` resolve from ``options.base_dir`` when set, else
     from the folder of ``path`` (the file the text came from), else from the working folder.
-    :func:`check_file` reads a file and passes its path."""
+    :func:`check_file` reads a file and passes its path. ``diagnostics_only``: see :func:`check`."""
 
     source = Source(name, normalize_newlines(text), path)
-    return check(source, options or Options(), facts)
+    return check(source, options or Options(), facts, diagnostics_only=diagnostics_only)
 
 
 def check_file(path: str, *, options: Options | None = None, facts=None, name: str | None = None) -> CheckResult:
@@ -96,33 +97,41 @@ def check_file(path: str, *, options: Options | None = None, facts=None, name: s
     return check_source(text, name or path, path=os.path.abspath(path), options=options, facts=facts)
 
 
-def check(source: Source, options: Options, facts=None, parser=parse, fuse: bool = True) -> CheckResult:
+def check(source: Source, options: Options, facts=None, parser=parse, fuse: bool = True,
+          diagnostics_only: bool = False) -> CheckResult:
     """Check ``source``; ``parser(source, diagnostics)`` gives its IR. ``steerc lsp``, which wants only the
     diagnostics, passes a parser that re-parses just the statements an edit touched, and ``fuse=False``:
-    the plan's fusion passes report nothing."""
+    the plan's fusion passes report nothing.
+
+    ``diagnostics_only`` (``steerc check`` without a model): the same diagnostics, but the folded values
+    are not kept (``values`` is empty; the vectors in ``checked`` may be :class:`steerc.io.floats.Floats`
+    rather than numpy arrays), so that small vectors fold without importing numpy. With ``facts`` the plan
+    is built from the values, and they are numpy arrays as always."""
     gc_was_enabled = gc.isenabled()
     gc.disable()  # the checker builds many small objects and keeps them all
     try:
-        return _check(source, options, facts, parser, fuse)
+        return _check(source, options, facts, parser, fuse, diagnostics_only and facts is None)
     finally:
         if gc_was_enabled:
             gc.enable()
 
 
-def _check(source: Source, options: Options, facts, parser, fuse: bool) -> CheckResult:
+def _check(source: Source, options: Options, facts, parser, fuse: bool, diagnostics_only: bool) -> CheckResult:
     diagnostics = Diagnostics()
     program = parser(source, diagnostics)
     result = CheckResult(source, program, diagnostics.items, sources={**options.sources, source.name: source},
                          facts=facts)
     if program is None:
         return result
-    ctx = CheckContext(program, source, diagnostics, options)
+    ctx = CheckContext(program, source, diagnostics, options, diagnostics_only=diagnostics_only)
     ctx.facts = facts
     run_checks(ctx)
     result.sources.update(ctx.extra_sources)
     result.checked = ctx.checked if not ctx.stop else None
-    result.values = ctx.values
+    result.values = {} if diagnostics_only else ctx.values
     if facts is not None and result.checked is not None and not diagnostics.has_errors:
+        from steerc.passes.plan_pipeline import build_plan  # with a model only: it needs numpy
+
         result.plan = build_plan(result.checked, facts, diagnostics=diagnostics, fuse=fuse)
     result.diagnostics = diagnostics.sorted()
     return result

@@ -14,6 +14,7 @@ import os
 
 from steerc.cli import EXIT_ERRORS, EXIT_OK, NotAProgram
 from steerc.cli.common import (
+    LazyChoices,
     add_program_options,
     chosen,
     model_facts,
@@ -23,7 +24,6 @@ from steerc.cli.common import (
     read_text,
 )
 from steerc.cli.report import FORMAT_HELP, FORMATS, Report, write
-from steerc.targets.registry import TARGET_NAMES
 
 
 def add_arguments(cmd) -> None:
@@ -31,11 +31,18 @@ def add_arguments(cmd) -> None:
                      help=".steer files, folders (their .steer files, recursively) or quoted globs "
                           "('examples/**/*.steer'); '-' reads standard input")
     add_program_options(cmd)
-    cmd.add_argument("--target", choices=TARGET_NAMES,
-                     help="also check what this target can express (default: `target` in steer.toml)")
+    cmd.add_argument("--target",
+                     help="also check what this target can express (default: `target` in steer.toml)"
+                     ).choices = LazyChoices(_target_names)  # the registry, only when --target is given
     cmd.add_argument("--format", choices=FORMATS, default="text", help=FORMAT_HELP)
     cmd.add_argument("--xgrammar", action="store_true",
                      help="also validate constraints with xgrammar (slower: it imports torch)")
+
+
+def _target_names() -> tuple[str, ...]:
+    from steerc.targets.registry import TARGET_NAMES
+
+    return TARGET_NAMES
 
 
 def run(args) -> int:
@@ -78,7 +85,8 @@ class _Session:
             self.reports.append(result)
             return result
         abspath = None if path == "-" else os.path.abspath(path)
-        result = check_source(text, "<stdin>" if path == "-" else path, path=abspath, options=options, facts=facts)
+        result = check_source(text, "<stdin>" if path == "-" else path, path=abspath, options=options, facts=facts,
+                              diagnostics_only=True)  # the values are not printed: small ones fold without numpy
         target = chosen(self.args, project, "target")
         if target:
             from steerc.targets import check_target

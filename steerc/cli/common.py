@@ -10,7 +10,6 @@ from steerc.cli import EXIT_ERRORS, NotAProgram, UsageError
 from steerc.cli.report import Report, print_json
 from steerc.core.jsonio import dumps as json_dumps  # strict JSON (spec/json.md)
 from steerc.diagnostics.codes import MODEL_WITHOUT_WEIGHTS
-from steerc.facts.named import shadowing
 from steerc.project.session import UnusableModel, check_options, facts_or_diagnostic
 
 
@@ -60,6 +59,31 @@ def add_program_options(cmd, model_help: str = MODEL_HELP, model_required: bool 
         dest="overrides",
         help="override a param: --set strength=6 (repeatable; wins over steer.toml's [params])",
     )
+
+
+class LazyChoices:
+    """An option's ``choices`` read from a registry when argparse first needs them (a value to check, help or
+    an error to print), not when the parser is built: ``steerc check`` without ``--target`` never imports the
+    target registry. ``load()`` returns the names.
+
+    >>> import argparse
+    >>> parser = argparse.ArgumentParser(prog="p")
+    >>> parser.add_argument("--pick").choices = LazyChoices(lambda: ("a", "b"))
+    >>> parser.parse_args(["--pick", "b"]).pick, "{a,b}" in parser.format_help()
+    ('b', True)
+    """
+
+    def __init__(self, load):
+        self._load = load
+
+    def __contains__(self, value) -> bool:
+        return value in self._load()
+
+    def __iter__(self):
+        return iter(self._load())
+
+    def __len__(self) -> int:
+        return len(self._load())
 
 
 def parse_overrides(items: list[str]) -> dict[str, float]:
@@ -177,6 +201,8 @@ def load_facts_or_diagnostic(path: str, project=None):
     """(facts, None, {}) or (None, the diagnostic why the model cannot be used, its sources)
     (:func:`steerc.project.session.facts_or_diagnostic`); a bare path that cannot be read is a usage error,
     and a bundled name a folder shadows gets a note on standard error."""
+    from steerc.facts.named import shadowing  # with a model only (steerc.facts is read with it)
+
     taken = shadowing(path)
     if taken is not None:
         print(f"note: {taken}", file=sys.stderr)
@@ -267,6 +293,7 @@ def config_facts(model_path: str):
     """The model's layout from its config alone (:func:`steerc.runtime.models.config_source`), or None where
     it cannot be read without the weights; a config that fails to read is left to the load, which says why."""
     from steerc.facts import FactsError, load_facts
+    from steerc.facts.named import shadowing
     from steerc.runtime.models import config_source
 
     taken = shadowing(model_path)

@@ -86,6 +86,9 @@ class CheckContext:
     suggestions_left: int = MAX_REPEATS
     values_left: int = MAX_VALUES  # vector entries folding may still compute (see MAX_VALUES)
     over_budget: bool = False  # MAX_VALUES was reported (once)
+    # Only the diagnostics are wanted (`steerc check` without a model): small vectors fold in plain Python,
+    # without importing numpy (steerc.passes.foldvec).
+    diagnostics_only: bool = False
 
     @property
     def base_dir(self) -> str:

@@ -29,7 +29,6 @@ from steerc.diagnostics.codes import (
 )
 from steerc.diagnostics.suggest import did_you_mean
 from steerc.frontend.fmt import op as fmt_op
-from steerc.io.controlvector import PREFIX
 from steerc.ir import checked as ck
 from steerc.ir import nodes as ir
 from steerc.ir.values import PerLayer
@@ -411,8 +410,8 @@ class Evaluator:
         return ("window", a, b)
 
     # ------------------------------------------------------------ vectors
-    # Vector folding needs numpy; it is imported on the first vector, so
-    # checking a program without vectors stays quick to start.
+    # Vector folding is steerc.passes.foldvec's, made on the first vector: it imports numpy only when
+    # it folds with numpy (see there), so checking a program stays quick to start.
 
     def _vectors(self):
         if self._folder is None:
@@ -455,8 +454,9 @@ def report_missing_row(ctx: CheckContext, bank: PerLayer, layer: int, span) -> N
             help="a per-layer bank needs one row for each layer it is used at",
         )
     else:
-        have = ", ".join(str(i) for i in sorted(bank.rows))
+        from steerc.io.controlvector import PREFIX
 
+        have = ", ".join(str(i) for i in sorted(bank.rows))
         # A llama.cpp control vector has no row 0: llama.cpp never steers layer 0's output.
         llamacpp = "; llama.cpp control vectors start at layer 1: steer resid_post[1:]" \
             if bank.label == PREFIX and layer == 0 else ""

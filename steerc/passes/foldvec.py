@@ -1,16 +1,78 @@
-"""Vector folding for the `fold` pass (numpy is imported here, on first use)."""
+"""Vector folding for the `fold` pass.
+
+Values are folded with numpy (float64 arrays, what the plan and the targets
+read). A check that wants only its diagnostics (``steerc check`` without a
+model) folds its first ``PYTHON_MAX`` entries in plain Python instead
+(:mod:`steerc.io.floats`), so that checking a program with a few vectors
+never imports numpy; past that bound numpy is imported and folds the rest.
+Both do the same float64 operations entry by entry (only a norm's sum may
+round differently), so they report the same diagnostics.
+"""
 
 from __future__ import annotations
 
-import numpy as np
+import functools
 
 from steerc.core.limits import FLOAT32_MAX
 from steerc.diagnostics.codes import INVALID_VALUE, SHAPE_MISMATCH
+from steerc.io import floats
 from steerc.ir import nodes as ir
 from steerc.ir.builtins import reads_vectors
 from steerc.ir.values import PerLayer
 from steerc.passes import types as ty
-from steerc.passes.loading import load_vector
+from steerc.passes.loading import load_vector, python_floats
+
+
+class _Numpy:
+    """The operations of :mod:`steerc.io.floats`, on float64 numpy arrays (any vector is taken as one)."""
+
+    def __init__(self):
+        import numpy as np
+
+        self.np = np
+
+    def _a(self, v):
+        return self.np.asarray(v, dtype=self.np.float64)
+
+    def literal(self, values):
+        return self.np.array(values, dtype=self.np.float64)
+
+    def negative(self, v):
+        return self.np.negative(self._a(v))
+
+    def times(self, v, s: float):
+        with self.np.errstate(over="ignore", invalid="ignore"):
+            return self._a(v) * s
+
+    def divided(self, v, s: float):
+        with self.np.errstate(over="ignore", invalid="ignore"):
+            return self._a(v) / s
+
+    def plus(self, a, b):
+        return self.np.add(self._a(a), self._a(b))
+
+    def minus(self, a, b):
+        return self.np.subtract(self._a(a), self._a(b))
+
+    def dot(self, a, b) -> float:
+        with self.np.errstate(over="ignore"):  # inf, as in plain Python: what it means is judged by the caller
+            return float(self._a(a) @ self._a(b))
+
+    def norm(self, v) -> float:
+        with self.np.errstate(over="ignore"):
+            return float(self.np.linalg.norm(self._a(v)))
+
+    def max_abs(self, v) -> float:
+        with self.np.errstate(invalid="ignore"):
+            return float(self.np.max(self.np.abs(self._a(v)), initial=0.0))
+
+    def nonzero(self, v) -> bool:
+        return bool(self.np.any(self._a(v)))
+
+
+@functools.cache
+def _numpy() -> _Numpy:
+    return _Numpy()
 
 
 class VectorFolder:
@@ -19,35 +81,39 @@ class VectorFolder:
     def __init__(self, evaluator):
         self.ev = evaluator
 
+    def _math(self):
+        """The operations to fold with now: plain Python's while :func:`python_floats` allows, else numpy's."""
+        return floats if python_floats(self.ev.ctx) else _numpy()
 
     def vector(self, e):
-        """A folded vector: a float64 array, or a PerLayer bank.
+        """A folded vector: float64 values (a numpy array, or Floats), or a PerLayer bank.
 
-        Each new array is paid for (``CheckContext.spend``) before it is made.
+        Each new vector is paid for (``CheckContext.spend``) before it is made.
         """
         spend = self.ev.ctx.spend
         if isinstance(e, ir.Name):
             return self.ev._lookup(e)
         if isinstance(e, ir.VectorLit):
             spend(len(e.items), e.span)
-            return np.array([self.ev.operand(i) for i in e.items], dtype=np.float64)
+            return self._math().literal([self.ev.operand(i) for i in e.items])
         if isinstance(e, ir.Neg):
             v = self.vector(e.operand)
             spend(_size(v), e.span)
-            return _map(v, np.negative)
+            return _map(v, self._math().negative)
         if isinstance(e, ir.Call):
             if reads_vectors(e.func):
                 return load_vector(self.ev.ctx, e)
             v = self.vector(e.args[0])
             spend(_size(v), e.span)
-            return _map(v, lambda r: self._normalized(r, e.span))
+            m = self._math()
+            return _map(v, lambda r: self._normalized(m, r, e.span))
         return self._binop(e)
 
-    def _normalized(self, row: np.ndarray, span) -> np.ndarray:
-        n = float(np.linalg.norm(row))
+    def _normalized(self, m, row, span):
+        n = m.norm(row)
         if n == 0.0:
             self.ev.fail(INVALID_VALUE, "cannot normalize a zero vector", span)
-        return row / n
+        return m.divided(row, n)
 
     def _binop(self, e: ir.BinOp):
         types = self.ev.ctx.types
@@ -58,26 +124,26 @@ class VectorFolder:
             self.ev.ctx.spend(_size(vec), e.span)
             if s == 0 and e.op == "/":
                 self.ev.fail(INVALID_VALUE, "division by zero", e.right.span)
-            with np.errstate(over="ignore", invalid="ignore"):
-                scaled = _map(vec, (lambda r: r * s) if e.op == "*" else (lambda r: r / s))
+            m = self._math()
+            scaled = _map(vec, (lambda r: m.times(r, s)) if e.op == "*" else (lambda r: m.divided(r, s)))
             return self._in_range(scaled, e.span)
         a, b = self.vector(e.left), self.vector(e.right)
         self.same_width((a, b), e.span, "vectors added or subtracted")
         self.ev.ctx.spend(max(_size(a), _size(b)), e.span)
-        fn = np.add if e.op == "+" else np.subtract
-        return self._in_range(_combine(a, b, fn), e.span)
+        m = self._math()
+        return self._in_range(_combine(a, b, m.plus if e.op == "+" else m.minus), e.span)
 
     def scaled(self, v, s: float, span):
-        """``v`` times the number ``s`` (each new array paid for, every entry fitting float32)."""
+        """``v`` times the number ``s`` (each new vector paid for, every entry fitting float32)."""
         self.ev.ctx.spend(_size(v), span)
-        with np.errstate(over="ignore", invalid="ignore"):
-            return self._in_range(_map(v, lambda r: r * s), span)
+        m = self._math()
+        return self._in_range(_map(v, lambda r: m.times(r, s)), span)
 
     def _in_range(self, v, span):
         """``v``, once every entry is known to fit float32 (what steering vectors are stored as)."""
+        m = self._math()
         for row in _rows(v):
-            with np.errstate(invalid="ignore"):
-                big = float(np.max(np.abs(row), initial=0.0))
+            big = m.max_abs(row)
             if not big <= FLOAT32_MAX:  # also catches NaN
                 self.ev.fail(
                     INVALID_VALUE,
@@ -91,16 +157,18 @@ class VectorFolder:
     def direction(self, e):
         """A vector used as a direction: it must not be zero."""
         v = self.vector(e)
+        m = self._math()
         for row in _rows(v):
-            if not np.any(row):
+            if not m.nonzero(row):
                 self.ev.fail(INVALID_VALUE, "a direction cannot be the zero vector", e.span)
         return v
 
     def plane(self, b1, b2, span) -> None:
+        m = self._math()
         for r1, r2 in _paired_rows(b1, b2):
-            e1 = r1 / np.linalg.norm(r1)
-            rest = r2 - (e1 @ r2) * e1
-            if np.linalg.norm(rest) <= 1e-6 * max(np.linalg.norm(r2), 1e-30):
+            e1 = m.divided(r1, m.norm(r1))
+            rest = m.minus(r2, m.times(e1, m.dot(e1, r2)))
+            if m.norm(rest) <= 1e-6 * max(m.norm(r2), 1e-30):
                 self.ev.fail(
                     INVALID_VALUE,
                     "the two vectors are parallel (or the second is zero): they span no plane to rotate in",
@@ -115,7 +183,6 @@ class VectorFolder:
                 f"{what} have different lengths ({', '.join(map(str, widths))})",
                 span,
             )
-
 
 
 def _rows(v):

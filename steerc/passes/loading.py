@@ -5,17 +5,19 @@ reading one file reads its header once). Keys and shapes are checked from
 the header before any tensor data is read. A llama.cpp control vector
 (``.gguf``) is a bank of its ``direction.<N>`` rows unless ``key=`` picks
 one; with a model, the model it says it was made for must be this one.
+
+A check that wants only diagnostics reads a small tensor without numpy (see
+:func:`python_floats`); values are the same either way.
 """
 
 from __future__ import annotations
 
+import math
 import os
 
-import numpy as np
-
-from steerc.core.limits import MAX_HIDDEN, MAX_LAYERS
+from steerc.core.limits import MAX_HIDDEN, MAX_LAYERS, MAX_VALUES
 from steerc.diagnostics.codes import INVALID_VECTOR_FILE, MISSING_KEY, MODEL_MISMATCH, SHAPE_MISMATCH
-from steerc.io import controlvector as cv
+from steerc.io import floats
 from steerc.io.provenance import provenance
 from steerc.io.vectorfile import VectorFile, VectorFileError
 from steerc.io.vectors import FORMATS, open_vector_file
@@ -53,7 +55,9 @@ def load_vector(ctx: CheckContext, call: ir.Call):
     key = key_node.value if key_node is not None else None
     where = key_node.span if key_node is not None else path.span
     try:
-        if f.kind == "gguf":
+        if f.kind == "gguf":  # read by steerc.io.controlvector, imported by then
+            from steerc.io import controlvector as cv
+
             _fits_model(ctx, f, path)
             if key in (None, cv.PREFIX):
                 _no_single_vector(ctx, kwargs.get("per_layer"), path)
@@ -87,6 +91,8 @@ def _record_origin(ctx: CheckContext, f: VectorFile, call: ir.Call) -> None:
     output), a bank unless ``key=`` picks one row; it records no model the provenance pass could compare.
     """
     if f.kind == "gguf":
+        from steerc.io import controlvector as cv
+
         key = next((k.value.value for k in call.kwargs if k.name == "key"), None)
         ctx.origins[id(call)] = {"site": "resid_post", "per_layer": key in (None, cv.PREFIX)}
     elif getattr(f, "metadata", None):
@@ -97,6 +103,8 @@ def _record_origin(ctx: CheckContext, f: VectorFile, call: ir.Call) -> None:
 
 def _fits_model(ctx: CheckContext, f: VectorFile, path: ir.Str) -> None:
     """A control vector's hint and layers against the model (``model-mismatch`` at the path)."""
+    from steerc.io import controlvector as cv
+
     facts = ctx.facts
     if facts is None:
         return
@@ -125,6 +133,8 @@ def _fits_model(ctx: CheckContext, f: VectorFile, path: ir.Str) -> None:
 
 
 def _no_single_vector(ctx: CheckContext, per_layer, path: ir.Str) -> None:
+    from steerc.io import controlvector as cv
+
     if per_layer is not None and not per_layer.value:
         ctx.error(
             SHAPE_MISMATCH,
@@ -220,7 +230,7 @@ def _bank(ctx: CheckContext, f: VectorFile, key: str | None, where, path: ir.Str
             raise Fault
         _width_ok(ctx, width, label, where)
         data = _read(ctx, f, name, where)
-        return PerLayer(f.memo(("bank", name), lambda: {i: data[i] for i in range(rows)}), rows, label)
+        return PerLayer(f.memo(("bank", name), lambda: _rows_of(data, rows, width)), rows, label)
     if key is None:
         ctx.error(
             MISSING_KEY,
@@ -250,9 +260,26 @@ def _bank(ctx: CheckContext, f: VectorFile, key: str | None, where, path: ir.Str
                     None, label)
 
 
-def _read(ctx: CheckContext, f: VectorFile, name: str, where) -> np.ndarray:
-    """A tensor as float64, read once per file and paid for once (see MAX_VALUES)."""
-    return f.read64(name, before=lambda count: ctx.spend(count, where))
+def _read(ctx: CheckContext, f: VectorFile, name: str, where):
+    """A tensor as float64, read once per file and paid for once (see MAX_VALUES): a numpy array, or
+    :class:`~steerc.io.floats.Floats` while :func:`python_floats` says so."""
+    count = math.prod(f.tensors[name].shape)
+    return f.read64(name, before=lambda count: ctx.spend(count, where), python=python_floats(ctx, count))
+
+
+def _rows_of(data, count: int, width: int) -> dict:
+    """Layer index -> row of a ``[count, width]`` tensor (a 2-D numpy array, or Floats of its entries)."""
+    if isinstance(data, floats.Floats):
+        return dict(enumerate(floats.rows(data, count, width)))
+    return {i: data[i] for i in range(count)}
+
+
+def python_floats(ctx: CheckContext, more: int = 0) -> bool:
+    """Whether folding computes in plain Python (:mod:`steerc.io.floats`) rather than numpy: when only the
+    diagnostics are wanted and the vector entries computed so far, with ``more``, are at most PYTHON_MAX.
+
+    Past that, numpy's import costs less than the Python loops would, and everything after is numpy's."""
+    return ctx.diagnostics_only and MAX_VALUES - ctx.values_left + more <= floats.PYTHON_MAX
 
 
 def _most_rows(ctx: CheckContext) -> int:
@@ -276,4 +303,4 @@ def _listing(names) -> str:
     return shown + (f", ... ({len(names)} in all)" if len(names) > 12 else "")
 
 
-__all__ = ["FORMATS", "load_vector", "open_file", "resolve_path"]
+__all__ = ["FORMATS", "load_vector", "open_file", "python_floats", "resolve_path"]
