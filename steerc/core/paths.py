@@ -28,7 +28,6 @@ as a namespace package ``steerc`` ahead of the installed steerc.
 from __future__ import annotations
 
 import os
-import tempfile
 
 from attrs import frozen
 
@@ -38,6 +37,8 @@ CACHE_NAME = "steerc-cache"  # the user cache's folder under $XDG_CACHE_HOME or 
 
 def temp_folder(what: str) -> str:
     """``<system temp folder>/steerc-<what>``: where steerc keeps ``what`` when no folder is configured."""
+    import tempfile  # not at import: `steerc check` never needs it
+
     name = f"steerc-{what}"
     assert not importable(name), name
     return os.path.join(tempfile.gettempdir(), name)

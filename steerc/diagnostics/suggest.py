@@ -8,8 +8,6 @@
 
 from __future__ import annotations
 
-import difflib
-
 from steerc.core.limits import MAX_NAME_CHARS, MAX_SUGGESTION_CANDIDATES
 
 
@@ -20,6 +18,8 @@ def did_you_mean(name: str, candidates) -> str | None:
     length and the same first letter are compared (each comparison costs time in both
     lengths, and a program may ask for thousands of suggestions).
     """
+    import difflib  # on a misspelling only: a clean check never needs it
+
     pool = list(candidates)
     if len(pool) > MAX_SUGGESTION_CANDIDATES or len(name) > MAX_NAME_CHARS:
         if len(name) > MAX_NAME_CHARS:

@@ -11,6 +11,8 @@ needed concrete layers.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from steerc.core.limits import MAX_EXPANDED_SITES, MAX_VALUES
 from steerc.diagnostics import Note
 from steerc.diagnostics.codes import (
@@ -22,13 +24,15 @@ from steerc.diagnostics.codes import (
     SHAPE_MISMATCH,
     SLICE_CLIPPED,
 )
-from steerc.facts import ModelFacts
 from steerc.ir import checked as ck
 from steerc.ir.values import PerLayer
 from steerc.passes import causality
 from steerc.passes.context import CheckContext
 from steerc.passes.fold import report_missing_row
 from steerc.passes.layers import expand
+
+if TYPE_CHECKING:  # annotations only: a check without a model never imports steerc.facts
+    from steerc.facts import ModelFacts
 
 name = "layout"
 

@@ -45,12 +45,10 @@ from steerc.core.source import Source, Span, read_program
 from steerc.diagnostics import Diagnostic
 from steerc.diagnostics.codes import INVALID_CONFIG, LIMIT_EXCEEDED
 from steerc.diagnostics.suggest import did_you_mean
-from steerc.facts.named import lookup, names
 from steerc.project.locate import locate, long_number, scan, too_deep
 from steerc.project.toml import tomllib
-from steerc.targets.registry import TARGET_NAMES
 
-__all__ = ["TARGET_NAMES", "Project", "display_name", "project_at", "project_of"]
+__all__ = ["Project", "display_name", "project_at", "project_of"]
 
 DEFAULT_KEYS = ("model", "target")
 TABLES = ("defaults", "params")
@@ -183,6 +181,8 @@ class _Reader:
             elif not isinstance(value, str) or not value:
                 self.fail(path, f"`{key}` must be a non-empty string, got {_kind(value)}", value=True)
             elif key == "target":
+                from steerc.targets.registry import TARGET_NAMES  # the registry, when a target is named
+
                 if value in TARGET_NAMES:
                     self.keep(path, key, value)
                 else:
@@ -192,6 +192,8 @@ class _Reader:
                 self._model(path, value)
 
     def _model(self, path: tuple[str, ...], value: str) -> None:
+        from steerc.facts.named import lookup, names
+
         resolved = os.path.normpath(os.path.join(self.root, value))
         if lookup(value, self.root) is not None:  # a folder that holds no model does not hide the name
             self.keep(path, "model", value)

@@ -9,7 +9,6 @@ import re
 from steerc.core.source import Source
 from steerc.diagnostics import Diagnostic
 from steerc.diagnostics.codes import INVALID_CONFIG
-from steerc.facts import FactsError, load_facts
 from steerc.passes.context import Options
 
 
@@ -37,6 +36,8 @@ def facts_or_diagnostic(path: str, project=None):
     A model that cannot be read raises :class:`UnusableModel`, or for the ``model`` of a ``project``'s
     steer.toml is an ``invalid-config`` diagnostic at its value.
     """
+    from steerc.facts import FactsError, load_facts  # with a model only
+
     try:
         return load_facts(path), None, {}
     except FactsError as exc:
