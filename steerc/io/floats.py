@@ -58,8 +58,9 @@ class Floats(array):
 
     __radd__ = __iadd__ = __mul__ = __rmul__ = __imul__ = __add__
 
-    def __repr__(self) -> str:
-        return f"Floats({self.tolist()!r})"
+    def __repr__(self) -> str:  # a vector may be 65,536 entries long: its length and first few
+        head = ", ".join(f"{x:.4g}" for x in self[:4])
+        return f"Floats[{len(self)}]({head}{', ...' if len(self) > 4 else ''})"
 
 
 def decode(raw: bytes, fmt: str) -> Floats:
