@@ -356,8 +356,8 @@ def test_a_reused_output_folder_keeps_no_stale_file_and_every_file_of_the_user(p
     (project / "out" / "notes.txt").write_text("mine")
     code, _, err = _compile("p.steer", "out")
     assert code == 0, err
-    assert sorted(os.listdir(project / "out")) == [".steerc-output.json", "__init__.py", "_support.py", "notes.txt",
-                                                   "tensors.safetensors"]
+    assert sorted(os.listdir(project / "out")) == [".steerc-output.json", "__init__.py", "_hooks.py", "_support.py",
+                                                   "notes.txt", "tensors.safetensors"]
     assert (project / "out" / "notes.txt").read_text() == "mine"
     # from hf to serve and back: the other target's files go, folders and all
     assert _compile("p.steer", "out", "serve", "--no-xgrammar")[0] == 0
@@ -365,8 +365,8 @@ def test_a_reused_output_folder_keeps_no_stale_file_and_every_file_of_the_user(p
     (project / "out" / "plan.json").write_text("{}\n")  # the user changed a file steerc wrote: it is theirs now
     code, _, err = _compile("p.steer", "out")
     assert code == 0, err
-    assert sorted(os.listdir(project / "out")) == [".steerc-output.json", "__init__.py", "_support.py", "notes.txt",
-                                                   "plan.json", "tensors.safetensors"]
+    assert sorted(os.listdir(project / "out")) == [".steerc-output.json", "__init__.py", "_hooks.py", "_support.py",
+                                                   "notes.txt", "plan.json", "tensors.safetensors"]
     assert "note: kept out/plan.json: an earlier compile wrote it and it has changed since" in err
 
 
