@@ -9,7 +9,7 @@ it (``record``); ``report()`` says, per row, which positions passed, where
 each gate held, and where each gated intervention steered:
 
 * on HF, ``steerc run --show-gates`` (:class:`steerc.runtime.hf.gates.GateTrace`);
-* on a vLLM server, a steered response's receipt (:mod:`steerc.runtime.vllm.serve`),
+* on a vLLM server, a steered response's receipt (:mod:`steerc.runtime.vllm.receipt`),
 
 so the two report the same numbers for the same plan and prompt.
 """

@@ -1,12 +1,17 @@
 """steerc on vLLM: one seat for the engine, in layers that import only downward.
 
 * :mod:`.engine` — engine access: the configuration steerc reads, the runner's batch layout (V1 and V2
-  runners), request slots, the per-step token metadata and the step hooks;
+  runners), request slots, the per-step token metadata and the step hooks; beside it :mod:`.store`, the
+  serve plugin's content-addressed artifact store;
 * :mod:`.parallel` — a worker's share: its tensor-parallel rank, the layers its pipeline stage holds;
-* :mod:`.steer` — steering state: fixed-shape buffers and the site functions (the shared kernels of
-  :mod:`steerc.runtime.kernels`); beside it :mod:`.activations`, the hooks that read sites for a capture;
-* the two modes, side by side: :mod:`.plan` (one plan for every request: the vllm target) and
-  :mod:`.serve` (each request's own plan: the serve plugin, with its HTTP front end :mod:`.http`);
+* :mod:`.steer` — steering state: fixed-shape buffers and the site functions (the one kernel dispatch of
+  :mod:`steerc.runtime.kernels`); beside it :mod:`.points` (the serve plugin's steer points), :mod:`.slots`
+  (its batched affine slots), :mod:`.receipt` (a request's receipt) and :mod:`.activations` (the hooks
+  that read sites for a capture);
+* the two modes, side by side: :mod:`.plan` (one plan for every request: the vllm target) and the serve
+  plugin (each request's own plan): :mod:`.request` (a request's steering) and :mod:`.guard` (the logits
+  guard), the :mod:`.router` above them, :mod:`.serve` wiring them as the worker extension, and its HTTP
+  front end :mod:`.http`;
 * :mod:`.loader` — steerc's model loader, choosing the mode from a table, and the vLLM plugin;
 * :mod:`.api` — the offline API on top: :func:`load`, :func:`swap`, :func:`install`,
   :func:`set_params`, :func:`enable`, :func:`status`, :func:`call`, :func:`sampling_params`,
