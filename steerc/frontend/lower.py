@@ -155,6 +155,10 @@ class ToIR:
         name, value = children
         return ir.VectorDecl(name.value, value, span=self._span(meta), name_span=self._tok(name))
 
+    def matrix_decl(self, meta, children):
+        name, value = children
+        return ir.MatrixDecl(name.value, value, span=self._span(meta), name_span=self._tok(name))
+
     def _collect(self, lines, kinds: dict[str, str], block: str):
         """Map line kind -> (value, span); a second line of a kind is an error."""
         seen: dict[str, tuple[object, Span | None]] = {}
@@ -188,7 +192,7 @@ class ToIR:
             name_span=self._tok(name),
         )
 
-    _OPS = {k: "op" for k in ("add", "scale", "set", "suppress", "ablate", "clamp", "rotate")}
+    _OPS = {k: "op" for k in ("add", "scale", "set", "suppress", "ablate", "clamp", "rotate", "loreft")}
 
     def intervention_decl(self, meta, children):
         name, *lines = children
@@ -257,6 +261,9 @@ class ToIR:
 
     def rotate_by_op(self, meta, c):
         return self._op("rotate", ir.Rotate(c[0], c[1], "by", c[2], span=self._span(meta)), meta)
+
+    def loreft_op(self, meta, c):
+        return self._op("loreft", ir.LoReFT(c[0], c[1], c[2], span=self._span(meta)), meta)
 
     # ---------------------------------------------------------- expressions
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 import re
 
 LINE_KEYWORDS = ("at", "tokens", "when", "preserve", "add", "scale", "set", "suppress", "ablate", "clamp",
-                 "rotate", "read", "pool")
+                 "rotate", "loreft", "read", "pool")
 _OPERAND = {"NAME", "NUMBER", "INT", "SIGNED_INT", "PERCENT", "LSQB", "LPAR", "STRING", "LONG_STRING"}
 _SCOPE_WORDS = {"all", "prompt", "generated", "after"}
 _NUMBERS = {"NUMBER", "INT", "SIGNED_INT", "PERCENT"}
@@ -87,6 +87,10 @@ def block_line_help(text: str, block_start: int, tok, expected: set[str], previo
     if keyword == "rotate" and expected & {"TO", "BY"} and not {"to", "by"} & set(words):
         return ("`rotate in (b1, b2)` continues with `to` (the angle to set) or `by` (the angle to turn by)",
                 f"for example {_code(f'{line} by {rest}')}")
+    if keyword == "loreft" and "COMMA" in expected and line.count(",") < 2:
+        parts = [w for w in re.split(r"[\s,]+", f"{line} {rest}")[1:] if w]
+        return ("`loreft` takes three operands separated by commas: the matrices R and W, then the vector b",
+                f"write {_code('loreft ' + ', '.join(parts))}" if len(parts) == 3 else "write `loreft R, W, b`")
     if not expected & {"_NL", "RBRACE"}:
         return None
     return _after_complete_line(keyword, line, rest, tok, previous)
@@ -103,6 +107,9 @@ def _after_complete_line(keyword: str, line: str, rest: str, tok, previous) -> t
         return what, f"join the terms with an operator (`+`, `-`, `*`, `/`), e.g. {_code(f'{line} + {rest}')}"
     if keyword == "ablate" and operand:
         return "`ablate` separates its directions with commas", f"write {_code(f'{line}, {rest}')}"
+    if keyword == "loreft" and operand:
+        return ("`loreft` takes three operands: `loreft R, W, b`",
+                "R and W are matrices, b a vector; to scale b write `loreft R, W, 2 * b`")
     if keyword == "tokens" and (operand or str(tok.value) in _SCOPE_WORDS):
         return "`tokens` separates its scopes with commas", f"write {_code(f'{line}, {rest}')}"
     if keyword == "at":

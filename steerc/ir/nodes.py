@@ -347,7 +347,17 @@ class Rotate:
     span: Span | None = _span()
 
 
-Op = Union[Add, Scale, Set, Suppress, Ablate, Clamp, Rotate]
+@frozen
+class LoReFT:
+    """``loreft R, W, b``: pyreft's LoReFT, ``h + Rᵀ (W h + b − R h)`` (``R``, ``W`` matrices, ``b`` a vector)."""
+
+    rotation: Expr
+    weight: Expr
+    bias: Expr
+    span: Span | None = _span()
+
+
+Op = Union[Add, Scale, Set, Suppress, Ablate, Clamp, Rotate, LoReFT]
 
 
 # ---------------------------------------------------------- statements
@@ -380,6 +390,16 @@ class ParamDecl:
 
 @frozen
 class VectorDecl:
+    name: str
+    value: Expr
+    span: Span | None = _span()
+    name_span: Span | None = _span()
+
+
+@frozen
+class MatrixDecl:
+    """``matrix NAME = load(...)``: a 2-D tensor (``[rows, columns]``), for ``loreft``."""
+
     name: str
     value: Expr
     span: Span | None = _span()
@@ -432,7 +452,7 @@ class ConstrainChoice:
 
 
 Constraint = Union[ConstrainText, ConstrainChoice]
-Statement = Union[ModelBlock, ParamDecl, VectorDecl, ProbeDecl, InterventionDecl, Constraint]
+Statement = Union[ModelBlock, ParamDecl, VectorDecl, MatrixDecl, ProbeDecl, InterventionDecl, Constraint]
 
 
 @frozen
@@ -463,8 +483,8 @@ NODE_CLASSES: dict[str, type] = {
         PosSlice, PosIndex, ScopeAll, ScopePrompt, ScopeGenerated, ScopePositions, ScopeAfter,
         Compare, GateAnd, GateOr, GateNot,
         Cosine, ProjectedCosine, SubspaceCosine, Offset, Dot, Norm, Pool,
-        Add, Scale, Set, Suppress, Ablate, Clamp, Rotate,
-        ModelField, ModelBlock, ParamDecl, VectorDecl, ProbeDecl, Preserve, InterventionDecl,
+        Add, Scale, Set, Suppress, Ablate, Clamp, Rotate, LoReFT,
+        ModelField, ModelBlock, ParamDecl, VectorDecl, MatrixDecl, ProbeDecl, Preserve, InterventionDecl,
         ConstrainText, ConstrainChoice, Comment, Program,
     )
 }
