@@ -143,7 +143,9 @@ class Operation:
 
     kind: add (vector), scale (factor: float or vector), set (vector),
     suppress, ablate (directions), clamp (direction, value), rotate
-    (directions = (b1, b2), angle in radians, mode "to" | "by").
+    (directions = (b1, b2), angle in radians, mode "to" | "by"), loreft
+    (tensors = (R, W, b): float64 arrays [r, d], [r, d] and [r]; no vectors,
+    since none of them is one vector of the site's width).
     """
 
     kind: str
@@ -156,6 +158,8 @@ class Operation:
     text: str = ""  # the operation as written (canonical layout), for explain
     span: Span | None = _span()
     operand_spans: tuple[Span | None, ...] = field(default=(), eq=False, repr=False, kw_only=True)  # of `vectors`
+    tensors: tuple = field(default=(), kw_only=True)  # loreft's (R, W, b)
+    tensor_spans: tuple[Span | None, ...] = field(default=(), eq=False, repr=False, kw_only=True)  # of `tensors`
 
 
 @frozen(eq=False)

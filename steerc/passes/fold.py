@@ -36,6 +36,7 @@ from steerc.passes import types as ty
 from steerc.passes.context import CheckContext, Fault
 from steerc.passes.foldvec import VectorFolder
 from steerc.passes.layers import static_layers
+from steerc.passes.loading import load_matrix
 from steerc.passes.structure import MODEL_FIELDS, model_value_ok
 
 name = "fold"
@@ -68,6 +69,8 @@ def run(ctx: CheckContext) -> None:
                         request_params[stmt.name] = (env[stmt.name],) + bounds + (stmt.span,)
             elif isinstance(stmt, ir.VectorDecl):
                 env[stmt.name] = ev.vector(stmt.value)
+            elif isinstance(stmt, ir.MatrixDecl):
+                env[stmt.name] = ev.matrix(stmt.value)
             elif isinstance(stmt, ir.ProbeDecl):
                 probes[stmt.name] = _probe(ev, stmt)
             elif isinstance(stmt, ir.InterventionDecl):
@@ -264,7 +267,53 @@ def _build_operation(ev: Evaluator, op) -> ck.Operation:
         ev.plane(b1, b2, op.second.span)
         return ck.Operation("rotate", (b1, b2), scalar=ev.operand(op.angle), mode=op.mode, span=span,
                             operand_spans=(op.first.span, op.second.span))
+    if isinstance(op, ir.LoReFT):
+        exprs = (op.rotation, op.weight, op.bias)
+        tensors = loreft_operands(ev, ev.matrix(op.rotation), ev.matrix(op.weight), ev.vector(op.bias), exprs)
+        return ck.Operation("loreft", span=span, tensors=tensors, tensor_spans=tuple(e.span for e in exprs))
     raise TypeError(op)
+
+
+def loreft_operands(ev: Evaluator, r, w, b, exprs) -> tuple:
+    """``(R, W, b)`` of ``loreft R, W, b`` once their shapes fit each other (``R`` and ``W`` ``[r, d]``,
+    ``b`` ``[r]``, ``1 <= r <= d``) and ``R``'s rows are orthonormal (the site's width ``d`` is checked
+    with the model, by the layout pass)."""
+    import numpy as np
+
+    from steerc.ir.kernels.loreft import ORTHONORMAL_TOLERANCE, orthonormal_error
+
+    names = [_expr_text(ev.ctx, e) for e in exprs]
+    if isinstance(b, PerLayer):
+        ev.fail(SHAPE_MISMATCH, f"{names[2]} is a per-layer bank; the bias of `loreft` is one vector [r]",
+                exprs[2].span, help="load one vector (without `per_layer=true`)")
+    b = np.asarray(b, dtype=np.float64)
+    rows, width = r.shape
+    if w.shape != r.shape:
+        ev.fail(SHAPE_MISMATCH, f"{names[1]} has shape {list(w.shape)} and {names[0]} {list(r.shape)}: "
+                "LoReFT's R and W are both [r, d]", exprs[1].span,
+                help="R projects onto the r-dimensional subspace it edits, W writes the values there: the two "
+                     "come from one trained intervention")
+    if b.shape != (rows,):
+        ev.fail(SHAPE_MISMATCH, f"{names[2]} has length {b.shape[0]}, but {names[0]} has {rows} rows: "
+                "LoReFT's b is [r], one number per row of R", exprs[2].span)
+    if rows > width:
+        ev.fail(SHAPE_MISMATCH, f"{names[0]} has {rows} rows of {width} numbers: at most {width} rows of "
+                f"{width} numbers can be orthonormal", exprs[0].span,
+                help="R is [r, d] with r <= d; a tensor stored as [d, r] (pyreft's `rotate_layer`) is Rᵀ: "
+                     "save its transpose")
+    error = orthonormal_error(r)
+    if not error <= ORTHONORMAL_TOLERANCE:
+        ev.fail(INVALID_VALUE, f"the rows of {names[0]} are not orthonormal: R Rᵀ differs from the identity by "
+                f"up to {error:.3g} (steerc allows {ORTHONORMAL_TOLERANCE:g})", exprs[0].span,
+                help="LoReFT edits h inside the subspace R's orthonormal rows span (pyreft keeps them "
+                     "orthonormal with torch's orthogonal parametrization); save the trained R, or "
+                     "orthonormalize it (the Q of a QR decomposition of Rᵀ, transposed)")
+    return r, w, b
+
+
+def _expr_text(ctx: CheckContext, e) -> str:
+    """An operand as written, for a message: ```R``` for a name, else ``this operand``."""
+    return f"`{e.id}`" if isinstance(e, ir.Name) else "this operand"
 
 
 def _gate(ev: Evaluator, g) -> ck.Gate:
@@ -425,6 +474,12 @@ class Evaluator:
     def direction(self, e):
         """A vector used as a direction: it must not be zero."""
         return self._vectors().direction(e)
+
+    def matrix(self, e):
+        """A folded matrix: a 2-D float64 array (a ``load(...)``, or a matrix's name)."""
+        if isinstance(e, ir.Name):
+            return self._lookup(e)
+        return load_matrix(self.ctx, e)
 
     def plane(self, b1, b2, span) -> None:
         self._vectors().plane(b1, b2, span)

@@ -3,8 +3,8 @@
 Checks ``model { ... }`` assertions (``model-mismatch``), expands every
 selector against the model's layers and heads (``layer-out-of-range``,
 ``head-out-of-range``; an empty selection is a ``no-effect`` warning),
-checks each vector against the width of every site it reaches (``hidden``,
-or ``head_dim`` for ``head[l, h]``), checks that per-layer banks have a row
+checks each vector (and each ``loreft``'s matrices) against the width of
+every site it reaches (``hidden``, or ``head_dim`` for ``head[l, h]``), checks that per-layer banks have a row
 for every layer they are used at, and finishes the causality checks that
 needed concrete layers.
 """
@@ -51,10 +51,11 @@ def run(ctx: CheckContext) -> None:
     for iv in program.interventions:
         layers = site_layers(ctx, iv.site, facts)
         _fits(ctx, iv.op.vectors, iv.op.operand_spans, iv.site, layers, facts, iv.op.span)
+        _matrix_fits(ctx, iv.op, iv.site, layers, facts)
         heads = len(expand(iv.site.heads, facts.heads).indices) if iv.site.heads is not None else 1
         sites = len(layers) * heads
         expanded += sites
-        values += sites * sum(_width(v) or 0 for v in iv.op.vectors)
+        values += sites * (sum(_width(v) or 0 for v in iv.op.vectors) + sum(int(t.size) for t in iv.op.tensors))
         if values > MAX_VALUES:
             ctx.error(
                 LIMIT_EXCEEDED,
@@ -165,6 +166,28 @@ def _fits(ctx: CheckContext, vectors, spans, site: ck.SitePattern, layers, facts
             notes=(Note(f"acts on {_layers_text(layers)}", site.span),) if site.span is not None else (),
             help=f"steering vectors must be made for this model: {site.kind} takes {want} numbers",
         )
+
+
+def _matrix_fits(ctx: CheckContext, op: ck.Operation, site: ck.SitePattern, layers, facts: ModelFacts) -> None:
+    """A ``loreft``'s R (and so W) is [r, d] with d the width of the site it edits."""
+    if not op.tensors:
+        return
+    r = op.tensors[0]
+    want = facts.width(site.kind)
+    if r.shape[1] == want:
+        return
+    span = op.tensor_spans[0] if op.tensor_spans and op.tensor_spans[0] is not None else op.span
+    name = _text(ctx, span) or "R"
+    where = _text(ctx, site.span) or f"{site.kind}[...]"
+    what = "head_dim" if site.kind == "head" else "hidden size"
+    ctx.error(
+        SHAPE_MISMATCH,
+        f"`{name}` has shape {list(r.shape)}, but `{where}` is {want} wide (the model's {what}): LoReFT's R and W "
+        f"are [r, {want}] here",
+        span,
+        notes=(Note(f"acts on {_layers_text(layers)}", site.span),) if site.span is not None else (),
+        help="a LoReFT is trained for one model and site: use the one made for this model",
+    )
 
 
 def _text(ctx: CheckContext, span) -> str | None:

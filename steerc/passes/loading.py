@@ -1,4 +1,4 @@
-"""Loading the vectors named by ``load(...)``, under the path policy.
+"""Loading the vectors (and matrices) named by ``load(...)``, under the path policy.
 
 Each file is opened once per check (a program with 10,000 interventions
 reading one file reads its header once). Keys and shapes are checked from
@@ -79,6 +79,44 @@ def load_vector(ctx: CheckContext, call: ir.Call):
             )
             raise Fault
         return _read(ctx, f, name, where)
+    except VectorFileError as exc:
+        ctx.error(exc.code, exc.message, where, help=exc.help)
+        raise Fault from None
+
+
+def load_matrix(ctx: CheckContext, call: ir.Call):
+    """Fold the ``load(path, key=...)`` of a ``matrix`` declaration to a 2-D float64 array.
+
+    The tensor's shape is checked from the header before any of its data is read: two dimensions, none
+    empty, no wider than a model. A matrix is always read with numpy (its uses, such as ``loreft``'s
+    orthonormality check, are matrix products).
+    """
+    path = call.args[0]
+    key_node = next((k.value for k in call.kwargs if k.name == "key"), None)
+    f = open_file(ctx, path)
+    key = key_node.value if key_node is not None else None
+    where = key_node.span if key_node is not None else path.span
+    try:
+        if f.kind == "gguf":
+            ctx.error(SHAPE_MISMATCH, f"`{path.value}` is a control vector: one vector per layer, not a matrix",
+                      where, help="load a matrix from a .safetensors, .npy or .pt file")
+            raise Fault
+        name = _pick(ctx, f, key, where, path)
+        label = name or path.value
+        shape = f.tensors[name].shape
+        if len(shape) != 2:
+            ctx.error(SHAPE_MISMATCH, f"`{label}` has shape {list(shape)}; a matrix has two dimensions", where,
+                      help="declare a one-dimensional tensor with `vector NAME = load(...)`"
+                      if len(shape) == 1 else None)
+            raise Fault
+        if 0 in shape:
+            ctx.error(SHAPE_MISMATCH, f"`{label}` has shape {list(shape)}: a matrix with no entries", where)
+            raise Fault
+        if max(shape) > MAX_HIDDEN:
+            ctx.error(SHAPE_MISMATCH, f"`{label}` has shape {list(shape)}; no model steerc reads is wider than "
+                      f"{MAX_HIDDEN:,}", where, help="a matrix for a site is [rows, the site's width]")
+            raise Fault
+        return f.read64(name, before=lambda count: ctx.spend(count, where))
     except VectorFileError as exc:
         ctx.error(exc.code, exc.message, where, help=exc.help)
         raise Fault from None
@@ -303,4 +341,4 @@ def _listing(names) -> str:
     return shown + (f", ... ({len(names)} in all)" if len(names) > 12 else "")
 
 
-__all__ = ["FORMATS", "load_vector", "open_file", "python_floats", "resolve_path"]
+__all__ = ["FORMATS", "load_matrix", "load_vector", "open_file", "python_floats", "resolve_path"]

@@ -1,6 +1,6 @@
 """Pass `names`: declarations and the names that refer to them.
 
-All declared names (params, vectors, probes, interventions) share one
+All declared names (params, vectors, matrices, probes, interventions) share one
 namespace; a name is visible from its declaration on. Reports
 ``duplicate-name`` (at the second declaration), ``undefined-name`` (with a
 suggestion, or a note when the name is declared further down) and unknown
@@ -22,6 +22,7 @@ name = "names"
 _KINDS = {
     ir.ParamDecl: "param",
     ir.VectorDecl: "vector",
+    ir.MatrixDecl: "matrix",
     ir.ProbeDecl: "probe",
     ir.InterventionDecl: "intervention",
 }

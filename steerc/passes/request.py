@@ -140,7 +140,9 @@ def _misuse(ctx: CheckContext, node: ir.Name, stmt, operand, parents: _Parents) 
              ir.ModelBlock: "the model block"}.get(type(stmt))
     reason = (f"`{node.id}` is set per request, so it may appear only as one factor of the vector of an add or "
               "set, of a scale factor, a clamp target, a rotation angle or a gate threshold")
-    if where is None:
+    if where is None and operand is stmt and isinstance(getattr(stmt, "op", None), ir.LoReFT):
+        where = "in `loreft R, W, b`, whose values are compiled in (a LoReFT takes no per-request value)"
+    elif where is None:
         where = _why(operand, node, parents) if operand is not stmt else "not one of those operands"
     ctx.error(PER_REQUEST_PARAM, f"{reason}; here it is {where}", node.span,
               help="write it as one factor: `add strength * joy`, `scale strength`, `when p > limit`; "

@@ -1,7 +1,9 @@
 """Pass `types`: every expression is a scalar, a vector or a probe, as needed.
 
 Types are syntactic (no values yet): numbers and params are scalars; loaded
-vectors, literals and ``normalize`` are vectors; vectors add to vectors and
+vectors, literals and ``normalize`` are vectors; a ``matrix`` declaration's
+``load`` and a matrix's name are matrices, which take part in no arithmetic
+and are operands of ``loreft`` only; vectors add to vectors and
 multiply or divide by scalars. ``ramp(n)``, ``decay(r)`` and ``window(a, b)``
 are schedules: scalars that vary with the generation step; they combine
 with scalars and each other by products only, and a schedule times a vector
@@ -20,13 +22,16 @@ from steerc.passes.context import CheckContext
 
 name = "types"
 
-SCALAR, VECTOR, PROBE, STRING, BOOL = "scalar", "vector", "probe", "string", "bool"
+SCALAR, VECTOR, MATRIX, PROBE, STRING, BOOL = "scalar", "vector", "matrix", "probe", "string", "bool"
 SCHEDULE, SCHEDULED = "schedule", "scheduled vector"
-_ARTICLE = {SCALAR: "a scalar", VECTOR: "a vector", PROBE: "a probe", STRING: "a string", BOOL: "a boolean",
-            SCHEDULE: "a schedule", SCHEDULED: "a scheduled vector"}
+_ARTICLE = {SCALAR: "a scalar", VECTOR: "a vector", MATRIX: "a matrix", PROBE: "a probe", STRING: "a string",
+            BOOL: "a boolean", SCHEDULE: "a schedule", SCHEDULED: "a scheduled vector"}
 # name -> how many scalar arguments (the values are checked by `fold`)
 SCHEDULES = {b.name: len(b.params) for b in BUILTINS.values() if b.kind == SCHEDULE_FN}
 _ONLY_ADD = "schedules vary with the generation step and scale the vector of an `add` only"
+_ONLY_LOREFT = "a matrix is an operand of `loreft` only (`loreft R, W, b`)"
+_DECLARE_MATRIX = 'declare the 2-D tensor with `matrix R = load("reft.safetensors", key="R")` and use its name here'
+_LOREFT = "`loreft R, W, b` takes the matrices R and W ([r, d]) and the vector b ([r])"
 LOAD_KEYWORDS = dict(BUILTINS["load"].keywords)  # {"key": STRING, "per_layer": BOOL}
 
 
@@ -41,6 +46,8 @@ def run(ctx: CheckContext) -> None:
             _poison_if(ctx, stmt, ok)
         elif isinstance(stmt, ir.VectorDecl):
             _poison_if(ctx, stmt, expect(ctx, stmt.value, VECTOR, "a vector declaration needs a vector value"))
+        elif isinstance(stmt, ir.MatrixDecl):
+            _poison_if(ctx, stmt, _matrix_decl(ctx, stmt))
         elif isinstance(stmt, ir.ProbeDecl):
             _readout(ctx, stmt)
         elif isinstance(stmt, ir.InterventionDecl):
@@ -50,6 +57,15 @@ def run(ctx: CheckContext) -> None:
 def _poison_if(ctx: CheckContext, stmt, ok: bool) -> None:
     if not ok:
         ctx.poisoned.add(stmt.name)
+
+
+def _matrix_decl(ctx: CheckContext, stmt: ir.MatrixDecl) -> bool:
+    """A matrix is a ``load(...)`` of a 2-D tensor, or another matrix's name."""
+    value = stmt.value
+    if isinstance(value, ir.Call) and value.func in BUILTINS and BUILTINS[value.func].kind == SOURCE:
+        t = ctx.types[id(value)] = _load(ctx, value, MATRIX)
+        return t is not None
+    return expect(ctx, value, MATRIX, "a matrix declaration needs a matrix value", help=_DECLARE_MATRIX)
 
 
 def _readout(ctx: CheckContext, probe: ir.ProbeDecl) -> None:
@@ -92,6 +108,10 @@ def _intervention(ctx: CheckContext, iv: ir.InterventionDecl) -> None:
         ok = expect(ctx, op.first, VECTOR, "`rotate in (b1, b2)` spans a plane with two vectors")
         ok &= expect(ctx, op.second, VECTOR, "`rotate in (b1, b2)` spans a plane with two vectors")
         ok &= expect(ctx, op.angle, SCALAR, "a rotation angle is a number (radians, or with `deg`)")
+    elif isinstance(op, ir.LoReFT):
+        ok = expect(ctx, op.rotation, MATRIX, _LOREFT, help=_DECLARE_MATRIX)
+        ok &= expect(ctx, op.weight, MATRIX, _LOREFT, help=_DECLARE_MATRIX)
+        ok &= expect(ctx, op.bias, VECTOR, _LOREFT)
     if iv.gate is not None:
         ok &= _gate(ctx, iv.gate)
     _poison_if(ctx, iv, ok)
@@ -104,8 +124,9 @@ def _gate(ctx: CheckContext, g) -> bool:
             return False
         if sorted((left, right)) == [PROBE, SCALAR]:
             return True
-        if PROBE in (left, right) and VECTOR in (left, right):  # noqa: SIM114
-            ctx.error(TYPE_ERROR, "compare a probe with a number, not with a vector", g.span,
+        if PROBE in (left, right) and {VECTOR, MATRIX} & {left, right}:  # noqa: SIM114
+            other = right if left == PROBE else left
+            ctx.error(TYPE_ERROR, f"compare a probe with a number, not with {_ARTICLE[other]}", g.span,
                       help="a probe is one number per sequence (or per token); compare it with a threshold")
         elif PROBE not in (left, right):
             ctx.error(
@@ -129,6 +150,8 @@ def expect(ctx: CheckContext, expr, want: str, why: str, help: str | None = None
     if t != want:
         if t in (SCHEDULE, SCHEDULED) and help is None:
             help = _ONLY_ADD + ": `add strength * decay(0.9) * v`"
+        elif t == MATRIX and help is None:
+            help = _ONLY_LOREFT
         ctx.error(TYPE_ERROR, f"expected {_ARTICLE[want]}, found {_ARTICLE[t]}: {why}", expr.span, help=help)
         return False
     return True
@@ -158,11 +181,14 @@ def _infer(ctx: CheckContext, e) -> str | None:
         if sym.kind == "intervention":
             ctx.error(TYPE_ERROR, f"`{e.id}` is an intervention, not a value", e.span)
             return None
-        return {"param": SCALAR, "vector": VECTOR, "probe": PROBE}[sym.kind]
+        return {"param": SCALAR, "vector": VECTOR, "matrix": MATRIX, "probe": PROBE}[sym.kind]
     if isinstance(e, ir.Neg):
         t = type_of(ctx, e.operand)
         if t == PROBE:
             ctx.error(TYPE_ERROR, "a probe can only be compared in `when`", e.span)
+            return None
+        if t == MATRIX:
+            ctx.error(TYPE_ERROR, "a matrix takes part in no arithmetic", e.span, help=_ONLY_LOREFT)
             return None
         return t
     if isinstance(e, ir.BinOp):
@@ -187,6 +213,9 @@ def _binop(ctx: CheckContext, e: ir.BinOp) -> str | None:
         return None
     if STRING in (left, right) or BOOL in (left, right):
         ctx.error(TYPE_ERROR, "strings and booleans take no part in arithmetic", e.span)
+        return None
+    if MATRIX in (left, right):
+        ctx.error(TYPE_ERROR, "a matrix takes part in no arithmetic", e.span, help=_ONLY_LOREFT)
         return None
     timed = {SCHEDULE, SCHEDULED} & {left, right}
     if timed:
@@ -256,7 +285,9 @@ def _call(ctx: CheckContext, e: ir.Call) -> str | None:
     return None  # unknown functions were reported by `names`
 
 
-def _load(ctx: CheckContext, e: ir.Call) -> str | None:
+def _load(ctx: CheckContext, e: ir.Call, result: str = VECTOR) -> str | None:
+    """The type of a ``load(...)``: ``result`` (a vector; a matrix in a ``matrix`` declaration) once its
+    arguments are right."""
     ok = True
     if len(e.args) != 1:
         ctx.error(
@@ -283,8 +314,12 @@ def _load(ctx: CheckContext, e: ir.Call) -> str | None:
         elif kw.name in seen:
             ctx.error(DUPLICATE_FIELD, f"`{kw.name}` is given twice", kw.span)
             ok = False
+        elif result == MATRIX and kw.name == "per_layer":
+            ctx.error(TYPE_ERROR, "`per_layer` loads one vector per layer; a matrix is one 2-D tensor", kw.span,
+                      help="drop `per_layer`: a matrix declaration loads the tensor `key` names as it is")
+            ok = False
         elif type_of(ctx, kw.value) != want:
             ctx.error(TYPE_ERROR, f"`{kw.name}` must be {_ARTICLE[want]}", kw.value.span)
             ok = False
         seen.add(kw.name)
-    return VECTOR if ok else None
+    return result if ok else None
