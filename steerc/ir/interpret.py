@@ -19,6 +19,7 @@ from __future__ import annotations
 import numpy as np
 
 from steerc.ir.checked import GateAll, GateCompare, GateNegate
+from steerc.ir.kernels.loreft import LoReFT
 from steerc.ir.plan import Affine, Kernel, Project, Rotate
 
 
@@ -76,6 +77,12 @@ def apply_op(op, h: np.ndarray, steps=None) -> np.ndarray:
             c, s = np.cos(op.angle), np.sin(op.angle)
             a2, b2 = a * c - b * s, a * s + b * c
         return h + np.outer(a2 - a, e1) + np.outer(b2 - b, e2)
+    if isinstance(op, LoReFT):
+        # pyreft's LoReFT, as the paper writes it: h + Rᵀ (W h + b − R h), one position at a time.
+        r = np.stack([_arr(v) for v in op.R])  # [k, d]
+        w = np.stack([_arr(v) for v in op.W])  # [k, d]
+        b = _arr(op.b)  # [k]
+        return np.stack([row + r.T @ (w @ row + b - r @ row) for row in h]) if len(h) else h.copy()
     raise TypeError(op)
 
 

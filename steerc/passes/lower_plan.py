@@ -15,6 +15,7 @@ import numpy as np
 
 from steerc.ir import checked as ck
 from steerc.ir import nodes as ir
+from steerc.ir.kernels.loreft import LoReFT
 from steerc.ir.linalg import orthonormal_basis, plane
 from steerc.ir.plan import Affine, Binding, Kernel, Param, Plan, ProbePlan, Project, Provenance, Rotate, Site, SitePlan
 from steerc.ir.values import PerLayer, Vec
@@ -52,6 +53,9 @@ def lower_op(op: ck.Operation, layer: int):
     if kind == "rotate":
         e1, e2 = plane(vecs[0], vecs[1])
         return Rotate(Vec(e1), Vec(e2), float(op.scalar), op.mode)
+    if kind == "loreft":  # the same R, W and b at every site (matrices have no per-layer banks)
+        r, w, b = op.tensors
+        return LoReFT(tuple(Vec(row) for row in r), tuple(Vec(row) for row in w), Vec(b))
     raise ValueError(f"unknown operation {kind}")
 
 

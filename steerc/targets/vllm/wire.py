@@ -376,8 +376,8 @@ def _check_kernel(field: str, k: dict, width: int, boot: dict, buffer) -> None:
         if o.shape == "1|d":
             one = t[o.role] in boot["buffers"] and tuple(boot["buffers"][t[o.role]]["shape"]) == (1,)
             buffer(at, t[o.role], (1,) if one else (width,))
-        elif o.shape == "k,d":
-            rows = buffer(at, t[o.role], (None, width))[0]
+        elif o.shape == "k,d":  # the first fixes k, and every other "k,d" or "k" operand has it
+            rows = buffer(at, t[o.role], (rows, width))[0]
             if rows > width:
                 raise PlanError(at, "more directions than the site is wide")
         else:
