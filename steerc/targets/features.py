@@ -51,8 +51,8 @@ class Capabilities:
 
 
 FEATURE_GROUPS = {
-    "op": ("add", "scale", "scale-vector", "set", "suppress", "ablate", "clamp", "rotate", "preserve-norm",
-           "schedule"),
+    "op": ("add", "scale", "scale-vector", "set", "suppress", "ablate", "clamp", "rotate", "loreft",
+           "preserve-norm", "schedule"),
     "site": ("resid_pre", "resid_post", "attn_out", "mlp_out", "head"),
     "scope": ("all", "prompt", "generated", "prompt-slice", "generated-slice", "positions", "after", "union"),
     "gate": ("prompt.mean", "prompt.last", "token"),

@@ -39,6 +39,8 @@ def _capabilities() -> Capabilities:
         add=yes("op:add", "`direction.l` of the GGUF; several adds at one layer are summed, as llama.cpp sums "
                            "several control vectors"),
         schedule=refuse("op:schedule", "llama.cpp adds the same vector at every step", "drop the schedule"),
+        loreft=refuse("op:loreft", "a control vector adds one fixed vector; a LoReFT's edit depends on the hidden "
+                                   "state (h + R^T (W h + b - R h))"),
         preserve_norm=refuse("op:preserve-norm", "llama.cpp adds the vector without rescaling", "drop `preserve norm`"),
         resid_pre=yes("site:resid_pre", "resid_pre[l] for l >= 2, as `direction.(l-1)`; resid_pre[0] (the "
                                          "embeddings) and resid_pre[1] (layer 0's output) are out of reach"),

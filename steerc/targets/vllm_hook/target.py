@@ -41,6 +41,9 @@ CAPABILITIES = table(
     clamp=no("op:clamp", "vLLM-Hook's projection removes a component; it cannot pin it to a value",
               "use the steerc serve format (--target serve), which carries clamps"),
     rotate=yes("op:rotate", "`rotation`, mode `target` (`to`) or `offset` (`by`), basis [e1, e2]"),
+    loreft=no("op:loreft", "vLLM-Hook's transforms add, project out or rotate with fixed vectors; none applies a "
+                            "learned low-rank map of the hidden state", "use the steerc serve format (--target serve), "
+                                                                        "which carries LoReFT"),
     preserve_norm=no("op:preserve-norm", "vLLM-Hook's norm_preserving modifier only scales back rows whose "
                       "norm grew; steerc rescales every selected row to its input norm",
                       "drop `preserve norm`, or use the steerc serve format (--target serve)"),
