@@ -133,7 +133,7 @@ class SteerLexer(RegexLexer):
             (r"\n", Whitespace),
             (_one("steer"), _t("header"), "header"),
             (_one("model"), _t("declaration"), "model"),
-            (r"(" + W.START + "(?:param|vector)" + W.END + r")(" + _S + r")(" + W.NAME + ")?",
+            (r"(" + W.START + "(?:param|vector|matrix)" + W.END + r")(" + _S + r")(" + W.NAME + ")?",
              bygroups(_t("declaration"), Whitespace, _t("declared")), "param"),
             (r"(" + W.START + "(?:probe|intervention)" + W.END + r")(" + _S + r")(" + W.NAME + ")?",
              bygroups(_t("declaration"), Whitespace, _t("block")), "block-head"),
@@ -141,7 +141,7 @@ class SteerLexer(RegexLexer):
             *_EXPRESSION,
         ],
         "header": _LINE_END + _EXPRESSION,
-        # `param x = e [in [lo, hi]] [per request]`, `vector v = e`
+        # `param x = e [in [lo, hi]] [per request]`, `vector v = e`, `matrix m = load(...)`
         "param": _LINE_END + [
             (_one("in") + r"(?=" + _S + r"\[)", _t("connective")),
             (r"(" + _one("per") + r")(" + W.SPACE + r"+)(" + _one("request") + ")",

@@ -227,7 +227,7 @@ def repository() -> dict:
     }
     repo["declaration"] = {
         "name": "meta.statement.declaration.steer",
-        "begin": "(" + W.START + "(?:param|vector)" + W.END + ")" + _SP + "(" + W.NAME + ")?",
+        "begin": "(" + W.START + "(?:param|vector|matrix)" + W.END + ")" + _SP + "(" + W.NAME + ")?",
         "beginCaptures": _cap("declaration", "declared"),
         "end": _STATEMENT_END,
         "patterns": [

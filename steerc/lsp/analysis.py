@@ -34,6 +34,7 @@ from steerc.lsp.reparse import common_prefix, common_suffix
 DECLARATIONS = {
     ir.ParamDecl: "param",
     ir.VectorDecl: "vector",
+    ir.MatrixDecl: "matrix",
     ir.ProbeDecl: "probe",
     ir.InterventionDecl: "intervention",
 }
@@ -42,7 +43,7 @@ DECLARATIONS = {
 @define
 class Symbol:
     name: str
-    kind: str  # param | vector | probe | intervention
+    kind: str  # param | vector | matrix | probe | intervention
     decl: object  # the declaring statement (the first, when a name is declared twice)
     uses: list[Span] = field(factory=list)
 

@@ -24,18 +24,20 @@ from steerc.ir.checked import SITE_KINDS
 from steerc.lsp.hover import MEANING
 from steerc.passes.structure import MODEL_FIELDS, POOLS
 
-STATEMENTS = ("param", "vector", "probe", "intervention", "model", "constrain")
-INTERVENTION_LINES = ("at", "add", "scale", "set", "suppress", "ablate", "clamp", "rotate in", "tokens", "when",
-                      "preserve norm")
+STATEMENTS = ("param", "vector", "matrix", "probe", "intervention", "model", "constrain")
+INTERVENTION_LINES = ("at", "add", "scale", "set", "suppress", "ablate", "clamp", "rotate in", "loreft", "tokens",
+                      "when", "preserve norm")
 PROBE_LINES = ("at", "read", "pool")
 SCOPES = ("all", "prompt", "generated", "after")
 READOUTS = ("cosine", "projected_cosine", "subspace_cosine", "dot", "norm")
 CONSTRAINTS = ("json_schema", "regex", "grammar", "choice")
 # Where names may come next: after these words at the start of a line, or after these characters.
 _VALUE_WORDS = re.compile(r"^(add|scale|set|ablate|clamp|when|read\s+\w+\s*\(|(param|vector)\s+\w+\s*=)")
+_MATRIX_VALUE = re.compile(r"^matrix\s+\w+\s*=\s*$")  # `matrix R = `: a load, or another matrix
+_LOREFT = re.compile(r"^loreft\s")
 _VALUE_CHARS = set("*+-/(,=<>[")
 
-_DECLARED = re.compile(r"^[ \t]*(param|vector|probe)[ \t]+([A-Za-z_][A-Za-z0-9_]*)", re.M)
+_DECLARED = re.compile(r"^[ \t]*(param|vector|matrix|probe)[ \t]+([A-Za-z_][A-Za-z0-9_]*)", re.M)
 _STRIP = re.compile(r'"""[\s\S]*?(?:"""|$)|"(?:[^"\\\n]|\\.)*"?|#[^\n]*')
 _BLOCK = re.compile(r"\b(intervention|probe|model)\b[^{}]*$")
 _WORD = re.compile(r"[A-Za-z_][A-Za-z0-9_.]*$")
@@ -71,6 +73,12 @@ def _by_context(head: str, block: str | None, before: str) -> list[Item]:
         return _keywords(POOLS, "pool")
     if re.fullmatch(r"constrain\s+", head):
         return _keywords(CONSTRAINTS, "constraint")
+    if _MATRIX_VALUE.match(head):
+        return names_before(before, ("matrix",)) + [i for i in _functions() if i.label == "load"]
+    if _LOREFT.match(head):  # `loreft R, W, b`: two matrices, then a vector
+        if head.count(",") < 2:
+            return names_before(before, ("matrix",))
+        return names_before(before, ("param", "vector")) + _functions()
     if _VALUE_WORDS.match(head) or head.rstrip()[-1:] in _VALUE_CHARS or re.search(r"\b(to|by)\s+$", head):
         gate = head.startswith("when")
         return names_before(before, ("probe", "param") if gate else ("param", "vector")) + (

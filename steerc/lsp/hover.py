@@ -1,4 +1,4 @@
-"""Hover text: what a site, a selector, a vector, a param or a probe is, in Markdown.
+"""Hover text: what a site, a selector, a vector, a matrix, a param or a probe is, in Markdown.
 
 >>> from steerc.api import check_source
 >>> from steerc.lsp.analysis import Analysis
@@ -56,7 +56,7 @@ def hover(analysis, offset: int) -> str | None:
     if found is None:
         return None
     sym = found[0]
-    return {"param": param_text, "vector": vector_text, "probe": probe_text,
+    return {"param": param_text, "vector": vector_text, "matrix": matrix_text, "probe": probe_text,
             "intervention": intervention_text}[sym.kind](sym.decl, analysis.result)
 
 
@@ -209,6 +209,30 @@ def vector_text(decl: ir.VectorDecl, result) -> str:
     return "\n".join(lines)
 
 
+def matrix_text(decl: ir.MatrixDecl, result) -> str:
+    """A matrix's shape, how far its rows are from orthonormal (what ``loreft`` asks of R), and its file."""
+    from steerc.ir.kernels.loreft import ORTHONORMAL_TOLERANCE, orthonormal_error
+
+    value = result.values.get(decl.name)
+    if value is None:
+        lines = [f"**matrix `{decl.name}`**", "", "(not evaluated: its declaration has errors)"]
+    else:
+        rows, columns = value.shape
+        lines = [f"**matrix `{decl.name}`** `[{rows}, {columns}]`", ""]
+        if rows <= columns:
+            error = orthonormal_error(value)
+            lines.append(f"rows orthonormal (R Rᵀ = I to {error:.1g}): usable as a LoReFT's R"
+                         if error <= ORTHONORMAL_TOLERANCE
+                         else f"rows not orthonormal (R Rᵀ is up to {error:.3g} from I): usable as a LoReFT's W, "
+                              "not its R")
+        else:
+            lines.append("more rows than columns: usable as neither R nor W of a LoReFT (they are [r, d], "
+                         "r <= d)")
+    if _is_load(decl.value):
+        lines += ["", _load_text(decl.value, result.source)]
+    return "\n".join(lines)
+
+
 def _is_load(e) -> bool:
     return isinstance(e, ir.Call) and reads_vectors(e.func)
 
@@ -261,6 +285,9 @@ def intervention_text(decl: ir.InterventionDecl, result) -> str:
         parts.append(f"at `{fmt.site(decl.site)}`")
     if decl.op is not None:
         parts.append("`" + " ".join(p for p in fmt.op(decl.op) if p) + "`")
+    if isinstance(decl.op, ir.LoReFT):
+        parts.append("pyreft's LoReFT: `h + Rᵀ (W h + b − R h)`: inside the subspace R's rows span, h's "
+                     "coordinates become `W h + b`; the rest of h is kept")
     return "\n\n".join(parts)
 
 

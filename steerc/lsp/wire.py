@@ -19,6 +19,7 @@ COMPLETION_KINDS = {
     "site": lsp.CompletionItemKind.Field,
     "param": lsp.CompletionItemKind.Constant,
     "vector": lsp.CompletionItemKind.Variable,
+    "matrix": lsp.CompletionItemKind.Variable,
     "probe": lsp.CompletionItemKind.Event,
     "function": lsp.CompletionItemKind.Function,
     "field": lsp.CompletionItemKind.Property,
