@@ -58,6 +58,8 @@ MAX_SAFETENSORS_HEADER = 100 * 1024 * 1024
 MAX_GGUF_HEADER_BYTES = 64 * 1024 * 1024
 MAX_GGUF_STRINGS = 262_144
 MAX_GGUF_TENSORS = 65_536
+MAX_SAE_FEATURES = 16 * 1024 * 1024
+MAX_SAE_DENSE_VALUES = 256 * 1024 * 1024
 
 # --------------------------------------------------------------------- serve
 
@@ -180,6 +182,15 @@ LIMITS: dict[str, Limit] = _table(
       "of a second")),
     ("MAX_GGUF_TENSORS", "tensors", "the tensor entries of a GGUF file",
      "a control vector holds one per layer; the largest models hold a few thousand tensors"),
+    ("MAX_SAE_FEATURES", "features", "the features of an SAE folder (its `d_sae`)",
+     ("the largest published SAEs have about a million features (Gemma Scope's 1m); each feature's encoder "
+      "column and decoder row are read one at a time, so this bounds indices and the per-feature tensors, "
+      "not memory")),
+    ("MAX_SAE_DENSE_VALUES", "values",
+     ("the entries of one SAE tensor read whole: the encoder `W_enc` a topk SAE, or a whole-SAE encode, needs "
+      "(`d_in x d_sae`), or the decoder a topk SAE with `rescale_acts_by_decoder_norm` reads for its norms"),
+     ("1 GiB of float32; a feature's own row or column is read alone (a few KiB), so only these whole reads "
+      "grow with the SAE")),
     ("MAX_SERVED_PLANS", "plans",
      ("the plans a serve process keeps admitted and built between requests (the HTTP front end, the offline "
       "front end and each worker: by the plan's text and the model's facts, and a plan bound to a request's "
