@@ -49,6 +49,7 @@ from steerc.diagnostics.codes import INVALID_VECTOR_FILE
 from steerc.io.vectorfile import TensorInfo, VectorFile, VectorFileError
 
 _ST_DTYPES = {"F16": "<f2", "BF16": "bf16", "F32": "<f4", "F64": "<f8"}  # the float dtypes, as byte formats
+SAFETENSORS_FLOATS = _ST_DTYPES  # the same, for the readers that seek into a safetensors file (steerc.io.sae)
 _ST_ALL_DTYPES = {
     "F16": 2, "BF16": 2, "F32": 4, "F64": 8, "F8_E4M3": 1, "F8_E5M2": 1,
     "I8": 1, "U8": 1, "I16": 2, "U16": 2, "I32": 4, "U32": 4, "I64": 8, "U64": 8, "BOOL": 1,
