@@ -200,6 +200,16 @@ def test_a_feature_index_out_of_range_is_refused(tmp_path, index):
         assert exc.value.code == "invalid-value" and "0 .. 3" in exc.value.message
 
 
+def test_numpy_integers_are_feature_indices(tmp_path):
+    """issue 34: an index from numpy (np.int64, np.uint8) is a whole number like an int; a numpy bool is not."""
+    w = _weights()
+    sae = read_sae(_folder(tmp_path, weights=w))
+    assert np.array_equal(sae.decoder_row(np.int64(2)), w["W_dec"][2])
+    assert sae.encoder_column(np.uint8(3)).index == 3 and type(sae.encoder_column(np.uint8(3)).index) is int
+    with pytest.raises(SaeError):
+        sae.decoder_row(np.bool_(True))
+
+
 def test_activations_of_another_width_are_refused(tmp_path):
     """issue 34: the SAE's d_in against the activations' width: a d_in mismatch is said, not broadcast."""
     sae = read_sae(_folder(tmp_path))

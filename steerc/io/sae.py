@@ -37,6 +37,7 @@ transcoders are refused, saying so.
 from __future__ import annotations
 
 import math
+import numbers
 import os
 import re
 import stat
@@ -444,10 +445,12 @@ class SAE:
     # ---- reading
 
     def _check_index(self, index) -> int:
-        if type(index) is not int or not 0 <= index < self.d_sae:
+        """``index`` as an int, when it is a whole number (a numpy integer too; not a bool) of a feature."""
+        whole = isinstance(index, numbers.Integral) and not isinstance(index, bool)
+        if not whole or not 0 <= int(index) < self.d_sae:
             raise SaeError(INVALID_VALUE, f"feature {_shown(index)} is out of range: the SAE has {self.d_sae:,} "
                            f"features (0 .. {self.d_sae - 1:,})", file=self.weights_path)
-        return index
+        return int(index)
 
     def _read(self, name: str, spans: list[tuple[int, int]], shown: str):
         """The float32 values of ``name`` at ``spans`` (element offset, count), one read each, finite."""
