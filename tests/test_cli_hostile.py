@@ -13,35 +13,20 @@ import os
 
 import numpy as np
 import pytest
+from cli_project import PROGRAM, VECTOR, tiny_folder, write_project
 from support import run_cli
-
-WIDTH = 64  # the tiny Llama's hidden size
-VECTOR = "[" + ", ".join(f"{0.05 * ((i % 7) - 3):.2f}" for i in range(WIDTH)) + "]"
-PROGRAM = f"steer 1\nparam strength = 4.0\nintervention push {{\n  at resid_post[1:3]\n  add strength * {VECTOR}\n}}\n"
-ITEMS = '{"prompt": "Hi", "positive": " yes", "negative": " no"}\n{"text": "Rain falls on the town."}\n'
-PAIRS = "".join(json.dumps({"positive": p, "negative": n}) + "\n" for p, n in
-                [("I love it", "I hate it"), ("Great day", "Awful day"), ("So happy", "So sad"),
-                 ("Wonderful", "Terrible")])
 
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
-    from tiny_models import save_tiny_llama
-
-    return save_tiny_llama(tmp_path_factory.mktemp("tiny-hostile"))
+    return tiny_folder(tmp_path_factory, "tiny-hostile")
 
 
 @pytest.fixture()
 def project(tmp_path, monkeypatch):
     """A project folder (the working folder) with a program, its data, and an empty steer.toml."""
-    root = tmp_path / "project"
-    root.mkdir()
+    root = write_project(tmp_path / "project")
     monkeypatch.chdir(root)
-    (root / "steer.toml").write_text("")
-    (root / "p.steer").write_text(PROGRAM)
-    (root / "e.jsonl").write_text(ITEMS)
-    (root / "pairs.jsonl").write_text(PAIRS)
-    (root / "t.txt").write_text("The sun is out.\nRain again today.\n")
     (root / "d").mkdir()
     return root
 

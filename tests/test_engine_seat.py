@@ -15,6 +15,7 @@ import re
 
 import numpy as np
 import pytest
+from cli_project import PAIRS, PROGRAM, VECTOR, tiny_folder, write_project
 from support import REPO, run_cli
 
 from steerc.runtime import engines
@@ -22,34 +23,19 @@ from steerc.runtime import engines
 FAKE = "fake-engine-for-test"
 READER = "fake-reader-for-test"
 COMMANDS = ("derive", "capture", "eval", "tune")
-WIDTH = 64  # the tiny Llama's hidden size
-VECTOR = "[" + ", ".join(f"{0.05 * ((i % 7) - 3):.2f}" for i in range(WIDTH)) + "]"
-PROGRAM = f"steer 1\nparam strength = 4.0\nintervention push {{\n  at resid_post[1:3]\n  add strength * {VECTOR}\n}}\n"
 PROBE = f"probe p {{\n  at resid_post[3]\n  read dot({VECTOR})\n  pool token\n}}\n"
-ITEMS = '{"prompt": "Hi", "positive": " yes", "negative": " no"}\n{"text": "Rain falls on the town."}\n'
-PAIRS = "".join(json.dumps({"positive": p, "negative": n}) + "\n" for p, n in
-                [("I love it", "I hate it"), ("Great day", "Awful day"), ("So happy", "So sad"),
-                 ("Wonderful", "Terrible")])
 
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
-    from tiny_models import save_tiny_llama
-
-    return save_tiny_llama(tmp_path_factory.mktemp("tiny-engine-seat"))
+    return tiny_folder(tmp_path_factory, "tiny-engine-seat")
 
 
 @pytest.fixture()
 def project(tmp_path, monkeypatch):
-    root = tmp_path / "project"
-    root.mkdir()
+    root = write_project(tmp_path / "project")
     monkeypatch.chdir(root)
-    (root / "steer.toml").write_text("")
-    (root / "p.steer").write_text(PROGRAM)
     (root / "cast.steer").write_text(PROGRAM + PROBE)
-    (root / "e.jsonl").write_text(ITEMS)
-    (root / "pairs.jsonl").write_text(PAIRS)
-    (root / "t.txt").write_text("The sun is out.\nRain again today.\n")
     (root / "pos.txt").write_text("I love it\nGreat day\nSo happy\n")
     (root / "neg.txt").write_text("I hate it\nAwful day\nSo sad\n")
     return root
