@@ -489,8 +489,9 @@ def test_the_vllm_plan_site_function_equals_the_formula(tmp_path):
 
 
 def test_the_vllm_plan_refuses_a_w_without_rs_rows(tmp_path):
-    """Issue 34: the worker's check took the rows of every ``k,d`` operand afresh, so a W of other rows than
-    R passed it (and the ``b`` of W's rows); the first ``k,d`` operand fixes ``k`` now."""
+    """A bug fixed in issue 34 (with its regression test, as issue 32 asks): the worker's check took the rows
+    of every ``k,d`` operand afresh, so a W of other rows than R passed it (and the ``b`` of W's rows); the
+    first ``k,d`` operand fixes ``k`` now."""
     from hf_util import plan_for
 
     from steerc.runtime.hf import facts_from_model
