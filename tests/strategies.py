@@ -30,8 +30,8 @@ from hypothesis import strategies as st
 from steerc.ir import nodes as ir
 
 KEYWORDS = frozenset(
-    """steer model param vector probe intervention constrain at read pool tokens when preserve norm
-    add scale set suppress ablate clamp rotate in to by all prompt generated after and or not true false
+    """steer model param vector matrix probe intervention constrain at read pool tokens when preserve norm
+    add scale set suppress ablate clamp rotate loreft in to by all prompt generated after and or not true false
     cosine projected_cosine subspace_cosine dot json_schema regex grammar choice from deg load normalize""".split()
 )
 SITES = ("resid_pre", "resid_post", "attn_out", "mlp_out")
@@ -103,6 +103,7 @@ def comments_text() -> st.SearchStrategy[str]:
 # strategies once keeps drawing fast.
 
 _PARAM, _VECTOR, _PROBE = ir.Name("$param"), ir.Name("$vector"), ir.Name("$probe")
+_MATRIX = ir.Name("$matrix")  # a declared matrix (programs() declares one before a loreft that needs it)
 
 
 class Scope:
@@ -112,6 +113,7 @@ class Scope:
         self.names: set[str] = set()
         self.params: list[str] = []
         self.vectors: list[str] = []
+        self.matrices: list[str] = []
         self.probes: list[str] = []
 
     def fresh(self, draw) -> str:
@@ -130,6 +132,8 @@ def _resolve(node, draw, scope: Scope):
         return _resolve(draw(vector_literals), draw, scope)
     if node is _PROBE:
         return ir.Name(draw(st.sampled_from(scope.probes)))
+    if node is _MATRIX:
+        return ir.Name(draw(st.sampled_from(scope.matrices)))
     if isinstance(node, tuple):
         return tuple(_resolve(n, draw, scope) for n in node)
     if not attrs.has(type(node)):
@@ -302,6 +306,7 @@ OPERATION_KINDS = {
     "clamp": st.builds(ir.Clamp, _vec1, SCALAR[1]),
     "rotate": st.builds(ir.Rotate, _vec1, _vec1, st.sampled_from(["to", "by"]),
                         st.sampled_from([SCALAR[1], degrees()]).flatmap(lambda angle: angle)),
+    "loreft": st.builds(ir.LoReFT, st.just(_MATRIX), st.just(_MATRIX), _vec1),
 }
 # The kind is drawn first so that every operation is drawn about as often
 # (a plain one_of favours the branches that draw less data).
@@ -353,6 +358,15 @@ def constraints(draw):
     return ir.ConstrainText(kind, draw(strings(min_size=1 if from_file else 0)), from_file)
 
 
+def _matrix_decl(draw, scope: Scope) -> ir.MatrixDecl:
+    """``matrix NAME = load("...", key=...)`` (a matrix's load takes no ``per_layer``), declared in ``scope``."""
+    load = draw(loads())
+    decl = ir.MatrixDecl(scope.fresh(draw), attrs.evolve(load, kwargs=tuple(k for k in load.kwargs
+                                                                            if k.name != "per_layer")))
+    scope.matrices.append(decl.name)
+    return decl
+
+
 @st.composite
 def programs(draw, max_statements: int = 7, with_constraint: bool = True, with_loads: bool = False,
              with_model: bool = True) -> ir.Program:
@@ -361,7 +375,7 @@ def programs(draw, max_statements: int = 7, with_constraint: bool = True, with_l
     statements: list = []
     if with_model and draw(st.integers(0, 3)) == 0:
         statements.append(draw(model_blocks()))
-    kinds = ["param", "vector", "vector", "probe", "probe", "intervention", "intervention", "intervention"]
+    kinds = ["param", "vector", "vector", "matrix", "probe", "probe", "intervention", "intervention", "intervention"]
     for _ in range(draw(st.integers(0, max_statements))):
         kind = draw(st.sampled_from(kinds))
         if kind == "param":
@@ -375,6 +389,12 @@ def programs(draw, max_statements: int = 7, with_constraint: bool = True, with_l
                 value = _resolve(draw(VECTOR[2]), draw, scope)
             statements.append(ir.VectorDecl(scope.fresh(draw), value))
             scope.vectors.append(statements[-1].name)
+        elif kind == "matrix":  # a load (with_loads), or another matrix
+            if with_loads and (not scope.matrices or draw(st.booleans())):
+                statements.append(_matrix_decl(draw, scope))
+            elif scope.matrices:
+                statements.append(ir.MatrixDecl(scope.fresh(draw), ir.Name(draw(st.sampled_from(scope.matrices)))))
+                scope.matrices.append(statements[-1].name)
         elif kind == "probe":
             probe = ir.ProbeDecl(
                 scope.fresh(draw),
@@ -387,10 +407,16 @@ def programs(draw, max_statements: int = 7, with_constraint: bool = True, with_l
         else:
             tokens = draw(st.none() | st.lists(scopes, min_size=1, max_size=3).map(tuple))
             gate = _resolve(draw(GATES), draw, scope) if scope.probes and draw(st.integers(0, 2)) else None
+            op = draw(OPERATIONS)
+            if isinstance(op, ir.LoReFT) and not scope.matrices:  # its matrices are loaded, or it is no loreft
+                if with_loads:
+                    statements.append(_matrix_decl(draw, scope))
+                else:
+                    op = ir.Suppress()
             statements.append(ir.InterventionDecl(
                 scope.fresh(draw),
                 draw(sites),
-                _resolve(draw(OPERATIONS), draw, scope),
+                _resolve(op, draw, scope),
                 tokens,
                 gate,
                 ir.Preserve() if draw(st.integers(0, 3)) == 0 else None,
@@ -449,6 +475,7 @@ _INTERESTING = [
     "\\", "\\d", "\t", " ", ".", "deg", "1e999", "-0", "0", "-1", "100%", "101%", "1:", ":-1", "nan", "inf",
     "steer", "model", "param", "vector", "probe", "intervention", "constrain", "at", "read", "pool",
     "tokens", "when", "preserve norm", "add", "scale", "set", "suppress", "ablate", "clamp", "to", "rotate in",
+    "matrix", "loreft",
     "by", "all", "prompt", "generated", "after", "and", "or", "not", "true", "false", "load", "normalize",
     "cosine", "projected_cosine", "subspace_cosine", "dot", "norm", "head", "resid_pre", "resid_post", "attn_out", "mlp_out",
     "prompt.mean", "token", "key=", "per_layer=true", "json_schema", "regex", "grammar", "choice", "from",
