@@ -227,6 +227,18 @@ def test_r_past_the_tolerance_is_refused_and_within_it_accepted(tmp_path):
     assert only(check(tmp_path, _program(), diagnostics_only=True), INVALID_VALUE)
 
 
+def test_the_rank_is_bounded_before_r_is_multiplied(tmp_path):
+    """R Rᵀ costs r * r * d: a rank past MAX_LOREFT_RANK is limit-exceeded at R, before the product."""
+    from steerc.core.limits import MAX_LOREFT_RANK
+
+    r, d = MAX_LOREFT_RANK + 1, MAX_LOREFT_RANK + 8
+    write(tmp_path, R=np.zeros((r, d), np.float32), W=np.zeros((r, d), np.float32), b=np.zeros(r, np.float32))
+    result = check(tmp_path, _program(), diagnostics_only=True)
+    d = only(result, "limit-exceeded")
+    assert "rank up to 1,024" in d.message and spanned(result, _program(), d) == "R"
+    assert not [x for x in result.diagnostics if x.code == INVALID_VALUE]  # never multiplied
+
+
 def test_the_site_width_is_checked_with_the_model(tmp_path):
     write(tmp_path, **reft_tensors(d=32))
     text = _program()

@@ -36,6 +36,7 @@ MAX_POSITION = 2**31 - 1
 MAX_SCHEDULE_STEP = 2**24
 MAX_EXPANDED_SITES = 65_536
 MAX_VALUES = 32 * 1024 * 1024
+MAX_LOREFT_RANK = 1024
 FLOAT32_MAX = 3.4028234663852886e38  # numpy.finfo(numpy.float32).max
 
 # -------------------------------------------------------------------- models
@@ -137,9 +138,14 @@ LIMITS: dict[str, Limit] = _table(
      "the plan holds one kernel per pair; 65,536 compile in seconds"),
     ("MAX_VALUES", "values",
      ("the vector entries a check computes (each folded vector, each loaded tensor once), and, with a model, "
-      "the tensor entries of the plan (each site's kernels count their vectors' widths)"),
+      "the tensor entries of the plan (each site's kernels count their vectors' widths, and a LoReFT its R, W and "
+      "b)"),
      ("memory: a short program can fold a wide vector thousands of times, or steer every layer with it; "
       "this is 256 MiB of float64")),
+    ("MAX_LOREFT_RANK", "rows",
+     "the rank `r` of a `loreft R, W, b`: the rows of `R` and `W`",
+     ("checking that R's rows are orthonormal costs r * r * d operations (a second at r = 1,024, d = 16,384); "
+      "pyreft's LoReFTs have ranks from 1 to 32")),
     ("FLOAT32_MAX", "",
      ("the largest magnitude of a value that reaches the model: vector entries, scale factors, clamp targets, "
       "angles, gate thresholds, probe biases"),

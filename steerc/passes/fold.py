@@ -16,11 +16,12 @@ import math
 
 from attrs import evolve
 
-from steerc.core.limits import FLOAT32_MAX
+from steerc.core.limits import FLOAT32_MAX, MAX_LOREFT_RANK
 from steerc.core.limits import MAX_SCHEDULE_STEP as MAX_POSITION
 from steerc.diagnostics import Note
 from steerc.diagnostics.codes import (
     INVALID_VALUE,
+    LIMIT_EXCEEDED,
     MISSING_KEY,
     PARAM_OUT_OF_RANGE,
     SCHEDULE_OUTSIDE_GENERATION,
@@ -301,6 +302,10 @@ def loreft_operands(ev: Evaluator, r, w, b, exprs) -> tuple:
                 f"{width} numbers can be orthonormal", exprs[0].span,
                 help="R is [r, d] with r <= d; a tensor stored as [d, r] (pyreft's `rotate_layer`) is Rᵀ: "
                      "save its transpose")
+    if rows > MAX_LOREFT_RANK:
+        ev.fail(LIMIT_EXCEEDED, f"{names[0]} has {rows:,} rows: steerc takes LoReFTs of rank up to "
+                f"{MAX_LOREFT_RANK:,}", exprs[0].span,
+                help="checking R's orthonormal rows costs r * r * d operations; pyreft's LoReFTs have ranks 1 to 32")
     error = orthonormal_error(r)
     if not error <= ORTHONORMAL_TOLERANCE:
         ev.fail(INVALID_VALUE, f"the rows of {names[0]} are not orthonormal: R Rᵀ differs from the identity by "

@@ -11,6 +11,8 @@ plan verifies (see :func:`steerc.passes.plan_pipeline.verify`).
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 
 from steerc.ir import checked as ck
@@ -53,10 +55,17 @@ def lower_op(op: ck.Operation, layer: int):
     if kind == "rotate":
         e1, e2 = plane(vecs[0], vecs[1])
         return Rotate(Vec(e1), Vec(e2), float(op.scalar), op.mode)
-    if kind == "loreft":  # the same R, W and b at every site (matrices have no per-layer banks)
-        r, w, b = op.tensors
-        return LoReFT(tuple(Vec(row) for row in r), tuple(Vec(row) for row in w), Vec(b))
+    if kind == "loreft":
+        return _loreft(op)
     raise ValueError(f"unknown operation {kind}")
+
+
+@functools.lru_cache(maxsize=1)
+def _loreft(op: ck.Operation) -> LoReFT:
+    """One LoReFT op for every site an intervention reaches (matrices have no per-layer banks; ``lower`` asks
+    for an intervention's sites one after another): its R, W and b are made once."""
+    r, w, b = op.tensors
+    return LoReFT(tuple(Vec(row) for row in r), tuple(Vec(row) for row in w), Vec(b))
 
 
 def canonical_scope(scopes) -> tuple:

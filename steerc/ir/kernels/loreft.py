@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from attrs import frozen
 
+from steerc.core.limits import MAX_LOREFT_RANK
 from steerc.ir.kernels.base import REF, Kind, Operand
 from steerc.ir.values import Vec
 
@@ -64,15 +65,31 @@ def _operands(op: LoReFT):
     yield "b", op.b.array
 
 
+_CHECKED: dict[tuple[str, ...], bool] = {}  # R's rows' digests -> orthonormal (at most 64 kept)
+
+
+def _orthonormal(op: LoReFT) -> bool:
+    """Whether R's rows are orthonormal, computed once per R (by its rows' digests, so nothing large is kept):
+    the verifier meets one LoReFT at every site an intervention reaches, and a served plan per request."""
+    key = tuple(v.digest for v in op.R)
+    ok = _CHECKED.get(key)
+    if ok is None:
+        ok = orthonormal_error(op.R) <= ORTHONORMAL_TOLERANCE
+        if len(_CHECKED) >= 64:
+            _CHECKED.clear()
+        _CHECKED[key] = ok
+    return ok
+
+
 def _verify(op: LoReFT, width: int, where: str, field: str, v) -> None:
     r = len(op.R)
-    v.check(0 < r <= width, f"{where}: R has {r} rows, LoReFT needs 1 to {width}", f"{field}.R")
+    most = min(width, MAX_LOREFT_RANK)
+    v.check(0 < r <= most, f"{where}: R has {r} rows, LoReFT needs 1 to {most}", f"{field}.R")
     v.check(len(op.W) == r, f"{where}: W has {len(op.W)} rows, R has {r}", f"{field}.W")
     for role, rows in (("R", op.R), ("W", op.W)):
         v.check(all(v.finite_vector(row, width) for row in rows), f"{where}: bad LoReFT matrix", f"{field}.{role}")
     v.check(v.finite_vector(op.b, r), f"{where}: b is not {r} finite numbers", f"{field}.b")
-    v.check(orthonormal_error(op.R) <= ORTHONORMAL_TOLERANCE, f"{where}: the rows of R are not orthonormal",
-            f"{field}.R")
+    v.check(_orthonormal(op), f"{where}: the rows of R are not orthonormal", f"{field}.R")
 
 
 def _explain(op: LoReFT, fmt) -> dict:
@@ -94,7 +111,7 @@ def _from_serve(d: dict, read) -> LoReFT:
 
 
 def _check_serve(field: str, d: dict, tensor, width: int, fail) -> None:
-    rows = tensor(f"{field}.R", d["R"], (1, width), width).shape[0]
+    rows = tensor(f"{field}.R", d["R"], (1, min(width, MAX_LOREFT_RANK)), width).shape[0]
     tensor(f"{field}.W", d["W"], (rows, rows), width)
     tensor(f"{field}.b", d["b"], None, rows)
 
