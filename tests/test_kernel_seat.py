@@ -237,3 +237,22 @@ def test_no_module_outside_the_seat_branches_on_more_than_three_kernel_kinds():
                         if pattern.search(fh.read()):
                             branching.append(os.path.relpath(os.path.join(root, name), REPO))
     assert len(branching) <= 3, branching
+
+
+def test_an_op_a_target_refuses_is_refused_once_not_again_as_its_kernel():
+    """Issue 33: llamacpp refused a `rotate` twice, as the feature op:rotate and as the `rotate` kernel its
+    kinds do not declare; the kinds back the feature table up and add nothing where it refused already."""
+    from steerc.runtime.hf import facts_from_model
+    from steerc.targets.capabilities import check_target
+
+    facts = facts_from_model(_model())
+    width = facts.hidden
+    e1 = ", ".join("1.0" if i == 0 else "0.0" for i in range(width))
+    e2 = ", ".join("1.0" if i == 1 else "0.0" for i in range(width))
+    text = (f"steer 1\nvector a = [{e1}]\nvector b = [{e2}]\n"
+            "intervention turn {\n  at resid_post[1]\n  rotate in (a, b) by 10deg\n}\n")
+    result = check_source(text, "turn.steer", facts=facts)
+    assert result.ok, result.render()
+    check_target(result, "llamacpp")
+    refusals = [d for d in result.diagnostics if d.code == UNSUPPORTED_BY_TARGET]
+    assert len(refusals) == 1 and "rotate" in refusals[0].message

@@ -81,14 +81,17 @@ def check_target(result, target: str) -> None:
         return
     check_family(result, target)
     caps = TARGETS[target]
+    features_refused = False
     for key, span in program_features(result.checked):
         f = caps.get(key)
         if not f.supported:
+            features_refused = True
             what = DISPLAY.get(key, f"`{key.split(':', 1)[1]}`")
             result.diagnostics.append(Diagnostic.error(UNSUPPORTED_BY_TARGET,
                                                        f"the {target} target cannot express {what}: {f.note}",
                                                        span, help=f.instead or None))
-    refused = unlowered_kernel(result.plan, target)
+    # the kernel kinds back the features up: an op its table refuses is not refused twice (once as its kernel)
+    refused = None if features_refused else unlowered_kernel(result.plan, target)
     if refused is not None:
         result.diagnostics.append(refused)
     if REGISTRY[target].check is not None:
