@@ -35,10 +35,10 @@ from steerc.targets.registry import REGISTRY
 from steerc.targets.seat import Target
 
 # The tables as they were before issue 33 (sha256 of their canonical JSON, and of the matrix they render), with
-# the one row each that issue 34 added: `op:loreft` (yes on hf, vllm, serve and export; no on llamacpp and
-# vllm-hook, each saying why).
-TABLES_SHA256 = "5b23949bc4cd4ec6f48127bf5f924fd82004368c85be0a847429f9110c618372"
-MATRIX_SHA256 = "cf8e1c4bf62574a2d2ba9c7c2cf0094105740ed29a9f723e8ed44ca36078d247"
+# the rows that issue 34 added: `op:loreft` and `op:clamp-feature` (yes on hf, vllm, serve and export; no on
+# llamacpp and vllm-hook, each saying why).
+TABLES_SHA256 = "4bb92482af6bbb3207802c53643283000b6124656dc926f61de7631b22142d9e"
+MATRIX_SHA256 = "7adc2625dbd51f5548f5708fa361173543a33dde22f536d10d03791fa901cbf0"
 
 PROGRAM = "steer 1\nvector v = [1.0, 2.0]\nintervention a {\n  at resid_post[1]\n  add v\n}\n"
 NEW = "op:twist"  # a feature key no target declares
@@ -163,10 +163,11 @@ def test_every_plan_kernel_has_a_lowering_and_an_explanation():
     assert all(hooks.runs_on_hooks(k) for k in KERNELS.KINDS.values())
     v, w = Vec([1.0, 0.0]), Vec([0.0, 1.0])
     samples = {P.Affine: P.Affine(2.0, v), P.Project: P.Project((v,)), P.Rotate: P.Rotate(v, w, math.pi / 6, "by"),
-               P.LoReFT: P.LoReFT((v,), (w,), Vec([0.5]))}
+               P.LoReFT: P.LoReFT((v,), (w,), Vec([0.5])),
+               P.SaeClamp: P.SaeClamp(v, 0.5, 0.0, w, v, 4.0, "jumprelu")}
     assert set(samples) == kinds
     for op in samples.values():
-        assert describe_op(op)["kind"] in ("affine", "project", "rotate", "loreft")
+        assert describe_op(op)["kind"] in ("affine", "project", "rotate", "loreft", "sae_clamp")
 
 
 def test_a_kernel_the_hooks_cannot_lower_is_a_diagnostic_not_an_assertion(monkeypatch, examples_dir, tiny_facts):

@@ -213,7 +213,7 @@ def test_the_built_in_kinds_are_the_plans_ops_and_the_published_schemas_are_gene
     from steerc.targets.serve import admission
     from steerc.targets.vllm import wire
 
-    assert [k.name for k in K.BUILT_IN] == ["affine", "project", "rotate", "loreft"] == list(K.KINDS)
+    assert [k.name for k in K.BUILT_IN] == ["affine", "project", "rotate", "loreft", "sae_clamp"] == list(K.KINDS)
     for published, paths in ((wire.published(), ("steerc/targets/vllm/plan.schema.json",
                                                    "spec/vllm_plan.schema.json")),
                              (admission.published(), ("steerc/targets/serve/serve.schema.json",

@@ -4,7 +4,7 @@ The layout: the header, then statements separated by a blank line wherever
 a block is involved, the kind of statement changes or the author left one;
 block lines indented two spaces in a fixed order (``at``, the operation,
 ``tokens``, ``when``, ``preserve norm``; ``at``, ``read``, ``pool``) with
-their values aligned; runs of ``param``/``vector``/``matrix`` lines with aligned ``=``;
+their values aligned; runs of ``param``/``vector``/``matrix``/``sae`` lines with aligned ``=``;
 one space around binary operators; long vector literals wrapped at 100
 columns. Numbers keep the spelling the author chose. Comments stay with the
 line they lead or trail.
@@ -67,6 +67,8 @@ def _expr(e, ctx: int) -> str:
         return f"{e.func}({', '.join(args)})"
     if isinstance(e, ir.VectorLit):
         return "[" + ", ".join(expr(i) for i in e.items) + "]"
+    if isinstance(e, ir.Index):
+        return f"{e.base.id}[{expr(e.index)}]"
     raise TypeError(f"not an expression: {e!r}")
 
 
@@ -241,10 +243,14 @@ def op(o) -> tuple[str, str]:
         return "suppress", ""
     if isinstance(o, ir.Ablate):
         return "ablate", ", ".join(expr(d) for d in o.directions)
-    if isinstance(o, ir.Clamp):
-        return "clamp", f"{expr(o.direction)} to {expr(o.value)}"
+    if isinstance(o, ir.Clamp):  # a direction led by a name `feature` keeps parentheses (`clamp feature` is the SAE's)
+        direction = expr(o.direction)
+        return "clamp", f"({direction}) to {expr(o.value)}" if _leading_word(o.direction) == "feature" else \
+            f"{direction} to {expr(o.value)}"
     if isinstance(o, ir.Rotate):
         return "rotate", f"in ({expr(o.first)}, {expr(o.second)}) {o.mode} {expr(o.angle)}"
+    if isinstance(o, ir.ClampFeature):
+        return "clamp", f"feature {expr(o.feature)} to {expr(o.value)}"
     if isinstance(o, ir.LoReFT):
         return "loreft", f"{expr(o.rotation)}, {expr(o.weight)}, {expr(o.bias)}"
     raise TypeError(f"not an operation: {o!r}")
@@ -394,6 +400,8 @@ class _Printer:
             self.emit(_wrap_decl("vector", stmt.name, name_width, stmt.value), line)
         elif isinstance(stmt, ir.MatrixDecl):
             self.emit(_wrap_decl("matrix", stmt.name, name_width, stmt.value), line)
+        elif isinstance(stmt, ir.SaeDecl):
+            self.emit(_wrap_decl("sae", stmt.name, name_width, stmt.value), line)
         elif isinstance(stmt, ir.ConstrainText):
             src = "from " if stmt.from_file else ""
             self.emit(f"constrain {stmt.kind} {src}{string(stmt.value)}", line)
@@ -462,14 +470,14 @@ def _kind(stmt) -> str:
 
 
 def _needs_blank(prev, stmt) -> bool:
-    one_liners = (ir.ParamDecl, ir.VectorDecl, ir.MatrixDecl, ir.ConstrainText, ir.ConstrainChoice)
+    one_liners = (ir.ParamDecl, ir.VectorDecl, ir.MatrixDecl, ir.SaeDecl, ir.ConstrainText, ir.ConstrainChoice)
     if not isinstance(prev, one_liners) or not isinstance(stmt, one_liners):
         return True
     return _kind(prev) != _kind(stmt)
 
 
 def _alignment_runs(statements) -> dict[int, int]:
-    """Name width for each param/vector/matrix, aligned within runs of one kind."""
+    """Name width for each param/vector/matrix/sae, aligned within runs of one kind."""
     widths: dict[int, int] = {}
     run: list = []
 
@@ -482,7 +490,7 @@ def _alignment_runs(statements) -> dict[int, int]:
     for stmt in statements:
         if run and (type(stmt) is not type(run[0]) or _broken(run[-1], stmt)):
             flush()
-        if isinstance(stmt, (ir.ParamDecl, ir.VectorDecl, ir.MatrixDecl)):
+        if isinstance(stmt, (ir.ParamDecl, ir.VectorDecl, ir.MatrixDecl, ir.SaeDecl)):
             run.append(stmt)
         else:
             flush()

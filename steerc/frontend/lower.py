@@ -159,6 +159,10 @@ class ToIR:
         name, value = children
         return ir.MatrixDecl(name.value, value, span=self._span(meta), name_span=self._tok(name))
 
+    def sae_decl(self, meta, children):
+        name, value = children
+        return ir.SaeDecl(name.value, value, span=self._span(meta), name_span=self._tok(name))
+
     def _collect(self, lines, kinds: dict[str, str], block: str):
         """Map line kind -> (value, span); a second line of a kind is an error."""
         seen: dict[str, tuple[object, Span | None]] = {}
@@ -256,6 +260,9 @@ class ToIR:
     def clamp_op(self, meta, c):
         return self._op("clamp", ir.Clamp(c[0], c[1], span=self._span(meta)), meta)
 
+    def clamp_feature_op(self, meta, c):
+        return self._op("clamp", ir.ClampFeature(c[0], c[1], span=self._span(meta)), meta)
+
     def rotate_to_op(self, meta, c):
         return self._op("rotate", ir.Rotate(c[0], c[1], "to", c[2], span=self._span(meta)), meta)
 
@@ -300,6 +307,10 @@ class ToIR:
         positional = tuple(a for a in args if a is not None and not isinstance(a, ir.Keyword))
         keywords = tuple(a for a in args if isinstance(a, ir.Keyword))
         return ir.Call(func.value, positional, keywords, span=self._span(meta), func_span=self._tok(func))
+
+    def index(self, meta, children):
+        base, index = children
+        return ir.Index(ir.Name(base.value, span=self._tok(base)), index, span=self._span(meta))
 
     def positional_arg(self, meta, children):
         return children[0]

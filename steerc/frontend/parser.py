@@ -41,7 +41,7 @@ from steerc.frontend.tables import load
 GRAMMAR_PATH = os.path.join(os.path.dirname(__file__), "steer.lark")
 
 _OPENERS = {"LPAR": "RPAR", "LSQB": "RSQB"}
-_STATEMENT_STARTS = {"MODEL", "PARAM", "VECTOR", "MATRIX", "PROBE", "INTERVENTION", "CONSTRAIN", "$END", "STEER"}
+_STATEMENT_STARTS = {"MODEL", "PARAM", "VECTOR", "MATRIX", "SAE", "PROBE", "INTERVENTION", "CONSTRAIN", "$END", "STEER"}
 _CLOSERS = {"RPAR", "RSQB"}
 
 # The literal policy: token type -> (most characters, what it is, how many quote characters it carries).

@@ -81,6 +81,9 @@ def block_line_help(text: str, block_start: int, tok, expected: set[str], previo
         return (f"expected a new line (`{value}` starts a line of its own)",
                 f"each line of a block goes on its own line: put `{value} ...` on the next line")
     words = line.split()
+    if keyword == "clamp" and "TO" in expected and "to" not in words and "feature" in words[1:2]:
+        return ("`clamp feature s[i]` needs `to` before the activation it sets the feature to",
+                f"write {_code(f'{line} to {rest}')}")
     if keyword == "clamp" and "TO" in expected and "to" not in words:
         return ("`clamp` needs `to` before the value it pins the component to",
                 f"write {_code(f'{line} to {rest}')}")

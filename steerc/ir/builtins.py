@@ -9,10 +9,11 @@ those passes find a function's role here (:func:`reads_vectors`,
 :func:`is_schedule`) instead of comparing names.
 
 A ``source`` function reads vectors from a file; the kinds of file it reads
-are the table of readers in :mod:`steerc.io.vectors` (``READERS``).
+are the table of readers in :mod:`steerc.io.vectors` (``READERS``). ``sae``
+reads a SAELens SAE folder (:mod:`steerc.io.sae`), in a ``sae`` declaration.
 
 >>> FUNCTIONS
-('load', 'normalize', 'ramp', 'decay', 'window')
+('load', 'normalize', 'ramp', 'decay', 'window', 'sae')
 >>> BUILTINS["window"].signature, BUILTINS["load"].keyword_names
 ('window(a, b)', ('key', 'per_layer'))
 >>> reads_vectors("load"), is_schedule("load"), is_schedule("ramp")
@@ -23,13 +24,14 @@ from __future__ import annotations
 
 from attrs import frozen
 
-SOURCE, VECTOR_FN, SCHEDULE_FN = "source", "vector", "schedule"
+SOURCE, VECTOR_FN, SCHEDULE_FN, SAE_FN = "source", "vector", "schedule", "sae"
 
 
 @frozen
 class Builtin:
     name: str
-    kind: str  # SOURCE (reads vectors from a file), VECTOR_FN (a vector to a vector), SCHEDULE_FN (numbers to a schedule)
+    kind: str  # SOURCE (reads vectors from a file), VECTOR_FN (a vector to a vector), SCHEDULE_FN (numbers to a
+    # schedule), SAE_FN (an SAE folder, for a `sae` declaration)
     params: tuple[str, ...]  # the positional parameters, in order
     keywords: tuple[tuple[str, str], ...]  # (name, type) of each keyword argument; types as passes.types names them
     doc: str  # one line, for hover, completion and the checker's help
@@ -51,6 +53,8 @@ BUILTINS: dict[str, Builtin] = {b.name: b for b in (
     Builtin("ramp", SCHEDULE_FN, ("n",), (), "from 1/n up to 1 over the first n steps"),
     Builtin("decay", SCHEDULE_FN, ("r",), (), "r to the power of the step, 0 < r <= 1"),
     Builtin("window", SCHEDULE_FN, ("a", "b"), (), "1 for steps a to b-1, 0 elsewhere"),
+    Builtin("sae", SAE_FN, ("folder",), (),
+            "a SAELens SAE folder (cfg.json and sae_weights.safetensors), in `sae NAME = sae(...)`"),
 )}
 FUNCTIONS: tuple[str, ...] = tuple(BUILTINS)
 
@@ -71,5 +75,5 @@ def is_schedule(func: str) -> bool:
     return kind_of(func) == SCHEDULE_FN
 
 
-__all__ = ["BUILTINS", "FUNCTIONS", "SCHEDULE_FN", "SOURCE", "VECTOR_FN", "Builtin", "is_schedule", "kind_of",
+__all__ = ["BUILTINS", "FUNCTIONS", "SAE_FN", "SCHEDULE_FN", "SOURCE", "VECTOR_FN", "Builtin", "is_schedule", "kind_of",
            "reads_vectors"]

@@ -146,7 +146,11 @@ class Operation:
     suppress, ablate (directions), clamp (direction, value), rotate
     (directions = (b1, b2), angle in radians, mode "to" | "by"), loreft
     (tensors = (R, W, b): float64 arrays [r, d], [r, d] and [r]; no vectors,
-    since none of them is one vector of the site's width).
+    since none of them is one vector of the site's width), clamp_feature
+    (vectors = (W_dec[i],), scalar = the target c, mode = the SAE's
+    architecture, "standard" | "jumprelu"; tensors = (W_enc[:, i], the b_dec
+    subtracted from the input (zeros without apply_b_dec_to_input),
+    [b_enc[i], threshold[i]] (0 for a standard SAE)); sae and feature).
     """
 
     kind: str
@@ -159,8 +163,10 @@ class Operation:
     text: str = ""  # the operation as written (canonical layout), for explain
     span: Span | None = _span()
     operand_spans: tuple[Span | None, ...] = field(default=(), eq=False, repr=False, kw_only=True)  # of `vectors`
-    tensors: tuple = field(default=(), kw_only=True)  # loreft's (R, W, b)
+    tensors: tuple = field(default=(), kw_only=True)  # loreft's (R, W, b); clamp_feature's (enc, b_dec, [b_enc, θ])
     tensor_spans: tuple[Span | None, ...] = field(default=(), eq=False, repr=False, kw_only=True)  # of `tensors`
+    sae: object = field(default=None, eq=False, repr=False, kw_only=True)  # clamp_feature's SAE (steerc.io.sae)
+    feature: int | None = field(default=None, kw_only=True)  # clamp_feature's feature index
 
 
 @frozen(eq=False)

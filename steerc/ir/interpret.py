@@ -20,6 +20,7 @@ import numpy as np
 
 from steerc.ir.checked import GateAll, GateCompare, GateNegate
 from steerc.ir.kernels.loreft import LoReFT
+from steerc.ir.kernels.sae_clamp import SaeClamp
 from steerc.ir.plan import Affine, Kernel, Project, Rotate
 
 
@@ -83,6 +84,14 @@ def apply_op(op, h: np.ndarray, steps=None) -> np.ndarray:
         w = np.stack([_arr(v) for v in op.W])  # [k, d]
         b = _arr(op.b)  # [k]
         return np.stack([row + r.T @ (w @ row + b - r @ row) for row in h]) if len(h) else h.copy()
+    if isinstance(op, SaeClamp):
+        # SAELens's encoder for one feature, then the splice with the error term reduced to feature i:
+        # f = act((h - b_dec) . W_enc[:, i] + b_enc[i]); h + (c - f) W_dec[i].
+        pre = (h - _arr(op.b_dec)) @ _arr(op.enc) + float(op.b_enc)
+        f = np.maximum(pre, 0.0)
+        if op.mode == "jumprelu":
+            f = np.where(pre > float(op.threshold), f, 0.0)
+        return h + np.outer(float(op.target) - f, _arr(op.dec))
     raise TypeError(op)
 
 

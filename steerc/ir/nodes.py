@@ -15,9 +15,10 @@ from __future__ import annotations
 
 from typing import Union
 
-from attrs import field, frozen
+from attrs import field
 
 from steerc.core.source import Span
+from steerc.ir.record import frozen
 
 
 def _span():
@@ -106,7 +107,16 @@ class VectorLit:
     span: Span | None = _span()
 
 
-Expr = Union[Number, Degrees, Name, Neg, BinOp, Call, VectorLit]
+@frozen
+class Index:
+    """``s[i]``: feature ``i`` of the SAE ``s`` (as a vector, its decoder row ``W_dec[i]``)."""
+
+    base: Name
+    index: Expr
+    span: Span | None = _span()
+
+
+Expr = Union[Number, Degrees, Name, Neg, BinOp, Call, VectorLit, Index]
 Arg = Union[Expr, Str, Bool]
 
 
@@ -357,7 +367,17 @@ class LoReFT:
     span: Span | None = _span()
 
 
-Op = Union[Add, Scale, Set, Suppress, Ablate, Clamp, Rotate, LoReFT]
+@frozen
+class ClampFeature:
+    """``clamp feature s[i] to c``: SAE feature ``i``'s activation set to ``c``,
+    ``h + (c − f_i(h)) · W_dec[i]`` (never the projection clamp)."""
+
+    feature: Expr
+    value: Expr
+    span: Span | None = _span()
+
+
+Op = Union[Add, Scale, Set, Suppress, Ablate, Clamp, Rotate, LoReFT, ClampFeature]
 
 
 # ---------------------------------------------------------- statements
@@ -399,6 +419,16 @@ class VectorDecl:
 @frozen
 class MatrixDecl:
     """``matrix NAME = load(...)``: a 2-D tensor (``[rows, columns]``), for ``loreft``."""
+
+    name: str
+    value: Expr
+    span: Span | None = _span()
+    name_span: Span | None = _span()
+
+
+@frozen
+class SaeDecl:
+    """``sae NAME = sae("folder")``: a SAELens SAE folder (``cfg.json`` and ``sae_weights.safetensors``)."""
 
     name: str
     value: Expr
@@ -452,7 +482,7 @@ class ConstrainChoice:
 
 
 Constraint = Union[ConstrainText, ConstrainChoice]
-Statement = Union[ModelBlock, ParamDecl, VectorDecl, MatrixDecl, ProbeDecl, InterventionDecl, Constraint]
+Statement = Union[ModelBlock, ParamDecl, VectorDecl, MatrixDecl, SaeDecl, ProbeDecl, InterventionDecl, Constraint]
 
 
 @frozen
@@ -478,13 +508,13 @@ class Program:
 NODE_CLASSES: dict[str, type] = {
     cls.__name__: cls
     for cls in (
-        Number, Degrees, Str, Bool, Name, Neg, BinOp, Keyword, Call, VectorLit,
+        Number, Degrees, Str, Bool, Name, Neg, BinOp, Keyword, Call, VectorLit, Index,
         SelIndex, SelPercent, SelSlice, SelAll, SelGroup, SiteRef,
         PosSlice, PosIndex, ScopeAll, ScopePrompt, ScopeGenerated, ScopePositions, ScopeAfter,
         Compare, GateAnd, GateOr, GateNot,
         Cosine, ProjectedCosine, SubspaceCosine, Offset, Dot, Norm, Pool,
-        Add, Scale, Set, Suppress, Ablate, Clamp, Rotate, LoReFT,
-        ModelField, ModelBlock, ParamDecl, VectorDecl, MatrixDecl, ProbeDecl, Preserve, InterventionDecl,
+        Add, Scale, Set, Suppress, Ablate, Clamp, Rotate, LoReFT, ClampFeature,
+        ModelField, ModelBlock, ParamDecl, VectorDecl, MatrixDecl, SaeDecl, ProbeDecl, Preserve, InterventionDecl,
         ConstrainText, ConstrainChoice, Comment, Program,
     )
 }

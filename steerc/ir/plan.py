@@ -8,7 +8,8 @@ primitive kernels to apply there in order, and the probes to read:
 * :class:`Project` — ``h -> h - Q (Q^T h) + Q t`` with ``Q`` orthonormal rows
   (``ablate``: ``t = 0``; ``clamp u to c``: ``Q = [u/|u|]``, ``t = [c]``);
 * :class:`Rotate` — angular steering in the plane ``(e1, e2)``;
-* :class:`~steerc.ir.kernels.loreft.LoReFT` — pyreft's ``h + Rᵀ (W h + b − R h)``.
+* :class:`~steerc.ir.kernels.loreft.LoReFT` — pyreft's ``h + Rᵀ (W h + b − R h)``;
+* :class:`~steerc.ir.kernels.sae_clamp.SaeClamp` — an SAE feature set to ``c``, ``h + (c − f_i(h)) W_dec[i]``.
 
 Each kind of kernel is one module of :mod:`steerc.ir.kernels` (its op class, operands, encodings,
 verifier, explanation and torch maths); engines and formats dispatch through its table.
@@ -40,6 +41,7 @@ from steerc.ir import nodes as ir
 from steerc.ir.checked import Constraint, Gate
 from steerc.ir.kernels import Affine, Project, Rotate, kind_of  # noqa: F401 (re-exported)
 from steerc.ir.kernels.loreft import LoReFT
+from steerc.ir.kernels.sae_clamp import SaeClamp
 from steerc.ir.param_values import ParamError, check_values  # noqa: F401 (re-exported)
 from steerc.ir.values import Vec
 
@@ -62,7 +64,7 @@ class Site:
 
 
 # The op of a kernel: an instance of a kernel kind's op class (steerc.ir.kernels, one module per kind).
-Op = Union[Affine, Project, Rotate, LoReFT]  # the built-in kinds; a registered kind's op is an Op too
+Op = Union[Affine, Project, Rotate, LoReFT, SaeClamp]  # the built-in kinds; a registered kind's op is an Op too
 
 
 @frozen

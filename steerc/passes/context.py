@@ -57,7 +57,7 @@ class Options:
 @define
 class Symbol:
     name: str
-    kind: str  # param | vector | matrix | probe | intervention
+    kind: str  # param | vector | matrix | sae | probe | intervention
     decl: object
     order: int  # index of the declaring statement
     used: bool = False

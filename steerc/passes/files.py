@@ -11,8 +11,9 @@ from steerc.ir import nodes as ir
 from steerc.passes.context import CheckContext, Fault
 
 
-def resolve_path(ctx: CheckContext, path: ir.Str, what: str = "file") -> str:
-    """The real path of a file named in the program; faults outside the root or missing."""
+def resolve_path(ctx: CheckContext, path: ir.Str, what: str = "file", folder: bool = False) -> str:
+    """The real path of a file (with ``folder``, a folder) named in the program; faults outside the root or
+    missing."""
     if "\0" in path.value:
         ctx.error(INVALID_VALUE, "a path cannot contain a NUL character", path.span)
         raise Fault
@@ -30,7 +31,7 @@ def resolve_path(ctx: CheckContext, path: ir.Str, what: str = "file") -> str:
             help=f"the project root is {ctx.root} ({where}); move the file inside it, or pass --root",
         )
         raise Fault
-    if not os.path.isfile(resolved.path):
+    if not (os.path.isdir if folder else os.path.isfile)(resolved.path):
         ctx.error(
             FILE_NOT_FOUND,
             f"{what} `{path.value}` does not exist",

@@ -30,14 +30,16 @@ from steerc.diagnostics.codes import (
 )
 from steerc.diagnostics.suggest import did_you_mean
 from steerc.frontend.fmt import op as fmt_op
+from steerc.io.vectorfile import VectorFileError
 from steerc.ir import checked as ck
 from steerc.ir import nodes as ir
 from steerc.ir.values import PerLayer
+from steerc.ir.walk import walk
 from steerc.passes import types as ty
 from steerc.passes.context import CheckContext, Fault
 from steerc.passes.foldvec import VectorFolder
 from steerc.passes.layers import static_layers
-from steerc.passes.loading import load_matrix
+from steerc.passes.loading import load_matrix, load_sae, sae_row
 from steerc.passes.structure import MODEL_FIELDS, model_value_ok
 
 name = "fold"
@@ -72,10 +74,14 @@ def run(ctx: CheckContext) -> None:
                 env[stmt.name] = ev.vector(stmt.value)
             elif isinstance(stmt, ir.MatrixDecl):
                 env[stmt.name] = ev.matrix(stmt.value)
+            elif isinstance(stmt, ir.SaeDecl):
+                env[stmt.name] = ev.sae(stmt.value)
             elif isinstance(stmt, ir.ProbeDecl):
                 probes[stmt.name] = _probe(ev, stmt)
+                sae_sites(ev, stmt.readout, probes[stmt.name].site, stmt.name)
             elif isinstance(stmt, ir.InterventionDecl):
                 interventions.append(_intervention(ev, stmt, len(interventions)))
+                sae_sites(ev, stmt.op, interventions[-1].site, stmt.name)
         except Fault:
             ctx.poisoned.add(stmt.name)
     ctx.values = env
@@ -268,6 +274,8 @@ def _build_operation(ev: Evaluator, op) -> ck.Operation:
         ev.plane(b1, b2, op.second.span)
         return ck.Operation("rotate", (b1, b2), scalar=ev.operand(op.angle), mode=op.mode, span=span,
                             operand_spans=(op.first.span, op.second.span))
+    if isinstance(op, ir.ClampFeature):
+        return _clamp_feature(ev, op)
     if isinstance(op, ir.LoReFT):
         exprs = (op.rotation, op.weight, op.bias)
         tensors = loreft_operands(ev, ev.matrix(op.rotation), ev.matrix(op.weight), ev.vector(op.bias), exprs)
@@ -314,6 +322,104 @@ def loreft_operands(ev: Evaluator, r, w, b, exprs) -> tuple:
                      "orthonormal with torch's orthogonal parametrization); save the trained R, or "
                      "orthonormalize it (the Q of a QR decomposition of Rᵀ, transposed)")
     return r, w, b
+
+
+# What `clamp feature` computes per architecture, and why the others are refused.
+_CLAMPABLE = ("standard", "jumprelu")
+_NOT_CLAMPABLE = {
+    "topk": "a topk SAE keeps the k largest of all its features' pre-activations, so one feature's activation "
+            "needs the whole encoder at every token",
+    "gated": "a gated SAE's activation has a gate path and a magnitude path of its own, which `clamp feature` "
+             "does not compute yet",
+}
+
+
+def _clamp_feature(ev: Evaluator, op: ir.ClampFeature) -> ck.Operation:
+    """``clamp feature s[i] to c``: the feature's decoder row (``vectors``), its encoder column, ``b_dec`` as
+    subtracted from the input, and its bias and threshold (``tensors``), for ``h + (c - f_i(h)) W_dec[i]``."""
+    import numpy as np
+
+    sae, index = ev.feature(op.feature)
+    if sae.architecture not in _CLAMPABLE:
+        ev.fail(INVALID_VALUE, f"`clamp feature` takes standard and jumprelu SAEs; `{op.feature.base.id}` is "
+                f"{sae.architecture}: {_NOT_CLAMPABLE.get(sae.architecture, 'steerc does not encode it')}",
+                op.feature.span, help="steer along the feature's direction instead: `add c * s[i]`")
+    value = ev.operand(op.value)
+    dec = ev.vector(op.feature)
+    try:
+        column = sae.encoder_column(index)
+        b_dec = sae.tensor("b_dec") if sae.config.apply_b_dec_to_input else np.zeros(sae.d_in, np.float32)
+    except VectorFileError as exc:
+        ev.fail(exc.code, exc.message, op.feature.span, help=exc.help)
+    ev.ctx.spend(2 * sae.d_in, op.feature.span)
+    threshold = float(column.threshold) if column.threshold is not None else 0.0
+    tensors = (np.asarray(column.w, np.float64), np.asarray(b_dec, np.float64),
+               np.array([float(column.bias), threshold]))
+    return ck.Operation("clamp_feature", (dec,), scalar=value, mode=sae.architecture, span=op.span,
+                        operand_spans=(op.feature.span,), tensors=tensors,
+                        tensor_spans=(op.feature.span,) * 3, sae=sae, feature=index)
+
+
+def sae_sites(ev: Evaluator, node, site: ck.SitePattern, user: str) -> None:
+    """Warn (``vector-site-mismatch``) where an intervention or probe uses an SAE's feature at another site
+    than the one the SAE was trained on (its hook; ``resid_pre[l+1]`` is ``resid_post[l]``). Layers a
+    selector gives only with a model (``*``, percentages) are not judged."""
+    from steerc.diagnostics.codes import VECTOR_SITE_MISMATCH
+
+    warned: set[str] = set()
+    for n in walk(node):
+        if not isinstance(n, ir.Index) or n.base.id in warned or not isinstance(ev.env.get(n.base.id), _sae_class()):
+            continue
+        sae = ev.env[n.base.id]
+        trained = sae.site
+        if trained is None:
+            why = f"steerc cannot tell where it belongs: {sae.site_reason}"
+        else:
+            why = _site_difference(trained, site, user)
+        if why is None:
+            continue
+        warned.add(n.base.id)
+        shown = f"{trained[0]}[{trained[1]}]" if trained is not None else None
+        ev.ctx.warning(VECTOR_SITE_MISMATCH, f"`{n.base.id}` is an SAE of `{sae.hook_name}`"
+                       + (f" ({shown})" if shown else "") + f", {why}", n.span,
+                       notes=(Note("used here", site.span),) if site.span is not None else (),
+                       help=f"use its features at {shown}, where the SAE was trained" if shown else
+                       "use it at the site its hook names")
+
+
+def _canonical(kind: str, layer: int) -> tuple[str, int]:
+    return ("resid_post", layer - 1) if kind == "resid_pre" and layer > 0 else (kind, layer)
+
+
+def _site_difference(trained: tuple[str, int], site: ck.SitePattern, user: str) -> str | None:
+    """Why ``site`` is not the SAE's ``trained`` site, or None where it is (or cannot be told without a model)."""
+    kind, layer = trained
+    if site.kind == "head":
+        return f"and `{user}` uses its feature at head outputs"
+    layers = static_layers(site.layers)
+    if layers is None:
+        if (kind in ("resid_pre", "resid_post")) == (site.kind in ("resid_pre", "resid_post")) and \
+                (site.kind == kind or kind in ("resid_pre", "resid_post")):
+            return None
+        return f"and `{user}` uses its feature at {site.kind}"
+    want = _canonical(kind, layer)
+    used = sorted({_canonical(site.kind, lay) for lay in layers})
+    if used == [want]:
+        return None
+    shown = ", ".join(f"{k}[{lay}]" for k, lay in (_as_written(site.kind, u) for u in used))
+    return f"and `{user}` uses its feature at {shown}"
+
+
+def _as_written(kind: str, canonical: tuple[str, int]) -> tuple[str, int]:
+    """A canonical site as the program's kind writes it (``resid_pre[l+1]`` for ``resid_post[l]``)."""
+    k, layer = canonical
+    return ("resid_pre", layer + 1) if kind == "resid_pre" and k == "resid_post" else canonical
+
+
+def _sae_class():
+    from steerc.io.sae import SAE
+
+    return SAE
 
 
 def _expr_text(ctx: CheckContext, e) -> str:
@@ -479,6 +585,29 @@ class Evaluator:
     def direction(self, e):
         """A vector used as a direction: it must not be zero."""
         return self._vectors().direction(e)
+
+    def sae(self, e):
+        """An SAE (:class:`~steerc.io.sae.SAE`): a ``sae("folder")``, or an SAE's name."""
+        if isinstance(e, ir.Name):
+            return self._lookup(e)
+        return load_sae(self.ctx, e)
+
+    def feature(self, e: ir.Index):
+        """``(sae, i)`` of ``s[i]``: ``i`` a whole number below the SAE's d_sae (``invalid-value`` otherwise)."""
+        sae = self._lookup(e.base)
+        value = self.scalar(e.index)
+        if value != int(value) or not 0 <= value < sae.d_sae:
+            whole = value == int(value)
+            self.fail(INVALID_VALUE, (f"feature {value:g} is out of range: `{e.base.id}` has d_sae = {sae.d_sae:,} "
+                      f"features (0 .. {sae.d_sae - 1:,})") if whole else
+                      f"a feature index is a whole number, got {value:g} (`{e.base.id}` has d_sae = {sae.d_sae:,})",
+                      e.index.span, help=f"features are numbered from 0; `{e.base.id}[{sae.d_sae - 1}]` is the last")
+        return sae, int(value)
+
+    def feature_row(self, e: ir.Index):
+        """``s[i]`` as a vector: the decoder row ``W_dec[i]``, float64 (only that row is read)."""
+        sae, index = self.feature(e)
+        return sae_row(self.ctx, sae, index, e.span)
 
     def matrix(self, e):
         """A folded matrix: a 2-D float64 array (a ``load(...)``, or a matrix's name)."""

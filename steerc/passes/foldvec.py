@@ -93,6 +93,8 @@ class VectorFolder:
         spend = self.ev.ctx.spend
         if isinstance(e, ir.Name):
             return self.ev._lookup(e)
+        if isinstance(e, ir.Index):
+            return self.ev.feature_row(e)
         if isinstance(e, ir.VectorLit):
             spend(len(e.items), e.span)
             return self._math().literal([self.ev.operand(i) for i in e.items])

@@ -50,7 +50,10 @@ def run(ctx: CheckContext) -> None:
     expanded = values = 0
     for iv in program.interventions:
         layers = site_layers(ctx, iv.site, facts)
-        _fits(ctx, iv.op.vectors, iv.op.operand_spans, iv.site, layers, facts, iv.op.span)
+        if iv.op.kind == "clamp_feature":
+            _sae_fits(ctx, iv.op, iv.site, layers, facts)
+        else:
+            _fits(ctx, iv.op.vectors, iv.op.operand_spans, iv.site, layers, facts, iv.op.span)
         _matrix_fits(ctx, iv.op, iv.site, layers, facts)
         heads = len(expand(iv.site.heads, facts.heads).indices) if iv.site.heads is not None else 1
         sites = len(layers) * heads
@@ -170,7 +173,7 @@ def _fits(ctx: CheckContext, vectors, spans, site: ck.SitePattern, layers, facts
 
 def _matrix_fits(ctx: CheckContext, op: ck.Operation, site: ck.SitePattern, layers, facts: ModelFacts) -> None:
     """A ``loreft``'s R (and so W) is [r, d] with d the width of the site it edits."""
-    if not op.tensors:
+    if op.kind != "loreft":
         return
     r = op.tensors[0]
     want = facts.width(site.kind)
@@ -187,6 +190,26 @@ def _matrix_fits(ctx: CheckContext, op: ck.Operation, site: ck.SitePattern, laye
         span,
         notes=(Note(f"acts on {_layers_text(layers)}", site.span),) if site.span is not None else (),
         help="a LoReFT is trained for one model and site: use the one made for this model",
+    )
+
+
+def _sae_fits(ctx: CheckContext, op: ck.Operation, site: ck.SitePattern, layers, facts: ModelFacts) -> None:
+    """A ``clamp feature``'s SAE reads activations as wide as the site it edits (its ``d_in``)."""
+    want = facts.width(site.kind)
+    if op.sae.d_in == want:
+        return
+    span = op.operand_spans[0] if op.operand_spans else op.span
+    name = _text(ctx, span) or "this feature"
+    where = _text(ctx, site.span) or f"{site.kind}[...]"
+    what = "head_dim" if site.kind == "head" else "hidden size"
+    ctx.error(
+        SHAPE_MISMATCH,
+        f"the SAE of `{name}` reads activations of d_in = {op.sae.d_in:,}, but `{where}` is {want} wide (the "
+        f"model's {what})",
+        span,
+        notes=(Note(f"acts on {_layers_text(layers)}", site.span),) if site.span is not None else (),
+        help=f"an SAE is trained on one model's activations: use one made for this model ({op.sae.hook_name} "
+             f"of {op.sae.model_name or 'its model'} here)",
     )
 
 

@@ -1,4 +1,5 @@
-"""Loading the vectors (and matrices) named by ``load(...)``, under the path policy.
+"""Loading the vectors (and matrices) named by ``load(...)``, and the SAE folders of ``sae(...)``, under the
+path policy.
 
 Each file is opened once per check (a program with 10,000 interventions
 reading one file reads its header once). Keys and shapes are checked from
@@ -120,6 +121,50 @@ def load_matrix(ctx: CheckContext, call: ir.Call):
     except VectorFileError as exc:
         ctx.error(exc.code, exc.message, where, help=exc.help)
         raise Fault from None
+
+
+def load_sae(ctx: CheckContext, call: ir.Call):
+    """The :class:`~steerc.io.sae.SAE` of ``sae("folder")``: the folder inside the project root (as every
+    file a program names), its ``cfg.json`` and its weights' header read and checked; no tensor data is read
+    here (a feature's row or column is read when a program uses it). Every fault is at the path."""
+    from steerc.io.sae import CONFIG, WEIGHTS, SaeError, read_sae
+
+    path = call.args[0]
+    real = resolve_path(ctx, path, "SAE folder", folder=True)
+    key = ("sae", real)
+    cached = ctx.file_cache.get(key)
+    if cached is None:
+        try:
+            cached = read_sae(real, root=ctx.root)
+        except SaeError as exc:
+            cached = exc
+        except OSError as exc:
+            cached = SaeError(INVALID_VECTOR_FILE, f"cannot read the SAE folder ({exc.strerror})")
+        ctx.file_cache[key] = cached
+    if isinstance(cached, SaeError):
+        message = cached.message
+        if cached.file in (CONFIG, WEIGHTS) and f"`{cached.file}`" not in message:
+            message = f"`{cached.file}`: {message}"
+        ctx.error(cached.code, f"the SAE folder `{path.value}`: {message}", path.span, help=cached.help)
+        raise Fault
+    return cached
+
+
+def sae_row(ctx: CheckContext, sae, index: int, span):
+    """``W_dec[index]`` of ``sae`` as a float64 vector (only that row is read), paid for as any vector is."""
+    from steerc.io.sae import SaeError
+
+    ctx.spend(sae.d_in, span)
+    try:
+        row = sae.decoder_row(index)
+    except SaeError as exc:
+        ctx.error(exc.code, exc.message, span, help=exc.help)
+        raise Fault from None
+    if python_floats(ctx):
+        return floats.Floats(float(x) for x in row)
+    import numpy as np
+
+    return np.asarray(row, dtype=np.float64)
 
 
 def _record_origin(ctx: CheckContext, f: VectorFile, call: ir.Call) -> None:
@@ -341,4 +386,4 @@ def _listing(names) -> str:
     return shown + (f", ... ({len(names)} in all)" if len(names) > 12 else "")
 
 
-__all__ = ["FORMATS", "load_matrix", "load_vector", "open_file", "python_floats", "resolve_path"]
+__all__ = ["FORMATS", "load_matrix", "load_sae", "load_vector", "sae_row", "open_file", "python_floats", "resolve_path"]

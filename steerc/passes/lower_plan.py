@@ -18,6 +18,7 @@ import numpy as np
 from steerc.ir import checked as ck
 from steerc.ir import nodes as ir
 from steerc.ir.kernels.loreft import LoReFT
+from steerc.ir.kernels.sae_clamp import SaeClamp
 from steerc.ir.linalg import orthonormal_basis, plane
 from steerc.ir.plan import Affine, Binding, Kernel, Param, Plan, ProbePlan, Project, Provenance, Rotate, Site, SitePlan
 from steerc.ir.values import PerLayer, Vec
@@ -57,6 +58,8 @@ def lower_op(op: ck.Operation, layer: int):
         return Rotate(Vec(e1), Vec(e2), float(op.scalar), op.mode)
     if kind == "loreft":
         return _loreft(op)
+    if kind == "clamp_feature":
+        return _sae_clamp(op)
     raise ValueError(f"unknown operation {kind}")
 
 
@@ -66,6 +69,17 @@ def _loreft(op: ck.Operation) -> LoReFT:
     for an intervention's sites one after another): its R, W and b are made once."""
     r, w, b = op.tensors
     return LoReFT(tuple(Vec(row) for row in r), tuple(Vec(row) for row in w), Vec(b))
+
+
+@functools.lru_cache(maxsize=1)
+def _sae_clamp(op: ck.Operation) -> SaeClamp:
+    """One SAE clamp op for every site an intervention reaches (an SAE has one d_in, no per-layer rows)."""
+    enc, b_dec, (b_enc, threshold) = op.tensors
+    sae = op.sae
+    about = (f"{op.feature} of a {sae.architecture} SAE (d_sae {sae.d_sae:,}, hook {sae.hook_name}"
+             + (f", neuronpedia {sae.neuronpedia_id}" if sae.neuronpedia_id else "") + ")")
+    return SaeClamp(Vec(enc), float(b_enc), float(threshold), Vec(b_dec), Vec(op.vectors[0]), float(op.scalar),
+                    op.mode, about=about)
 
 
 def canonical_scope(scopes) -> tuple:

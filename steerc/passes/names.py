@@ -1,6 +1,6 @@
 """Pass `names`: declarations and the names that refer to them.
 
-All declared names (params, vectors, matrices, probes, interventions) share one
+All declared names (params, vectors, matrices, SAEs, probes, interventions) share one
 namespace; a name is visible from its declaration on. Reports
 ``duplicate-name`` (at the second declaration), ``undefined-name`` (with a
 suggestion, or a note when the name is declared further down) and unknown
@@ -23,6 +23,7 @@ _KINDS = {
     ir.ParamDecl: "param",
     ir.VectorDecl: "vector",
     ir.MatrixDecl: "matrix",
+    ir.SaeDecl: "sae",
     ir.ProbeDecl: "probe",
     ir.InterventionDecl: "intervention",
 }

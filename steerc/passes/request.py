@@ -7,7 +7,7 @@ where the param enters them linearly, as one factor of a value the runtime
 holds in a buffer:
 
 * the vector of an `add` or `set` (`add strength * decay(0.9) * joy`),
-* the factor of a `scale`, the target of a `clamp`, the angle of a `rotate`,
+* the factor of a `scale`, the target of a `clamp` or `clamp feature`, the angle of a `rotate`,
 * the threshold of a gate comparison (`when topic > limit`),
 
 each time as a factor of the whole operand: the param appears once, on a
@@ -38,7 +38,7 @@ from steerc.passes.fold import Evaluator
 name = "request"
 
 ROLES = {ir.Add: ("vector", "bias"), ir.Set: ("vector", "bias"), ir.Scale: ("factor", "scale"),
-         ir.Clamp: ("value", "target"), ir.Rotate: ("angle", "angle")}
+         ir.Clamp: ("value", "target"), ir.ClampFeature: ("value", "target"), ir.Rotate: ("angle", "angle")}
 
 
 def run(ctx: CheckContext) -> None:

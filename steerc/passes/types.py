@@ -3,7 +3,9 @@
 Types are syntactic (no values yet): numbers and params are scalars; loaded
 vectors, literals and ``normalize`` are vectors; a ``matrix`` declaration's
 ``load`` and a matrix's name are matrices, which take part in no arithmetic
-and are operands of ``loreft`` only; vectors add to vectors and
+and are operands of ``loreft`` only; a ``sae`` declaration's ``sae(...)``
+and an SAE's name are SAEs, used only as ``s[i]``: feature ``i``, a vector
+(its decoder row) and the operand of ``clamp feature``; vectors add to vectors and
 multiply or divide by scalars. ``ramp(n)``, ``decay(r)`` and ``window(a, b)``
 are schedules: scalars that vary with the generation step; they combine
 with scalars and each other by products only, and a schedule times a vector
@@ -17,21 +19,25 @@ from __future__ import annotations
 from steerc.diagnostics.codes import DUPLICATE_FIELD, INVALID_VALUE, TYPE_ERROR
 from steerc.diagnostics.suggest import did_you_mean
 from steerc.ir import nodes as ir
-from steerc.ir.builtins import BUILTINS, SCHEDULE_FN, SOURCE, VECTOR_FN
+from steerc.ir.builtins import BUILTINS, SAE_FN, SCHEDULE_FN, SOURCE, VECTOR_FN
 from steerc.passes.context import CheckContext
 
 name = "types"
 
 SCALAR, VECTOR, MATRIX, PROBE, STRING, BOOL = "scalar", "vector", "matrix", "probe", "string", "bool"
+SAE = "sae"
 SCHEDULE, SCHEDULED = "schedule", "scheduled vector"
 _ARTICLE = {SCALAR: "a scalar", VECTOR: "a vector", MATRIX: "a matrix", PROBE: "a probe", STRING: "a string",
-            BOOL: "a boolean", SCHEDULE: "a schedule", SCHEDULED: "a scheduled vector"}
+            BOOL: "a boolean", SCHEDULE: "a schedule", SCHEDULED: "a scheduled vector", SAE: "an SAE"}
 # name -> how many scalar arguments (the values are checked by `fold`)
 SCHEDULES = {b.name: len(b.params) for b in BUILTINS.values() if b.kind == SCHEDULE_FN}
 _ONLY_ADD = "schedules vary with the generation step and scale the vector of an `add` only"
 _ONLY_LOREFT = "a matrix is an operand of `loreft` only (`loreft R, W, b`)"
 _DECLARE_MATRIX = 'declare the 2-D tensor with `matrix R = load("reft.safetensors", key="R")` and use its name here'
 _LOREFT = "`loreft R, W, b` takes the matrices R and W ([r, d]) and the vector b ([r])"
+_ONLY_FEATURES = "an SAE is used by its features: `s[i]` is feature i (its decoder row, a vector)"
+_DECLARE_SAE = 'declare the SAE folder with `sae s = sae("saes/my-sae")` and use a feature of it, `s[0]`'
+_CLAMP_FEATURE = "`clamp feature s[i] to c` sets the activation of feature i of the SAE `s` to c"
 LOAD_KEYWORDS = dict(BUILTINS["load"].keywords)  # {"key": STRING, "per_layer": BOOL}
 
 
@@ -48,6 +54,8 @@ def run(ctx: CheckContext) -> None:
             _poison_if(ctx, stmt, expect(ctx, stmt.value, VECTOR, "a vector declaration needs a vector value"))
         elif isinstance(stmt, ir.MatrixDecl):
             _poison_if(ctx, stmt, _matrix_decl(ctx, stmt))
+        elif isinstance(stmt, ir.SaeDecl):
+            _poison_if(ctx, stmt, _sae_decl(ctx, stmt))
         elif isinstance(stmt, ir.ProbeDecl):
             _readout(ctx, stmt)
         elif isinstance(stmt, ir.InterventionDecl):
@@ -66,6 +74,14 @@ def _matrix_decl(ctx: CheckContext, stmt: ir.MatrixDecl) -> bool:
         t = ctx.types[id(value)] = _load(ctx, value, MATRIX)
         return t is not None
     return expect(ctx, value, MATRIX, "a matrix declaration needs a matrix value", help=_DECLARE_MATRIX)
+
+
+def _sae_decl(ctx: CheckContext, stmt: ir.SaeDecl) -> bool:
+    """An SAE is ``sae("folder")``, or another SAE's name."""
+    value = stmt.value
+    if isinstance(value, ir.Call) and value.func == "sae":
+        return type_of(ctx, value) == SAE
+    return expect(ctx, value, SAE, "a `sae` declaration names an SAE folder", help=_DECLARE_SAE)
 
 
 def _readout(ctx: CheckContext, probe: ir.ProbeDecl) -> None:
@@ -108,6 +124,10 @@ def _intervention(ctx: CheckContext, iv: ir.InterventionDecl) -> None:
         ok = expect(ctx, op.first, VECTOR, "`rotate in (b1, b2)` spans a plane with two vectors")
         ok &= expect(ctx, op.second, VECTOR, "`rotate in (b1, b2)` spans a plane with two vectors")
         ok &= expect(ctx, op.angle, SCALAR, "a rotation angle is a number (radians, or with `deg`)")
+    elif isinstance(op, ir.ClampFeature):
+        ok = _feature(ctx, op.feature)
+        ok &= expect(ctx, op.value, SCALAR, "`clamp feature s[i] to c` sets the feature's activation to the number c",
+                     help="write a number or a param after `to`, e.g. `clamp feature s[0] to 40`")
     elif isinstance(op, ir.LoReFT):
         ok = expect(ctx, op.rotation, MATRIX, _LOREFT, help=_DECLARE_MATRIX)
         ok &= expect(ctx, op.weight, MATRIX, _LOREFT, help=_DECLARE_MATRIX)
@@ -117,6 +137,18 @@ def _intervention(ctx: CheckContext, iv: ir.InterventionDecl) -> None:
     _poison_if(ctx, iv, ok)
 
 
+def _feature(ctx: CheckContext, e) -> bool:
+    """The operand of ``clamp feature``: an SAE's feature ``s[i]`` as written (not a vector made from one)."""
+    if isinstance(e, ir.Index):
+        return type_of(ctx, e) is not None
+    t = type_of(ctx, e)
+    if t is not None:
+        ctx.error(TYPE_ERROR, f"expected an SAE's feature `s[i]`, found {_ARTICLE[t]}: {_CLAMP_FEATURE}", e.span,
+                  help="to pin the component of h along a vector write `clamp v to c` (without `feature`)"
+                  if t == VECTOR else _DECLARE_SAE)
+    return False
+
+
 def _gate(ctx: CheckContext, g) -> bool:
     if isinstance(g, ir.Compare):
         left, right = type_of(ctx, g.left), type_of(ctx, g.right)
@@ -124,7 +156,7 @@ def _gate(ctx: CheckContext, g) -> bool:
             return False
         if sorted((left, right)) == [PROBE, SCALAR]:
             return True
-        if PROBE in (left, right) and {VECTOR, MATRIX} & {left, right}:  # noqa: SIM114
+        if PROBE in (left, right) and {VECTOR, MATRIX, SAE} & {left, right}:  # noqa: SIM114
             other = right if left == PROBE else left
             ctx.error(TYPE_ERROR, f"compare a probe with a number, not with {_ARTICLE[other]}", g.span,
                       help="a probe is one number per sequence (or per token); compare it with a threshold")
@@ -152,6 +184,8 @@ def expect(ctx: CheckContext, expr, want: str, why: str, help: str | None = None
             help = _ONLY_ADD + ": `add strength * decay(0.9) * v`"
         elif t == MATRIX and help is None:
             help = _ONLY_LOREFT
+        elif t == SAE and help is None:
+            help = _ONLY_FEATURES
         ctx.error(TYPE_ERROR, f"expected {_ARTICLE[want]}, found {_ARTICLE[t]}: {why}", expr.span, help=help)
         return False
     return True
@@ -181,7 +215,7 @@ def _infer(ctx: CheckContext, e) -> str | None:
         if sym.kind == "intervention":
             ctx.error(TYPE_ERROR, f"`{e.id}` is an intervention, not a value", e.span)
             return None
-        return {"param": SCALAR, "vector": VECTOR, "matrix": MATRIX, "probe": PROBE}[sym.kind]
+        return {"param": SCALAR, "vector": VECTOR, "matrix": MATRIX, "sae": SAE, "probe": PROBE}[sym.kind]
     if isinstance(e, ir.Neg):
         t = type_of(ctx, e.operand)
         if t == PROBE:
@@ -190,7 +224,12 @@ def _infer(ctx: CheckContext, e) -> str | None:
         if t == MATRIX:
             ctx.error(TYPE_ERROR, "a matrix takes part in no arithmetic", e.span, help=_ONLY_LOREFT)
             return None
+        if t == SAE:
+            ctx.error(TYPE_ERROR, "an SAE takes part in no arithmetic", e.span, help=_ONLY_FEATURES)
+            return None
         return t
+    if isinstance(e, ir.Index):
+        return _index(ctx, e)
     if isinstance(e, ir.BinOp):
         return _binop(ctx, e)
     if isinstance(e, ir.VectorLit):
@@ -216,6 +255,9 @@ def _binop(ctx: CheckContext, e: ir.BinOp) -> str | None:
         return None
     if MATRIX in (left, right):
         ctx.error(TYPE_ERROR, "a matrix takes part in no arithmetic", e.span, help=_ONLY_LOREFT)
+        return None
+    if SAE in (left, right):
+        ctx.error(TYPE_ERROR, "an SAE takes part in no arithmetic", e.span, help=_ONLY_FEATURES)
         return None
     timed = {SCHEDULE, SCHEDULED} & {left, right}
     if timed:
@@ -244,6 +286,23 @@ def _binop(ctx: CheckContext, e: ir.BinOp) -> str | None:
         ctx.error(TYPE_ERROR, "cannot divide by a vector", e.right.span)
         return None
     return left
+
+
+def _index(ctx: CheckContext, e: ir.Index) -> str | None:
+    """``s[i]``: ``s`` an SAE and ``i`` a number (the fold pass checks it is a whole feature index)."""
+    base = type_of(ctx, e.base)
+    if base is None:
+        type_of(ctx, e.index)
+        return None
+    if base != SAE:
+        ctx.error(TYPE_ERROR, f"`{e.base.id}[...]` picks a feature of an SAE, but `{e.base.id}` is "
+                  f"{_ARTICLE[base]}", e.base.span,
+                  help=_DECLARE_SAE if base in (VECTOR, MATRIX) else None)
+        type_of(ctx, e.index)
+        return None
+    ok = expect(ctx, e.index, SCALAR, "an SAE's feature index is a whole number",
+                help=f"write `{e.base.id}[0]` for the SAE's first feature")
+    return VECTOR if ok else None
 
 
 def _timed(ctx: CheckContext, e: ir.BinOp, left: str, right: str) -> str | None:
@@ -282,7 +341,19 @@ def _call(ctx: CheckContext, e: ir.Call) -> str | None:
         return VECTOR if expect(ctx, e.args[0], VECTOR, "`normalize` scales a vector to length 1") else None
     if kind == SOURCE:
         return _load(ctx, e)
+    if kind == SAE_FN:
+        return _sae_call(ctx, e)
     return None  # unknown functions were reported by `names`
+
+
+def _sae_call(ctx: CheckContext, e: ir.Call) -> str | None:
+    """``sae("folder")``: one string, the folder, and only as the value of a ``sae`` declaration (the
+    declaration is checked first, so the call's type is known by then)."""
+    if len(e.args) != 1 or e.kwargs or not isinstance(e.args[0], ir.Str):
+        ctx.error(TYPE_ERROR, "`sae` takes one string, the SAE's folder", e.span,
+                  help='write sae("saes/my-sae"): a folder holding cfg.json and sae_weights.safetensors')
+        return None
+    return SAE
 
 
 def _load(ctx: CheckContext, e: ir.Call, result: str = VECTOR) -> str | None:

@@ -1,4 +1,4 @@
-"""Pass `unused`: params, vectors, matrices and probes declared but never used (warnings).
+"""Pass `unused`: params, vectors, matrices, SAEs and probes declared but never used (warnings).
 
 Runs last, so a declaration whose own error was reported (a vector whose
 file is missing, say) does not also draw an ``unused-name`` warning.
@@ -12,7 +12,8 @@ from steerc.passes.context import CheckContext
 
 name = "unused"
 
-_KINDS = {ir.ParamDecl: "param", ir.VectorDecl: "vector", ir.MatrixDecl: "matrix", ir.ProbeDecl: "probe"}
+_KINDS = {ir.ParamDecl: "param", ir.VectorDecl: "vector", ir.MatrixDecl: "matrix", ir.SaeDecl: "sae",
+          ir.ProbeDecl: "probe"}
 
 
 def run(ctx: CheckContext) -> None:

@@ -52,7 +52,7 @@ class Capabilities:
 
 FEATURE_GROUPS = {
     "op": ("add", "scale", "scale-vector", "set", "suppress", "ablate", "clamp", "rotate", "loreft",
-           "preserve-norm", "schedule"),
+           "clamp-feature", "preserve-norm", "schedule"),
     "site": ("resid_pre", "resid_post", "attn_out", "mlp_out", "head"),
     "scope": ("all", "prompt", "generated", "prompt-slice", "generated-slice", "positions", "after", "union"),
     "gate": ("prompt.mean", "prompt.last", "token"),
@@ -121,7 +121,7 @@ def scope_feature(scope) -> str:
 def _op_feature(op: ck.Operation) -> str:
     if op.kind == "scale" and op.vectors:
         return "op:scale-vector"
-    return f"op:{op.kind}"
+    return f"op:{op.kind.replace('_', '-')}"
 
 
 def program_features(checked: ck.CheckedProgram):

@@ -15,10 +15,10 @@ engines with no other edit; targets that do not declare it refuse it.
 
 from __future__ import annotations
 
-from steerc.ir.kernels import affine, loreft, project, rotate
+from steerc.ir.kernels import affine, loreft, project, rotate, sae_clamp
 from steerc.ir.kernels.base import Kind, Operand
 
-BUILT_IN = (affine.KIND, project.KIND, rotate.KIND, loreft.KIND)
+BUILT_IN = (affine.KIND, project.KIND, rotate.KIND, loreft.KIND, sae_clamp.KIND)
 
 KINDS: dict[str, Kind] = {k.name: k for k in BUILT_IN}
 _BY_OP: dict[type, Kind] = {k.op: k for k in BUILT_IN}

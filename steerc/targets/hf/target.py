@@ -15,7 +15,7 @@ def emit(plan, facts, out_dir: str, *, command: str = "", key: bytes | None = No
 
 # What the hooks compute, on every target that runs them (this one, and the export target's traced graph).
 HOOK_KERNELS = {
-    "op": "add scale scale-vector set suppress ablate clamp rotate loreft preserve-norm schedule",
+    "op": "add scale scale-vector set suppress ablate clamp rotate loreft clamp-feature preserve-norm schedule",
     "site": "resid_pre resid_post attn_out mlp_out head",
     "scope": "all prompt generated prompt-slice generated-slice positions union",
     "readout": "cosine projected_cosine subspace_cosine dot norm",

@@ -41,6 +41,8 @@ def _capabilities() -> Capabilities:
         schedule=refuse("op:schedule", "llama.cpp adds the same vector at every step", "drop the schedule"),
         loreft=refuse("op:loreft", "a control vector adds one fixed vector; a LoReFT's edit depends on the hidden "
                                    "state (h + R^T (W h + b - R h))"),
+        clamp_feature=refuse("op:clamp-feature", "a control vector adds one fixed vector; an SAE clamp adds "
+                                                 "(c - f_i(h)) W_dec[i], which depends on the hidden state"),
         preserve_norm=refuse("op:preserve-norm", "llama.cpp adds the vector without rescaling", "drop `preserve norm`"),
         resid_pre=yes("site:resid_pre", "resid_pre[l] for l >= 2, as `direction.(l-1)`; resid_pre[0] (the "
                                          "embeddings) and resid_pre[1] (layer 0's output) are out of reach"),

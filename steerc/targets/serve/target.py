@@ -19,7 +19,7 @@ CAPABILITIES = table(
     "a per-request plan (JSON + content-addressed tensors) applied by the steerc vLLM plugin",
     supported(
         "per request, on the rows of that request only",
-        op="add scale scale-vector set suppress ablate clamp rotate loreft preserve-norm schedule",
+        op="add scale scale-vector set suppress ablate clamp rotate loreft clamp-feature preserve-norm schedule",
         site="resid_pre resid_post attn_out mlp_out head",
         scope="all prompt generated prompt-slice generated-slice positions union",
         gate="prompt.mean prompt.last token",

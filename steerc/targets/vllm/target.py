@@ -26,7 +26,7 @@ CAPABILITIES = table(
     "fixed-shape buffers and hooks installed in vLLM workers before CUDA-graph capture",
     supported(
         "a fixed-shape buffer computation traced into the compiled graph",
-        op="add scale scale-vector set suppress ablate clamp rotate loreft preserve-norm schedule",
+        op="add scale scale-vector set suppress ablate clamp rotate loreft clamp-feature preserve-norm schedule",
         site="resid_pre resid_post attn_out mlp_out",
         scope="all prompt generated prompt-slice generated-slice positions union",
         gate="prompt.mean prompt.last token",

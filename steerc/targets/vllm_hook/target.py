@@ -44,6 +44,9 @@ CAPABILITIES = table(
     loreft=no("op:loreft", "vLLM-Hook's transforms add, project out or rotate with fixed vectors; none applies a "
                             "learned low-rank map of the hidden state", "use the steerc serve format (--target serve), "
                                                                         "which carries LoReFT"),
+    clamp_feature=no("op:clamp-feature", "vLLM-Hook's transforms add, project out or rotate with fixed vectors; "
+                                         "none encodes an SAE feature to set its activation",
+                     "use the steerc serve format (--target serve), which carries SAE clamps"),
     preserve_norm=no("op:preserve-norm", "vLLM-Hook's norm_preserving modifier only scales back rows whose "
                       "norm grew; steerc rescales every selected row to its input norm",
                       "drop `preserve norm`, or use the steerc serve format (--target serve)"),
