@@ -406,7 +406,8 @@ def _site_difference(trained: tuple[str, int], site: ck.SitePattern, user: str) 
     used = sorted({_canonical(site.kind, lay) for lay in layers})
     if used == [want]:
         return None
-    shown = ", ".join(f"{k}[{lay}]" for k, lay in (_as_written(site.kind, u) for u in used))
+    shown = ", ".join(f"{k}[{lay}]" for k, lay in sorted((_as_written(site.kind, u) for u in used),
+                                                          key=lambda s: s[1]))
     return f"and `{user}` uses its feature at {shown}"
 
 
