@@ -26,24 +26,15 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(HERE))
 sys.path.insert(0, os.path.join(REPO, "tests"))
 
+from peer_env import require  # noqa: E402
+
 DATA = os.path.join(REPO, "examples", "smollm2", "joy.jsonl")
 LAYERS = (4, 8, 14)
 TOL = 1e-5  # largest entry difference; activations are float32, the vectors' entries up to a few units
 
 
-def _require(name: str):
-    try:
-        return __import__(name)
-    except ImportError as exc:
-        if os.environ.get("CI") == "true" or os.environ.get("STEERC_PEER_TESTS") == "1":
-            pytest.fail(f"the peers' environment is missing {name} ({exc}); ./dev test-peers builds it",
-                        pytrace=False)
-        pytest.skip(f"{name} is not installed here: ./dev test-peers runs this in .venv-peers",
-                    allow_module_level=True)
-
-
-_require("steering_vectors")
-_require("repeng")
+require("steering_vectors")
+require("repeng")
 
 
 @pytest.fixture(scope="module")

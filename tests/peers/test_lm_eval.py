@@ -29,10 +29,10 @@ TASKS = os.path.join(REPO, "examples", "lm_eval")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 
-from test_agreement import _require  # noqa: E402
+from peer_env import require  # noqa: E402
 
-lm_eval = _require("lm_eval")
-torch = _require("torch")
+lm_eval = require("lm_eval")
+torch = require("torch")
 
 from steerc.runtime.models import gguf_cache_folder, load_model, smollm2_path  # noqa: E402
 

@@ -25,24 +25,15 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(HERE))
 sys.path.insert(0, os.path.join(REPO, "tests"))
 
+from peer_env import require  # noqa: E402
+
 LAYER, RANK = 8, 4
 PROMPTS = ("The joy of a spring morning is", "Write one sentence about the sea.")
 TOL = 1e-5  # of the largest entry compared: both compute in float32, in the same order
 
 
-def _require(name: str):
-    try:
-        return __import__(name)
-    except ImportError as exc:
-        if os.environ.get("CI") == "true" or os.environ.get("STEERC_PEER_TESTS") == "1":
-            pytest.fail(f"the peers' environment is missing {name} ({exc}); ./dev test-peers builds it",
-                        pytrace=False)
-        pytest.skip(f"{name} is not installed here: ./dev test-peers runs this in .venv-peers",
-                    allow_module_level=True)
-
-
-torch = _require("torch")
-pyreft = _require("pyreft")
+torch = require("torch")
+pyreft = require("pyreft")
 
 
 @pytest.fixture(scope="module")
