@@ -532,3 +532,14 @@ def test_the_smollm2_fixture_checks_against_smollm2(tmp_path):
     assert result.plan.sites[0].kernels[0].op.mode == "jumprelu"
     result = check(tmp_path, program(folder="saes/smollm2-l8", site="resid_post[7]", op="add 8 * s[0]"), facts=facts)
     assert [d.code for d in result.diagnostics] == [VECTOR_SITE_MISMATCH] and result.ok
+
+
+def test_the_examples_fixture_is_what_its_recipe_makes(tmp_path):
+    """``tests/fixtures/examples/saes/tiny-l1`` (the spec's examples use it) is ``write_sae``'s, byte for byte."""
+    from support import examples_path
+
+    write_sae(tmp_path, "tiny-l1", hook="blocks.1.hook_resid_post", seed=7)
+    for name in ("cfg.json", "sae_weights.safetensors"):
+        with open(os.path.join(examples_path(), "saes", "tiny-l1", name), "rb") as stored, \
+                open(tmp_path / "saes" / "tiny-l1" / name, "rb") as made:
+            assert stored.read() == made.read(), name
