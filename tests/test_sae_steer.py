@@ -543,3 +543,33 @@ def test_the_examples_fixture_is_what_its_recipe_makes(tmp_path):
         with open(os.path.join(examples_path(), "saes", "tiny-l1", name), "rb") as stored, \
                 open(tmp_path / "saes" / "tiny-l1" / name, "rb") as made:
             assert stored.read() == made.read(), name
+
+
+def test_hover_completion_and_highlighting(tmp_path):
+    from steerc.highlight.pygments_lexer import SteerLexer
+    from steerc.lsp.analysis import Analysis
+    from steerc.lsp.complete import complete
+    from steerc.lsp.hover import hover
+
+    t = write_sae(tmp_path)
+    text = program(extra="intervention joy {\n  at  resid_post[1]\n  add 2 * s[5]\n}\n\n")
+    analysis = Analysis(check(tmp_path, text))
+    shown = hover(analysis, text.index("s = "))
+    assert shown.startswith("**sae `s`**: jumprelu, d_in 64, d_sae 12")
+    assert "`blocks.1.hook_resid_post` (`resid_post[1]`)" in shown and "Neuronpedia `tiny-s`" in shown
+    assert "folder `saes/s`" in shown and "feature" not in shown
+    at_use = hover(analysis, text.index("s[5]"))
+    norm = float(np.linalg.norm(t["W_dec"][5].astype(np.float64)))
+    assert f"feature 5: as a vector its decoder row `W_dec[5]`, norm {norm:.4g}" in at_use
+    assert "splice with the error term" in hover(analysis, text.index("pin {"))
+    before = text[:text.index("intervention joy")] + "intervention y {\n  at resid_post[1]\n  clamp feature "
+    assert [c.label for c in complete(before, len(before))] == ["s"]
+    assert "clamp feature" in [c.label for c in complete("steer 1\nintervention y {\n  ", 28)]
+    assert "sae" in [c.label for c in complete("steer 1\n", len("steer 1\n"))]
+    assert "sae" in [c.label for c in complete("steer 1\nsae t = ", len("steer 1\nsae t = "))]
+    tokens = {(str(kind), value) for kind, value in SteerLexer().get_tokens(text)}
+    assert ("Token.Keyword.Declaration", "sae") in tokens and ("Token.Name.Builtin", "sae") in tokens
+    assert ("Token.Name.Variable", "s") in tokens
+    clamp = [(str(kind), value) for kind, value in SteerLexer().get_tokens(text) if value.strip()]
+    at = clamp.index(("Token.Keyword", "clamp"))
+    assert clamp[at + 1] == ("Token.Keyword", "feature") and clamp[at + 2] == ("Token.Name", "s")

@@ -133,7 +133,7 @@ class SteerLexer(RegexLexer):
             (r"\n", Whitespace),
             (_one("steer"), _t("header"), "header"),
             (_one("model"), _t("declaration"), "model"),
-            (r"(" + W.START + "(?:param|vector|matrix)" + W.END + r")(" + _S + r")(" + W.NAME + ")?",
+            (r"(" + W.START + "(?:param|vector|matrix|sae)" + W.END + r")(" + _S + r")(" + W.NAME + ")?",
              bygroups(_t("declaration"), Whitespace, _t("declared")), "param"),
             (r"(" + W.START + "(?:probe|intervention)" + W.END + r")(" + _S + r")(" + W.NAME + ")?",
              bygroups(_t("declaration"), Whitespace, _t("block")), "block-head"),
@@ -141,7 +141,7 @@ class SteerLexer(RegexLexer):
             *_EXPRESSION,
         ],
         "header": _LINE_END + _EXPRESSION,
-        # `param x = e [in [lo, hi]] [per request]`, `vector v = e`, `matrix m = load(...)`
+        # `param x = e [in [lo, hi]] [per request]`, `vector v = e`, `matrix m = load(...)`, `sae s = sae(...)`
         "param": _LINE_END + [
             (_one("in") + r"(?=" + _S + r"\[)", _t("connective")),
             (r"(" + _one("per") + r")(" + W.SPACE + r"+)(" + _one("request") + ")",
@@ -168,6 +168,8 @@ class SteerLexer(RegexLexer):
             (_one("when"), _t("keyword"), "gate"),
             (r"(" + _one("preserve") + r")(" + _S + r")(" + _one("norm") + ")?",
              bygroups(_t("keyword"), Whitespace, _t("readout")), "line"),
+            (r"(" + _one("clamp") + r")(" + W.SPACE + r"+)(" + _one("feature") + ")",  # `clamp feature s[0] to 4`
+             bygroups(_t("keyword"), Whitespace, _t("connective")), "clamp"),
             (r"(" + _one("clamp") + r")(" + W.SPACE + r"+)(to" + W.END + ")",  # `clamp to to 1`: a vector `to`
              bygroups(_t("keyword"), Whitespace, _t("name")), "clamp"),
             (_one("clamp"), _t("keyword"), "clamp"),

@@ -194,7 +194,9 @@ def repository() -> dict:
             _line("(" + _word("when") + ")", _cap("keyword"), _inc("gate"), "when"),
             _line("(" + _word("preserve") + ")(?:" + _SP + "(" + _word("norm") + "))?", _cap("keyword", "readout"),
                   _inc("expression"), "preserve"),
-            # `clamp to to 1` clamps a vector called `to`
+            # `clamp feature s[0] to 4` sets an SAE feature; `clamp to to 1` clamps a vector called `to`
+            _line("(" + _word("clamp") + ")" + W.SPACE + "+(" + _word("feature") + ")", _cap("keyword", "connective"),
+                  [_match(_word("to"), "connective"), *_inc("expression")], "clamp-feature"),
             _line("(" + _word("clamp") + ")(?:" + W.SPACE + "+(to" + W.END + "))?", _cap("keyword", "name"),
                   [_match(_word("to"), "connective"), *_inc("expression")], "clamp"),
             _line("(" + _word("rotate") + ")", _cap("keyword"), [
@@ -227,7 +229,7 @@ def repository() -> dict:
     }
     repo["declaration"] = {
         "name": "meta.statement.declaration.steer",
-        "begin": "(" + W.START + "(?:param|vector|matrix)" + W.END + ")" + _SP + "(" + W.NAME + ")?",
+        "begin": "(" + W.START + "(?:param|vector|matrix|sae)" + W.END + ")" + _SP + "(" + W.NAME + ")?",
         "beginCaptures": _cap("declaration", "declared"),
         "end": _STATEMENT_END,
         "patterns": [

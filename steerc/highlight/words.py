@@ -34,13 +34,13 @@ class TokenClass(NamedTuple):
 # Keyword classes: every word the grammar quotes is in exactly one.
 KEYWORD_CLASSES: dict[str, tuple[str, ...]] = {
     "header": ("steer",),
-    "declaration": ("model", "param", "vector", "matrix", "probe", "intervention", "constrain"),
+    "declaration": ("model", "param", "vector", "matrix", "sae", "probe", "intervention", "constrain"),
     "keyword": (
         # the first word of a block line
         "at", "read", "pool", "tokens", "when", "preserve",
         "add", "scale", "set", "suppress", "ablate", "clamp", "rotate", "loreft",
     ),
-    "connective": ("in", "to", "by", "per", "request", "from", "after"),
+    "connective": ("in", "to", "by", "per", "request", "from", "after", "feature"),
     "logical": ("and", "or", "not"),
     "readout": ("cosine", "projected_cosine", "subspace_cosine", "dot", "norm"),
     "scope": ("all", "prompt", "generated"),
@@ -71,7 +71,7 @@ CLASSES: dict[str, TokenClass] = {
     "call": TokenClass("Name.Function", "variable.function.steer", "any other called name"),
     "site": TokenClass("Name.Builtin.Pseudo", "support.type.site.steer", "a site kind after `at`"),
     "pool": TokenClass("Name.Builtin.Pseudo", "support.constant.pool.steer", "a pool after `pool`"),
-    "declared": TokenClass("Name.Variable", "variable.other.declaration.steer", "the name a param, vector or matrix declares"),
+    "declared": TokenClass("Name.Variable", "variable.other.declaration.steer", "the name a param, vector, matrix or SAE declares"),
     "block": TokenClass("Name.Function", "entity.name.function.steer", "the name a probe or intervention declares"),
     "argument": TokenClass("Name.Attribute", "variable.parameter.steer", "a keyword argument (`key=`)"),
     "field": TokenClass("Name.Attribute", "variable.other.property.steer", "a `model { ... }` field"),
@@ -119,7 +119,7 @@ SPACE = r"[ \t\f\r]"  # what the grammar ignores between tokens (a newline is a 
 # A line that can only start a statement: inside an unclosed block or bracket, it closes them
 # (an editor's text is often unfinished). None of these can stand inside a block or a bracket.
 STATEMENT_LINE = (
-    r"^[ \t]*(?:steer[ \t]+[0-9]|model[ \t]*\{|(?:param|vector|matrix)[ \t]+" + NAME + r"[ \t]*="
+    r"^[ \t]*(?:steer[ \t]+[0-9]|model[ \t]*\{|(?:param|vector|matrix|sae)[ \t]+" + NAME + r"[ \t]*="
     r"|(?:probe|intervention)[ \t]+" + NAME + r"[ \t]*\{|constrain[ \t]+(?:json_schema|regex|grammar|choice)"
     + END + ")"
 )

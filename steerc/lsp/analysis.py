@@ -35,6 +35,7 @@ DECLARATIONS = {
     ir.ParamDecl: "param",
     ir.VectorDecl: "vector",
     ir.MatrixDecl: "matrix",
+    ir.SaeDecl: "sae",
     ir.ProbeDecl: "probe",
     ir.InterventionDecl: "intervention",
 }
@@ -43,7 +44,7 @@ DECLARATIONS = {
 @define
 class Symbol:
     name: str
-    kind: str  # param | vector | matrix | probe | intervention
+    kind: str  # param | vector | matrix | sae | probe | intervention
     decl: object  # the declaring statement (the first, when a name is declared twice)
     uses: list[Span] = field(factory=list)
 

@@ -24,9 +24,9 @@ from steerc.ir.checked import SITE_KINDS
 from steerc.lsp.hover import MEANING
 from steerc.passes.structure import MODEL_FIELDS, POOLS
 
-STATEMENTS = ("param", "vector", "matrix", "probe", "intervention", "model", "constrain")
-INTERVENTION_LINES = ("at", "add", "scale", "set", "suppress", "ablate", "clamp", "rotate in", "loreft", "tokens",
-                      "when", "preserve norm")
+STATEMENTS = ("param", "vector", "matrix", "sae", "probe", "intervention", "model", "constrain")
+INTERVENTION_LINES = ("at", "add", "scale", "set", "suppress", "ablate", "clamp", "clamp feature", "rotate in",
+                      "loreft", "tokens", "when", "preserve norm")
 PROBE_LINES = ("at", "read", "pool")
 SCOPES = ("all", "prompt", "generated", "after")
 READOUTS = ("cosine", "projected_cosine", "subspace_cosine", "dot", "norm")
@@ -35,9 +35,11 @@ CONSTRAINTS = ("json_schema", "regex", "grammar", "choice")
 _VALUE_WORDS = re.compile(r"^(add|scale|set|ablate|clamp|when|read\s+\w+\s*\(|(param|vector)\s+\w+\s*=)")
 _MATRIX_VALUE = re.compile(r"^matrix\s+\w+\s*=\s*$")  # `matrix R = `: a load, or another matrix
 _LOREFT = re.compile(r"^loreft\s")
+_SAE_VALUE = re.compile(r"^sae\s+\w+\s*=\s*$")  # `sae s = `: sae("folder"), or another SAE
+_CLAMP_FEATURE = re.compile(r"^clamp\s+feature\s+\w*$")  # `clamp feature `: an SAE, then [i]
 _VALUE_CHARS = set("*+-/(,=<>[")
 
-_DECLARED = re.compile(r"^[ \t]*(param|vector|matrix|probe)[ \t]+([A-Za-z_][A-Za-z0-9_]*)", re.M)
+_DECLARED = re.compile(r"^[ \t]*(param|vector|matrix|sae|probe)[ \t]+([A-Za-z_][A-Za-z0-9_]*)", re.M)
 _STRIP = re.compile(r'"""[\s\S]*?(?:"""|$)|"(?:[^"\\\n]|\\.)*"?|#[^\n]*')
 _BLOCK = re.compile(r"\b(intervention|probe|model)\b[^{}]*$")
 _WORD = re.compile(r"[A-Za-z_][A-Za-z0-9_.]*$")
@@ -75,13 +77,17 @@ def _by_context(head: str, block: str | None, before: str) -> list[Item]:
         return _keywords(CONSTRAINTS, "constraint")
     if _MATRIX_VALUE.match(head):
         return names_before(before, ("matrix",)) + [i for i in _functions() if i.label == "load"]
+    if _SAE_VALUE.match(head):
+        return names_before(before, ("sae",)) + [i for i in _functions() if i.label == "sae"]
+    if _CLAMP_FEATURE.match(head):
+        return names_before(before, ("sae",))
     if _LOREFT.match(head):  # `loreft R, W, b`: two matrices, then a vector
         if head.count(",") < 2:
             return names_before(before, ("matrix",))
         return names_before(before, ("param", "vector")) + _functions()
     if _VALUE_WORDS.match(head) or head.rstrip()[-1:] in _VALUE_CHARS or re.search(r"\b(to|by)\s+$", head):
         gate = head.startswith("when")
-        return names_before(before, ("probe", "param") if gate else ("param", "vector")) + (
+        return names_before(before, ("probe", "param") if gate else ("param", "vector", "sae")) + (
             _keywords(("not",), "gate") if gate else _functions())
     return []
 

@@ -19,7 +19,7 @@ from steerc.lsp.server import OpenDocument, Refused, SteerServer, resolved_model
 
 TRIGGERS = [" ", "(", ",", "*"]
 NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
-RENAMED = ("param", "vector", "matrix", "probe", "intervention")
+RENAMED = ("param", "vector", "matrix", "sae", "probe", "intervention")
 # The files a check reads besides the program: steer.toml, vectors, schemas, grammars, a model's config.json.
 WATCHED = ("**/steer.toml", "**/*.{safetensors,npy,pt,gguf}", "**/*.json", "**/*.{ebnf,gbnf}")
 

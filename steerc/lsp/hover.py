@@ -1,4 +1,5 @@
-"""Hover text: what a site, a selector, a vector, a matrix, a param or a probe is, in Markdown.
+"""Hover text: what a site, a selector, a vector, a matrix, an SAE (and its feature), a param or a probe is, in
+Markdown.
 
 >>> from steerc.api import check_source
 >>> from steerc.lsp.analysis import Analysis
@@ -15,10 +16,12 @@ range `[0, 4]`
 from __future__ import annotations
 
 import os
+import re
 
 import numpy as np
 
 from steerc.frontend import fmt
+from steerc.io.vectorfile import VectorFileError
 from steerc.ir import nodes as ir
 from steerc.ir.builtins import reads_vectors
 from steerc.ir.walk import walk
@@ -56,8 +59,22 @@ def hover(analysis, offset: int) -> str | None:
     if found is None:
         return None
     sym = found[0]
+    if sym.kind == "sae":
+        return sae_text(sym.decl, analysis.result, _feature_after(analysis.result.source.text, offset))
     return {"param": param_text, "vector": vector_text, "matrix": matrix_text, "probe": probe_text,
             "intervention": intervention_text}[sym.kind](sym.decl, analysis.result)
+
+
+_INDEX = re.compile(r"[A-Za-z0-9_]*\s*\[\s*([0-9]{1,12})\s*\]")
+
+
+def _feature_after(text: str, offset: int) -> int | None:
+    """The feature index written right after the name at ``offset`` (``s[3]`` gives 3), or None."""
+    start = offset
+    while start > 0 and (text[start - 1].isalnum() or text[start - 1] == "_"):
+        start -= 1
+    m = _INDEX.match(text, start)
+    return int(m.group(1)) if m else None
 
 
 # ---------------------------------------------------------------- sites
@@ -233,6 +250,30 @@ def matrix_text(decl: ir.MatrixDecl, result) -> str:
     return "\n".join(lines)
 
 
+def sae_text(decl: ir.SaeDecl, result, feature: int | None = None) -> str:
+    """An SAE's architecture, widths, hook (and steerc's site for it), Neuronpedia id and folder; with
+    ``feature``, what ``s[i]`` is and its decoder row's norm."""
+    sae = result.values.get(decl.name)
+    if sae is None:
+        lines = [f"**sae `{decl.name}`**", "", "(not read: its declaration has errors)"]
+    else:
+        site = f"`{sae.site[0]}[{sae.site[1]}]`" if sae.site is not None else "no steerc site"
+        lines = [f"**sae `{decl.name}`**: {sae.architecture}, d_in {sae.d_in:,}, d_sae {sae.d_sae:,}", "",
+                 f"hook `{sae.hook_name}` ({site})"]
+        if sae.neuronpedia_id:
+            lines += ["", f"Neuronpedia `{sae.neuronpedia_id}`"]
+        if feature is not None and 0 <= feature < sae.d_sae:
+            try:
+                norm = float(np.linalg.norm(sae.decoder_row(feature).astype(np.float64)))
+                lines += ["", f"feature {feature}: as a vector its decoder row `W_dec[{feature}]`, norm {norm:.4g}; "
+                          f"`clamp feature {decl.name}[{feature}] to c` sets its activation to c"]
+            except (OSError, VectorFileError):  # a hover never fails: the checker reports the file
+                pass
+    if isinstance(decl.value, ir.Call) and decl.value.args and isinstance(decl.value.args[0], ir.Str):
+        lines += ["", f"folder `{decl.value.args[0].value}`"]
+    return "\n".join(lines)
+
+
 def _is_load(e) -> bool:
     return isinstance(e, ir.Call) and reads_vectors(e.func)
 
@@ -285,6 +326,9 @@ def intervention_text(decl: ir.InterventionDecl, result) -> str:
         parts.append(f"at `{fmt.site(decl.site)}`")
     if decl.op is not None:
         parts.append("`" + " ".join(p for p in fmt.op(decl.op) if p) + "`")
+    if isinstance(decl.op, ir.ClampFeature):
+        parts.append("an SAE feature set to c: `h + (c − f_i(h)) W_dec[i]`, SAELens's splice with the error term "
+                     "(never the projection clamp)")
     if isinstance(decl.op, ir.LoReFT):
         parts.append("pyreft's LoReFT: `h + Rᵀ (W h + b − R h)`: inside the subspace R's rows span, h's "
                      "coordinates become `W h + b`; the rest of h is kept")

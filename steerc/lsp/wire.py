@@ -20,6 +20,7 @@ COMPLETION_KINDS = {
     "param": lsp.CompletionItemKind.Constant,
     "vector": lsp.CompletionItemKind.Variable,
     "matrix": lsp.CompletionItemKind.Variable,
+    "sae": lsp.CompletionItemKind.Module,
     "probe": lsp.CompletionItemKind.Event,
     "function": lsp.CompletionItemKind.Function,
     "field": lsp.CompletionItemKind.Property,
