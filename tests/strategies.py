@@ -30,8 +30,8 @@ from hypothesis import strategies as st
 from steerc.ir import nodes as ir
 
 KEYWORDS = frozenset(
-    """steer model param vector matrix probe intervention constrain at read pool tokens when preserve norm
-    add scale set suppress ablate clamp rotate loreft in to by all prompt generated after and or not true false
+    """steer model param vector matrix sae probe intervention constrain at read pool tokens when preserve norm
+    add scale set suppress ablate clamp feature rotate loreft in to by all prompt generated after and or not true false
     cosine projected_cosine subspace_cosine dot json_schema regex grammar choice from deg load normalize""".split()
 )
 SITES = ("resid_pre", "resid_post", "attn_out", "mlp_out")
@@ -104,6 +104,7 @@ def comments_text() -> st.SearchStrategy[str]:
 
 _PARAM, _VECTOR, _PROBE = ir.Name("$param"), ir.Name("$vector"), ir.Name("$probe")
 _MATRIX = ir.Name("$matrix")  # a declared matrix (programs() declares one before a loreft that needs it)
+_SAE = ir.Name("$sae")  # a declared SAE (programs() declares one before a clamp feature that needs it)
 
 
 class Scope:
@@ -114,6 +115,7 @@ class Scope:
         self.params: list[str] = []
         self.vectors: list[str] = []
         self.matrices: list[str] = []
+        self.saes: list[str] = []
         self.probes: list[str] = []
 
     def fresh(self, draw) -> str:
@@ -134,6 +136,8 @@ def _resolve(node, draw, scope: Scope):
         return ir.Name(draw(st.sampled_from(scope.probes)))
     if node is _MATRIX:
         return ir.Name(draw(st.sampled_from(scope.matrices)))
+    if node is _SAE:
+        return ir.Name(draw(st.sampled_from(scope.saes)))
     if isinstance(node, tuple):
         return tuple(_resolve(n, draw, scope) for n in node)
     if not attrs.has(type(node)):
@@ -307,6 +311,8 @@ OPERATION_KINDS = {
     "rotate": st.builds(ir.Rotate, _vec1, _vec1, st.sampled_from(["to", "by"]),
                         st.sampled_from([SCALAR[1], degrees()]).flatmap(lambda angle: angle)),
     "loreft": st.builds(ir.LoReFT, st.just(_MATRIX), st.just(_MATRIX), _vec1),
+    "clamp feature": st.builds(ir.ClampFeature, st.builds(ir.Index, st.just(_SAE), st.integers(0, 99).map(ir.Number)),
+                               SCALAR[1]),
 }
 # The kind is drawn first so that every operation is drawn about as often
 # (a plain one_of favours the branches that draw less data).
@@ -367,6 +373,13 @@ def _matrix_decl(draw, scope: Scope) -> ir.MatrixDecl:
     return decl
 
 
+def _sae_decl(draw, scope: Scope) -> ir.SaeDecl:
+    """``sae NAME = sae("...")`` (parses; the folder need not exist), declared in ``scope``."""
+    decl = ir.SaeDecl(scope.fresh(draw), ir.Call("sae", (draw(strings(min_size=1, allow_long=False)),)))
+    scope.saes.append(decl.name)
+    return decl
+
+
 @st.composite
 def programs(draw, max_statements: int = 7, with_constraint: bool = True, with_loads: bool = False,
              with_model: bool = True) -> ir.Program:
@@ -375,7 +388,8 @@ def programs(draw, max_statements: int = 7, with_constraint: bool = True, with_l
     statements: list = []
     if with_model and draw(st.integers(0, 3)) == 0:
         statements.append(draw(model_blocks()))
-    kinds = ["param", "vector", "vector", "matrix", "probe", "probe", "intervention", "intervention", "intervention"]
+    kinds = ["param", "vector", "vector", "matrix", "sae", "probe", "probe", "intervention", "intervention",
+             "intervention"]
     for _ in range(draw(st.integers(0, max_statements))):
         kind = draw(st.sampled_from(kinds))
         if kind == "param":
@@ -395,6 +409,12 @@ def programs(draw, max_statements: int = 7, with_constraint: bool = True, with_l
             elif scope.matrices:
                 statements.append(ir.MatrixDecl(scope.fresh(draw), ir.Name(draw(st.sampled_from(scope.matrices)))))
                 scope.matrices.append(statements[-1].name)
+        elif kind == "sae":  # a folder (with_loads), or another SAE
+            if with_loads and (not scope.saes or draw(st.booleans())):
+                statements.append(_sae_decl(draw, scope))
+            elif scope.saes:
+                statements.append(ir.SaeDecl(scope.fresh(draw), ir.Name(draw(st.sampled_from(scope.saes)))))
+                scope.saes.append(statements[-1].name)
         elif kind == "probe":
             probe = ir.ProbeDecl(
                 scope.fresh(draw),
@@ -411,6 +431,11 @@ def programs(draw, max_statements: int = 7, with_constraint: bool = True, with_l
             if isinstance(op, ir.LoReFT) and not scope.matrices:  # its matrices are loaded, or it is no loreft
                 if with_loads:
                     statements.append(_matrix_decl(draw, scope))
+                else:
+                    op = ir.Suppress()
+            if isinstance(op, ir.ClampFeature) and not scope.saes:  # its SAE is read, or it is no clamp feature
+                if with_loads:
+                    statements.append(_sae_decl(draw, scope))
                 else:
                     op = ir.Suppress()
             statements.append(ir.InterventionDecl(
@@ -475,7 +500,7 @@ _INTERESTING = [
     "\\", "\\d", "\t", " ", ".", "deg", "1e999", "-0", "0", "-1", "100%", "101%", "1:", ":-1", "nan", "inf",
     "steer", "model", "param", "vector", "probe", "intervention", "constrain", "at", "read", "pool",
     "tokens", "when", "preserve norm", "add", "scale", "set", "suppress", "ablate", "clamp", "to", "rotate in",
-    "matrix", "loreft",
+    "matrix", "loreft", "sae", "feature", "clamp feature",
     "by", "all", "prompt", "generated", "after", "and", "or", "not", "true", "false", "load", "normalize",
     "cosine", "projected_cosine", "subspace_cosine", "dot", "norm", "head", "resid_pre", "resid_post", "attn_out", "mlp_out",
     "prompt.mean", "token", "key=", "per_layer=true", "json_schema", "regex", "grammar", "choice", "from",

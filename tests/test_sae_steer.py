@@ -573,3 +573,18 @@ def test_hover_completion_and_highlighting(tmp_path):
     clamp = [(str(kind), value) for kind, value in SteerLexer().get_tokens(text) if value.strip()]
     at = clamp.index(("Token.Keyword", "clamp"))
     assert clamp[at + 1] == ("Token.Keyword", "feature") and clamp[at + 2] == ("Token.Name", "s")
+
+
+@pytest.mark.parametrize("method, op", [("decoder_row", "add s[3]"), ("encoder_column", "clamp feature s[3] to 1")])
+def test_a_file_unreadable_after_its_header_is_a_diagnostic(tmp_path, monkeypatch, method, op):
+    """The weights file going away (or failing) between the header and a row is a diagnostic at ``s[i]``."""
+    from steerc.io.sae import SAE
+
+    def fail(self, index):
+        raise OSError(5, "Input/output error")
+
+    write_sae(tmp_path)
+    monkeypatch.setattr(SAE, method, fail)
+    text = program(op=op)
+    d = only(check(tmp_path, text), INVALID_VECTOR_FILE)
+    assert spanned(text, d) == "s[3]" and "Input/output error" in d.message

@@ -21,6 +21,7 @@ from steerc.core.limits import MAX_SCHEDULE_STEP as MAX_POSITION
 from steerc.diagnostics import Note
 from steerc.diagnostics.codes import (
     INVALID_VALUE,
+    INVALID_VECTOR_FILE,
     LIMIT_EXCEEDED,
     MISSING_KEY,
     PARAM_OUT_OF_RANGE,
@@ -351,6 +352,8 @@ def _clamp_feature(ev: Evaluator, op: ir.ClampFeature) -> ck.Operation:
         b_dec = sae.tensor("b_dec") if sae.config.apply_b_dec_to_input else np.zeros(sae.d_in, np.float32)
     except VectorFileError as exc:
         ev.fail(exc.code, exc.message, op.feature.span, help=exc.help)
+    except OSError as exc:  # the file went away or became unreadable since its header was read
+        ev.fail(INVALID_VECTOR_FILE, f"cannot read feature {index} of the SAE ({exc.strerror})", op.feature.span)
     ev.ctx.spend(2 * sae.d_in, op.feature.span)
     threshold = float(column.threshold) if column.threshold is not None else 0.0
     tensors = (np.asarray(column.w, np.float64), np.asarray(b_dec, np.float64),

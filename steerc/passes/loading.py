@@ -160,6 +160,9 @@ def sae_row(ctx: CheckContext, sae, index: int, span):
     except SaeError as exc:
         ctx.error(exc.code, exc.message, span, help=exc.help)
         raise Fault from None
+    except OSError as exc:  # the file went away or became unreadable since its header was read
+        ctx.error(INVALID_VECTOR_FILE, f"cannot read `W_dec[{index}]` of the SAE ({exc.strerror})", span)
+        raise Fault from None
     if python_floats(ctx):
         return floats.Floats(float(x) for x in row)
     import numpy as np
