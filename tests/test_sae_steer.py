@@ -588,3 +588,59 @@ def test_a_file_unreadable_after_its_header_is_a_diagnostic(tmp_path, monkeypatc
     text = program(op=op)
     d = only(check(tmp_path, text), INVALID_VECTOR_FILE)
     assert spanned(text, d) == "s[3]" and "Input/output error" in d.message
+
+
+# ------------------------------------------------------------------ the command line and the export target
+
+
+def test_the_command_line_compiles_it_where_it_runs_and_refuses_it_where_it_does_not(tmp_path, monkeypatch):
+    from support import examples_path, run_cli
+
+    monkeypatch.chdir(tmp_path)
+    write_sae(tmp_path)
+    (tmp_path / "steer.toml").write_text("")
+    (tmp_path / "p.steer").write_text(program())
+    model = os.path.join(examples_path(), "models", "tiny-llama")
+    for target in ("hf", "vllm", "serve"):
+        code, _, err = run_cli(["compile", "p.steer", "--model", model, "--target", target, "-o", f"out_{target}"])
+        assert code == 0, err
+    for argv in (["--target", "llamacpp"], ["--target", "serve", "--dialect", "vllm-hook"]):
+        code, _, err = run_cli(["compile", "p.steer", "--model", model, *argv, "-o", "refused"])
+        assert code == 1 and "error[unsupported-by-target]" in err and "clamp feature s[3] to 2.5\n  |   ^^^^" in err
+        assert not (tmp_path / "refused").exists()
+    (tmp_path / "bad.steer").write_text(program(op="clamp feature s[40] to 1"))
+    code, _, err = run_cli(["compile", "bad.steer", "--model", model, "--target", "hf", "-o", "bad"])
+    assert code == 1 and "error[invalid-value]" in err and "d_sae = 12" in err and "Traceback" not in err
+    assert not (tmp_path / "bad").exists()
+
+
+def test_the_exported_program_gives_the_hf_runtimes_logits(tmp_path, monkeypatch):
+    """--target export traces the sae_clamp kernel into the exported graph; its operands are buffers."""
+    from hf_util import plan_for
+    from support import run_cli
+    from tiny_models import save_tiny_llama
+    from transformers import AutoModelForCausalLM
+
+    from steerc.runtime.hf import install
+
+    monkeypatch.chdir(tmp_path)
+    save_tiny_llama(tmp_path / "model")
+    write_sae(tmp_path)
+    (tmp_path / "steer.toml").write_text("")
+    text = program(op="clamp feature s[3] to 2.5\n  tokens prompt[1:]")
+    (tmp_path / "p.steer").write_text(text)
+    code, _, err = run_cli(["compile", "p.steer", "--model", "model", "--target", "export", "-o", "out"])
+    assert code == 0, err[-3000:]
+    buffers = json.loads((tmp_path / "out" / "steer.json").read_text())["buffers"]
+    assert {name.rsplit(".", 1)[-1] for name in buffers} >= {"enc", "b_dec", "dec"}, buffers
+    prompt = torch.tensor([[3, 4, 5, 6, 7, 8]])
+    exported = torch.export.load(str(tmp_path / "out" / "program.pt2")).module()
+    with torch.no_grad():
+        got = exported(prompt, torch.arange(6).unsqueeze(0), torch.tensor([6]))[0]
+    model = AutoModelForCausalLM.from_pretrained(tmp_path / "model", dtype=torch.float32).eval()
+    with torch.no_grad():
+        plain = model(input_ids=prompt).logits[0]
+        with install(model, plan_for(model, text, base_dir=str(tmp_path))):
+            want = model(input_ids=prompt).logits[0]
+    assert float((got - want).abs().max()) <= 1e-4 * float(want.abs().max())
+    assert float((want - plain).abs().max()) > 1e-3
