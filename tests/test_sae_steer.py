@@ -644,3 +644,21 @@ def test_the_exported_program_gives_the_hf_runtimes_logits(tmp_path, monkeypatch
             want = model(input_ids=prompt).logits[0]
     assert float((got - want).abs().max()) <= 1e-4 * float(want.abs().max())
     assert float((want - plain).abs().max()) > 1e-3
+
+
+def test_a_vector_made_from_a_feature_keeps_the_saes_site(tmp_path):
+    """``vector v = 2 * s[0]`` used at another site is warned about at the use, naming the vector."""
+    write_sae(tmp_path, hook="blocks.1.hook_resid_post")
+    text = program(op="add v", site="resid_post[2]", decls="vector v = 2 * s[0]\nvector w = v + s[1]")
+    text = text.replace("add v", "add v\n}\n\nintervention other {\n  at  resid_post[1]\n  add w")
+    result = check(tmp_path, text)
+    d = only(result, VECTOR_SITE_MISMATCH)
+    assert result.ok and text[d.span.start:d.span.end] == "v" and "`v` is made from `s[...]`" in d.message
+    assert "resid_post[2]" in d.message
+
+
+def test_an_sae_of_a_hook_without_a_site_is_warned_about(tmp_path):
+    write_sae(tmp_path, hook="blocks.1.hook_resid_mid")
+    text = program(op="add s[0]")
+    d = only(check(tmp_path, text), VECTOR_SITE_MISMATCH)
+    assert "cannot tell where it belongs" in d.message and "resid_mid" in d.message

@@ -73,6 +73,7 @@ def run(ctx: CheckContext) -> None:
                         request_params[stmt.name] = (env[stmt.name],) + bounds + (stmt.span,)
             elif isinstance(stmt, ir.VectorDecl):
                 env[stmt.name] = ev.vector(stmt.value)
+                ev.features_of[stmt.name] = [i for n in walk(stmt.value) for i in _features_in(ev, n)]
             elif isinstance(stmt, ir.MatrixDecl):
                 env[stmt.name] = ev.matrix(stmt.value)
             elif isinstance(stmt, ir.SaeDecl):
@@ -371,23 +372,35 @@ def sae_sites(ev: Evaluator, node, site: ck.SitePattern, user: str) -> None:
 
     warned: set[str] = set()
     for n in walk(node):
-        if not isinstance(n, ir.Index) or n.base.id in warned or not isinstance(ev.env.get(n.base.id), _sae_class()):
-            continue
-        sae = ev.env[n.base.id]
-        trained = sae.site
-        if trained is None:
-            why = f"steerc cannot tell where it belongs: {sae.site_reason}"
-        else:
-            why = _site_difference(trained, site, user)
-        if why is None:
-            continue
-        warned.add(n.base.id)
-        shown = f"{trained[0]}[{trained[1]}]" if trained is not None else None
-        ev.ctx.warning(VECTOR_SITE_MISMATCH, f"`{n.base.id}` is an SAE of `{sae.hook_name}`"
-                       + (f" ({shown})" if shown else "") + f", {why}", n.span,
-                       notes=(Note("used here", site.span),) if site.span is not None else (),
-                       help=f"use its features at {shown}, where the SAE was trained" if shown else
-                       "use it at the site its hook names")
+        for index in _features_in(ev, n):
+            base = index.base.id
+            sae = ev.env.get(base)
+            if base in warned or not isinstance(sae, _sae_class()):
+                continue
+            trained = sae.site
+            why = f"so steerc cannot tell where it belongs: {sae.site_reason}" if trained is None else \
+                _site_difference(trained, site, user)
+            if why is None:
+                continue
+            warned.add(base)
+            shown = f"{trained[0]}[{trained[1]}]" if trained is not None else None
+            hook = f"an SAE of `{sae.hook_name}`" if sae.hook_name else "an SAE that names no hook"
+            through = f" (`{n.id}` is made from `{base}[...]`)" if isinstance(n, ir.Name) else ""
+            ev.ctx.warning(VECTOR_SITE_MISMATCH, f"`{base}` is {hook}" + (f" ({shown})" if shown else "")
+                           + f", {why}{through}", n.span,
+                           notes=(Note("used here", site.span),) if site.span is not None else (),
+                           help=f"use its features at {shown}, where the SAE was trained" if shown else
+                           "use it at the site its hook names")
+
+
+def _features_in(ev: Evaluator, n) -> list:
+    """The ``s[i]`` a node stands for: itself, or those a vector's declaration was made from (recorded in
+    ``Evaluator.features_of`` as the declarations are folded)."""
+    if isinstance(n, ir.Index):
+        return [n]
+    if isinstance(n, ir.Name):
+        return ev.features_of.get(n.id, [])
+    return []
 
 
 def _canonical(kind: str, layer: int) -> tuple[str, int]:
@@ -454,6 +467,7 @@ class Evaluator:
         self.ctx = ctx
         self.env = env
         self._folder = None
+        self.features_of: dict[str, list] = {}  # vector name -> the SAE features `s[i]` it is made from
 
     def fail(self, code: str, message: str, span, **kw):
         self.ctx.error(code, message, span, **kw)
