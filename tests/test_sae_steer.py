@@ -662,3 +662,14 @@ def test_an_sae_of_a_hook_without_a_site_is_warned_about(tmp_path):
     text = program(op="add s[0]")
     d = only(check(tmp_path, text), VECTOR_SITE_MISMATCH)
     assert "cannot tell where it belongs" in d.message and "resid_mid" in d.message
+
+
+def test_a_per_request_param_in_a_feature_index_is_refused_there(tmp_path):
+    from steerc.diagnostics.codes import PER_REQUEST_PARAM
+
+    write_sae(tmp_path)
+    for op in ("add c * s[c]", "clamp feature s[c] to c", "add s[2 * c]"):
+        text = program(op=op, decls="param c = 2 per request")
+        d = only(check(tmp_path, text), PER_REQUEST_PARAM)
+        index = text.index("s[", text.index("intervention")) + 2
+        assert d.span.start >= index and spanned(text, d) == "c" and "feature index" in d.message, op

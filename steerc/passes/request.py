@@ -140,13 +140,23 @@ def _misuse(ctx: CheckContext, node: ir.Name, stmt, operand, parents: _Parents) 
              ir.ModelBlock: "the model block"}.get(type(stmt))
     reason = (f"`{node.id}` is set per request, so it may appear only as one factor of the vector of an add or "
               "set, of a scale factor, a clamp target, a rotation angle or a gate threshold")
-    if where is None and operand is stmt and isinstance(getattr(stmt, "op", None), ir.LoReFT):
+    if where is None and _in_index(operand, node.id):
+        where = ("in an SAE's feature index (`s[...]`): the feature, its decoder row and encoder column, is picked "
+                 "when the program is compiled")
+        node = _in_index(operand, node.id)  # the caret at the use inside the index
+    elif where is None and operand is stmt and isinstance(getattr(stmt, "op", None), ir.LoReFT):
         where = "in `loreft R, W, b`, whose values are compiled in (a LoReFT takes no per-request value)"
     elif where is None:
         where = _why(operand, node, parents) if operand is not stmt else "not one of those operands"
     ctx.error(PER_REQUEST_PARAM, f"{reason}; here it is {where}", node.span,
               help="write it as one factor: `add strength * joy`, `scale strength`, `when p > limit`; "
                    "for other uses drop `per request` and compile a plan per value with --set")
+
+
+def _in_index(node, param: str) -> ir.Name | None:
+    """The first use of ``param`` inside the index of an ``s[i]`` in ``node``, or None."""
+    return next((m for n in walk(node) if isinstance(n, ir.Index)
+                 for m in walk(n.index) if isinstance(m, ir.Name) and m.id == param), None)
 
 
 def _why(operand, node: ir.Name, parents: _Parents) -> str:
