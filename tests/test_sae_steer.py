@@ -349,19 +349,22 @@ def _capture(model, plan, hooks, params=None):
     return [s[-1] for s in stores], logits
 
 
-@pytest.mark.parametrize("architecture, scope, gated, apply_b_dec", [
-    ("jumprelu", "all", False, True), ("jumprelu", "prompt[-2:]", False, True), ("standard", "[0, 2]", False, True),
-    ("standard", "all", False, False), ("jumprelu", "all", True, True), ("jumprelu", "prompt[1:]", True, False),
+@pytest.mark.parametrize("architecture, scope, gated, apply_b_dec, preserve", [
+    ("jumprelu", "all", False, True, False), ("jumprelu", "prompt[-2:]", False, True, False),
+    ("standard", "[0, 2]", False, True, False), ("standard", "all", False, False, False),
+    ("jumprelu", "all", True, True, False), ("jumprelu", "prompt[1:]", True, False, False),
+    ("jumprelu", "all", False, True, True),
 ])
-def test_the_hf_runtime_equals_the_interpreter_and_the_formula(tmp_path, architecture, scope, gated, apply_b_dec):
+def test_the_hf_runtime_equals_the_interpreter_and_the_formula(tmp_path, architecture, scope, gated, apply_b_dec,
+                                                                preserve):
     from hf_util import expected_site, hook_of, plan_for, positions
 
     model = _model()
     t = write_sae(tmp_path, architecture=architecture, apply_b_dec_to_input=apply_b_dec)
     probe = ("probe p {\n  at   resid_post[0]\n  read dot([" + ", ".join(f"{x:.6f}" for x in PROBE_W) + "])\n"
              "  pool token\n}\n\n") if gated else ""
-    text = program(op=f"clamp feature s[3] to 2.5\n  tokens {scope}" + ("\n  when   p > 0.0" if gated else ""),
-                   extra=probe)
+    text = program(op=f"clamp feature s[3] to 2.5\n  tokens {scope}" + ("\n  when   p > 0.0" if gated else "")
+                   + ("\n  preserve norm" if preserve else ""), extra=probe)
     plan = plan_for(model, text, base_dir=str(tmp_path))
     (sp,) = plan.sites
     assert type(sp.kernels[0].op).__name__ == "SaeClamp"
@@ -390,7 +393,10 @@ def test_the_hf_runtime_equals_the_interpreter_and_the_formula(tmp_path, archite
     direct = h0.double().numpy().copy()
     for b in range(direct.shape[0]):
         m = mask_of(None, b)
-        direct[b, m] = formula(direct[b, m], t, 3, 2.5, architecture, apply_b_dec)
+        new = formula(direct[b, m], t, 3, 2.5, architecture, apply_b_dec)
+        if preserve:  # rescaled to the norm of its input
+            new = new * (np.linalg.norm(direct[b, m], axis=-1) / np.linalg.norm(new, axis=-1))[:, None]
+        direct[b, m] = new
     assert np.abs(h1.double().numpy()[real] - direct[real]).max() <= 1e-5  # the splice, written out here
     assert torch.equal(h1[~MASK.bool()], h0[~MASK.bool()]), "padding is never modified"
     assert not torch.allclose(steered, plain)
