@@ -6,6 +6,10 @@ folders the test writes (``tests/test_sae_steer.py``'s ``write_sae``): a jumprel
 on ``prompt[1:], generated``, a standard SAE at ``mlp_out[2]`` on every position, and the jumprelu one again
 at ``resid_post[3]`` under a per-token gate (a ``vector-site-mismatch`` warning, not an error). Its greedy
 tokens and raw logits equal the HF target's (``harness.compare``), and the clamps change the logits.
+
+The serve plugin (``vllm.LLM`` started as ``steerc serve`` starts it) runs the same program compiled
+``--target serve``, with the first clamp's target a per-request param: two requests with two values, and a
+plain one, batched together, each give the HF target's tokens for its own value.
 """
 
 from __future__ import annotations
@@ -59,3 +63,55 @@ def test_the_compiled_engine_equals_the_hf_target(runs, folder):
     plain = hf_run(folder, None)
     assert any(abs(float(plain[0][1][0][t]) - v) > 1e-2 for t, v in runs["steered"][0][1][0].items()), \
         "the clamps change the logits"
+
+
+SERVED = TEXT.replace("clamp feature s[3] to 6", "clamp feature s[3] to 2 * c").replace(
+    'sae m = sae("saes/m")\n', 'sae m = sae("saes/m")\nparam c = 3 in [0, 10] per request\n')
+PROMPTS = [[5, 17, 42, 9, 300, 12, 7], [7, 8, 9, 10], [20, 21, 22]]
+
+
+@pytest.fixture(scope="module")
+def served(folder, tmp_path_factory):
+    import vllm
+    from harness import hf_model
+    from vllm import SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    from steerc.runtime.hf import facts_from_model
+    from steerc.runtime.vllm.loader import register_loader
+    from steerc.serve_client import offline_request
+    from steerc.targets.serve.emit import emit
+
+    root = tmp_path_factory.mktemp("sae-serve")
+    (root / "steer.toml").write_text("")
+    write_sae(root, "s", d_in=W, d_sae=16, hook="blocks.1.hook_resid_post", seed=1)
+    write_sae(root, "m", d_in=W, d_sae=8, architecture="standard", hook="blocks.2.hook_mlp_out", seed=2)
+    plan = checked_plan(folder, SERVED, root=str(root))
+    emit(plan, facts_from_model(hf_model(folder)), str(root / "out"))
+    register_loader()
+    engine = vllm.LLM(model=folder, dtype="float32", max_model_len=256, max_num_seqs=8, skip_tokenizer_init=True,
+                      enforce_eager=True, load_format="steerc", additional_config={"steerc": {"mode": "serve"}},
+                      max_num_batched_tokens=16, logits_processors=["steerc.runtime.serve:SteercGuard"],
+                      worker_extension_cls="steerc.runtime.serve.SteercServeExtension")
+    try:
+        requests = [(PROMPTS[0], {"c": 1.0}), (PROMPTS[1], {"c": 4.5}), (PROMPTS[2], None)]
+        prompts, params = [], []
+        for tokens, values in requests:
+            prompts.append(TokensPrompt(prompt_token_ids=tokens))
+            extra = offline_request(str(root / "out"), tokens, params=values)[1] if values is not None else None
+            params.append(SamplingParams(max_tokens=6, temperature=0.0, detokenize=False, extra_args=extra))
+        got = [list(o.outputs[0].token_ids) for o in engine.generate(prompts, params, use_tqdm=False)]
+    finally:
+        engine.llm_engine.engine_core.shutdown()
+    return root, requests, got
+
+
+def test_the_serve_plugin_equals_the_hf_target_per_request(served, folder):
+    root, requests, got = served
+    for (tokens, values), tokens_out in zip(requests, got):
+        plan = checked_plan(folder, SERVED, root=str(root), params=values) if values is not None else None
+        assert tokens_out == hf_run(folder, plan, [tokens], 6)[0][0], values
+    plain = hf_run(folder, None, [requests[0][0]], 6)[0][0]
+    steered = [hf_run(folder, checked_plan(folder, SERVED, root=str(root), params=v), [requests[0][0]], 6)[0][0]
+               for v in ({"c": 1.0}, {"c": 4.5})]
+    assert steered[0] != plain or steered[1] != plain, "the clamps change the tokens"
