@@ -79,6 +79,29 @@ def expected_site(site_plan, h: torch.Tensor, mask_of, columns=None) -> torch.Te
     return out
 
 
+def scoped(mask: torch.Tensor, scope: str, gate_values=None):
+    """``mask_of(kernel, b)`` for :func:`expected_site`: the real positions of row ``b`` that ``scope`` selects
+    (``all``, ``[0, 2]``, ``prompt[-2:]`` or ``prompt[1:]``, every prompt real), and where ``gate_values``
+    ([rows, positions]) is given, those where it is above 0 (a gate ``when p > 0``)."""
+    pos = positions(mask).numpy()
+    real = mask.bool().numpy()
+
+    def mask_of(kernel, b):
+        p = pos[b]
+        m = real[b].copy()
+        if scope == "[0, 2]":
+            m &= np.isin(p, [0, 2])
+        elif scope == "prompt[-2:]":
+            m &= p >= real[b].sum() - 2
+        elif scope == "prompt[1:]":
+            m &= p >= 1
+        if gate_values is not None:
+            m &= gate_values[b] > 0.0
+        return m
+
+    return mask_of
+
+
 def load_emitted(path: str, name: str):
     """Import an emitted package from ``path`` under a unique module name."""
     from steerc.targets.hf.emit import import_package

@@ -357,7 +357,7 @@ def _capture(model, plan, hooks, params=None):
 ])
 def test_the_hf_runtime_equals_the_interpreter_and_the_formula(tmp_path, architecture, scope, gated, apply_b_dec,
                                                                 preserve):
-    from hf_util import expected_site, hook_of, plan_for, positions
+    from hf_util import expected_site, hook_of, plan_for, scoped
 
     model = _model()
     t = write_sae(tmp_path, architecture=architecture, apply_b_dec_to_input=apply_b_dec)
@@ -371,22 +371,9 @@ def test_the_hf_runtime_equals_the_interpreter_and_the_formula(tmp_path, archite
     hook, probe_hook = hook_of(model, sp.site), hook_of(model, type(sp.site)("resid_post", 0))
     (h0, p0), plain = _capture(model, None, [hook, probe_hook])
     (h1,), steered = _capture(model, plan, [hook])
-    pos = positions(MASK).numpy()
-    real = MASK.bool().numpy()
     values = p0.double().numpy() @ np.asarray([float(f"{x:.6f}") for x in PROBE_W])
-
-    def mask_of(kernel, b):
-        p = pos[b]
-        m = real[b].copy()
-        if scope == "[0, 2]":
-            m &= np.isin(p, [0, 2])
-        elif scope == "prompt[-2:]":
-            m &= p >= real[b].sum() - 2
-        elif scope == "prompt[1:]":
-            m &= p >= 1
-        if gated:
-            m &= values[b] > 0.0
-        return m
+    mask_of = scoped(MASK, scope, values if gated else None)
+    real = MASK.bool().numpy()
 
     want = expected_site(sp, h0, mask_of)  # steerc.ir.interpret, float64
     torch.testing.assert_close(h1.double()[MASK.bool()], want[MASK.bool()], rtol=0, atol=1e-10)
