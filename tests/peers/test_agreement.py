@@ -26,7 +26,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(HERE))
 sys.path.insert(0, os.path.join(REPO, "tests"))
 
-from peer_env import require  # noqa: E402
+from own_env import require  # noqa: E402
 
 DATA = os.path.join(REPO, "examples", "smollm2", "joy.jsonl")
 LAYERS = (4, 8, 14)

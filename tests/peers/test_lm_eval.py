@@ -29,7 +29,7 @@ TASKS = os.path.join(REPO, "examples", "lm_eval")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 
-from peer_env import require  # noqa: E402
+from own_env import require  # noqa: E402
 
 lm_eval = require("lm_eval")
 torch = require("torch")

@@ -25,7 +25,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(HERE))
 sys.path.insert(0, os.path.join(REPO, "tests"))
 
-from peer_env import require  # noqa: E402
+from own_env import require  # noqa: E402
 
 LAYER, RANK = 8, 4
 PROMPTS = ("The joy of a spring morning is", "Write one sentence about the sea.")

@@ -28,6 +28,7 @@ import shutil
 
 import numpy as np
 import pytest
+from own_env import require
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(HERE))
@@ -37,16 +38,7 @@ RELU = os.path.join(FIXTURES, "smollm2-l8-relu")
 U = 2.0**-24  # float32's unit roundoff
 
 
-def _require(name: str):
-    try:
-        return __import__(name)
-    except ImportError as exc:
-        if os.environ.get("CI") == "true" or os.environ.get("STEERC_SAE_TESTS") == "1":
-            pytest.fail(f"sae-lens's environment is missing {name} ({exc}); ./dev test-sae builds it", pytrace=False)
-        pytest.skip(f"{name} is not installed here: ./dev test-sae runs this in .venv-sae", allow_module_level=True)
-
-
-_require("sae_lens")
+require("sae_lens", "sae")
 import torch  # noqa: E402
 from sae_lens import SAE  # noqa: E402
 
