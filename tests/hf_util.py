@@ -102,6 +102,33 @@ def scoped(mask: torch.Tensor, scope: str, gate_values=None):
     return mask_of
 
 
+def exported_and_runtime(root, text: str):
+    """``text`` as ``root/p.steer``, compiled with ``--target export`` against ``root/model`` (the working
+    folder is ``root``): the exported program's logits on a prompt, the in-process runtime's and the unsteered
+    model's, and the names of the export's buffers."""
+    import json
+
+    from support import run_cli
+    from transformers import AutoModelForCausalLM
+
+    from steerc.runtime.hf import install
+
+    (root / "p.steer").write_text(text)
+    code, _, err = run_cli(["compile", "p.steer", "--model", "model", "--target", "export", "-o", "out"])
+    assert code == 0, err[-3000:]
+    buffers = json.loads((root / "out" / "steer.json").read_text())["buffers"]
+    prompt = torch.tensor([[3, 4, 5, 6, 7, 8]])
+    exported = torch.export.load(str(root / "out" / "program.pt2")).module()
+    with torch.no_grad():
+        got = exported(prompt, torch.arange(6).unsqueeze(0), torch.tensor([6]))[0]
+    model = AutoModelForCausalLM.from_pretrained(root / "model", dtype=torch.float32).eval()
+    with torch.no_grad():
+        plain = model(input_ids=prompt).logits[0]
+        with install(model, plan_for(model, text, base_dir=str(root))):
+            want = model(input_ids=prompt).logits[0]
+    return got, want, plain, {name.rsplit(".", 1)[-1] for name in buffers}
+
+
 def load_emitted(path: str, name: str):
     """Import an emitted package from ``path`` under a unique module name."""
     from steerc.targets.hf.emit import import_package

@@ -609,32 +609,16 @@ def test_the_command_line_compiles_it_where_it_runs_and_refuses_it_where_it_does
 
 def test_the_exported_program_gives_the_hf_runtimes_logits(tmp_path, monkeypatch):
     """--target export traces the sae_clamp kernel into the exported graph; its operands are buffers."""
-    from hf_util import plan_for
-    from support import run_cli
+    from hf_util import exported_and_runtime
     from tiny_models import save_tiny_llama
-    from transformers import AutoModelForCausalLM
-
-    from steerc.runtime.hf import install
 
     monkeypatch.chdir(tmp_path)
     save_tiny_llama(tmp_path / "model")
     write_sae(tmp_path)
     (tmp_path / "steer.toml").write_text("")
     text = program(op="clamp feature s[3] to 2.5\n  tokens prompt[1:]")
-    (tmp_path / "p.steer").write_text(text)
-    code, _, err = run_cli(["compile", "p.steer", "--model", "model", "--target", "export", "-o", "out"])
-    assert code == 0, err[-3000:]
-    buffers = json.loads((tmp_path / "out" / "steer.json").read_text())["buffers"]
-    assert {name.rsplit(".", 1)[-1] for name in buffers} >= {"enc", "b_dec", "dec"}, buffers
-    prompt = torch.tensor([[3, 4, 5, 6, 7, 8]])
-    exported = torch.export.load(str(tmp_path / "out" / "program.pt2")).module()
-    with torch.no_grad():
-        got = exported(prompt, torch.arange(6).unsqueeze(0), torch.tensor([6]))[0]
-    model = AutoModelForCausalLM.from_pretrained(tmp_path / "model", dtype=torch.float32).eval()
-    with torch.no_grad():
-        plain = model(input_ids=prompt).logits[0]
-        with install(model, plan_for(model, text, base_dir=str(tmp_path))):
-            want = model(input_ids=prompt).logits[0]
+    got, want, plain, buffers = exported_and_runtime(tmp_path, text)
+    assert buffers >= {"enc", "b_dec", "dec"}, buffers
     assert float((got - want).abs().max()) <= 1e-4 * float(want.abs().max())
     assert float((want - plain).abs().max()) > 1e-3
 
