@@ -181,16 +181,9 @@ def _matrix_fits(ctx: CheckContext, op: ck.Operation, site: ck.SitePattern, laye
         return
     span = op.tensor_spans[0] if op.tensor_spans and op.tensor_spans[0] is not None else op.span
     name = _text(ctx, span) or "R"
-    where = _text(ctx, site.span) or f"{site.kind}[...]"
-    what = "head_dim" if site.kind == "head" else "hidden size"
-    ctx.error(
-        SHAPE_MISMATCH,
-        f"`{name}` has shape {list(r.shape)}, but `{where}` is {want} wide (the model's {what}): LoReFT's R and W "
-        f"are [r, {want}] here",
-        span,
-        notes=(Note(f"acts on {_layers_text(layers)}", site.span),) if site.span is not None else (),
-        help="a LoReFT is trained for one model and site: use the one made for this model",
-    )
+    _wrong_width(ctx, site, layers, want, span,
+                 f"`{name}` has shape {list(r.shape)}, but {{site}}: LoReFT's R and W are [r, {want}] here",
+                 "a LoReFT is trained for one model and site: use the one made for this model")
 
 
 def _sae_fits(ctx: CheckContext, op: ck.Operation, site: ck.SitePattern, layers, facts: ModelFacts) -> None:
@@ -200,17 +193,20 @@ def _sae_fits(ctx: CheckContext, op: ck.Operation, site: ck.SitePattern, layers,
         return
     span = op.operand_spans[0] if op.operand_spans else op.span
     name = _text(ctx, span) or "this feature"
+    _wrong_width(ctx, site, layers, want, span,
+                 f"the SAE of `{name}` reads activations of d_in = {op.sae.d_in:,}, but {{site}}",
+                 f"an SAE is trained on one model's activations: use one made for this model ({op.sae.hook_name} "
+                 f"of {op.sae.model_name or 'its model'} here)")
+
+
+def _wrong_width(ctx: CheckContext, site: ck.SitePattern, layers, want: int, span, message: str, help: str) -> None:
+    """``shape-mismatch`` at ``span``: ``message`` with ``{site}`` as "`SITE` is WANT wide (the model's hidden
+    size)", and a note on the layers the site acts on."""
     where = _text(ctx, site.span) or f"{site.kind}[...]"
     what = "head_dim" if site.kind == "head" else "hidden size"
-    ctx.error(
-        SHAPE_MISMATCH,
-        f"the SAE of `{name}` reads activations of d_in = {op.sae.d_in:,}, but `{where}` is {want} wide (the "
-        f"model's {what})",
-        span,
-        notes=(Note(f"acts on {_layers_text(layers)}", site.span),) if site.span is not None else (),
-        help=f"an SAE is trained on one model's activations: use one made for this model ({op.sae.hook_name} "
-             f"of {op.sae.model_name or 'its model'} here)",
-    )
+    ctx.error(SHAPE_MISMATCH, message.replace("{site}", f"`{where}` is {want} wide (the model's {what})"), span,
+              notes=(Note(f"acts on {_layers_text(layers)}", site.span),) if site.span is not None else (),
+              help=help)
 
 
 def _text(ctx: CheckContext, span) -> str | None:
