@@ -79,12 +79,12 @@ def test_unknown_format_help_is_unchanged_without_additions():
     with pytest.raises(VectorFileError) as exc:
         vectorio.open_vector_file("v.bin")
     assert exc.value.help == ("use .safetensors, .npy (no pickle), a .pt file saved with torch.save of tensors, "
-                              "or a llama.cpp control vector (.gguf)")
+                              "a llama.cpp control vector (.gguf), or a BrainPatch archive (.brainpatch)")
 
 
 def test_every_extension_has_one_reader():
     """issue 33: every extension in the table selects exactly one callable reader."""
-    assert vectorio.FORMATS == vectorio.formats() == (".safetensors", ".npy", ".pt", ".pth", ".gguf")
+    assert vectorio.FORMATS == vectorio.formats() == (".safetensors", ".npy", ".pt", ".pth", ".gguf", ".brainpatch")
     for ext in vectorio.FORMATS:
         owners = [r for r in vectorio.READERS.values() if ext in r.extensions]
         assert len(owners) == 1, ext

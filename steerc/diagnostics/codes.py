@@ -81,6 +81,7 @@ NO_EFFECT: Final = _code("no-effect", "warning", "a line or an intervention cann
 SLICE_CLIPPED: Final = _code("slice-clipped", "warning", "a layer or head slice's end reaches past the model, and steers only the part that exists")
 DEAD_INTERVENTION: Final = _code("dead-intervention", "warning", "an intervention is overwritten by a later one before anything reads it")
 UNSUPPORTED_SCHEMA_KEYWORD: Final = _code("unsupported-schema-keyword", "warning", "a JSON Schema keyword that structured decoding ignores")
+INVALID_FOREIGN_FILE: Final = _code("invalid-foreign-file", "error", "a file in another tool's format (a BrainPatch archive) is malformed, unsafe or inconsistent")
 
 
 def severity_of(code: str) -> str:

@@ -29,7 +29,7 @@ which ``steerc check`` reads without numpy.
 >>> f.read("").dtype
 dtype('float32')
 >>> FORMATS
-('.safetensors', '.npy', '.pt', '.pth', '.gguf')
+('.safetensors', '.npy', '.pt', '.pth', '.gguf', '.brainpatch')
 """
 
 from __future__ import annotations
@@ -78,6 +78,12 @@ def _open_gguf(path: str) -> VectorFile:
     return open_control_vector(path)
 
 
+def _open_brainpatch(path: str) -> VectorFile:
+    from steerc.io.brainpatch import open_brainpatch
+
+    return open_brainpatch(path)
+
+
 def _readers() -> dict[str, Reader]:
     """The table, in the order the formats are listed to the user (the openers are defined below)."""
     return {r.name: r for r in (
@@ -88,6 +94,9 @@ def _readers() -> dict[str, Reader]:
                "a .pt file saved with torch.save of tensors"),
         Reader("gguf", (".gguf",), _open_gguf, "a llama.cpp control vector, read by hand",
                "a llama.cpp control vector (.gguf)"),
+        Reader("brainpatch", (".brainpatch",), _open_brainpatch,
+               "a BrainPatch archive's vectors, by key (the archive checked whole: members, checksums, manifest)",
+               "a BrainPatch archive (.brainpatch)"),
     )}
 
 
