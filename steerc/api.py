@@ -23,8 +23,7 @@ from __future__ import annotations
 import gc
 import os
 
-from attrs import define, field
-
+from steerc.core.record import define, field
 from steerc.core.source import Source, normalize_newlines, read_program
 from steerc.diagnostics import Diagnostic, Diagnostics, capped, not_utf8, render_text, to_json_dict
 from steerc.frontend import parse

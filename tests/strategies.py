@@ -24,9 +24,9 @@ from __future__ import annotations
 
 import re
 
-import attrs
 from hypothesis import strategies as st
 
+from steerc.core import record
 from steerc.ir import nodes as ir
 
 KEYWORDS = frozenset(
@@ -140,17 +140,17 @@ def _resolve(node, draw, scope: Scope):
         return ir.Name(draw(st.sampled_from(scope.saes)))
     if isinstance(node, tuple):
         return tuple(_resolve(n, draw, scope) for n in node)
-    if not attrs.has(type(node)):
+    if not record.has(type(node)):
         return node
     changes = {}
-    for f in attrs.fields(type(node)):
+    for f in record.fields(type(node)):
         if f.name.endswith("span") or f.name in ("text", "comments", "long"):
             continue
         value = getattr(node, f.name)
         new = _resolve(value, draw, scope)
         if new is not value:
             changes[f.name] = new
-    return attrs.evolve(node, **changes) if changes else node
+    return record.evolve(node, **changes) if changes else node
 
 
 def _scalars(depth: int) -> st.SearchStrategy:
@@ -367,7 +367,7 @@ def constraints(draw):
 def _matrix_decl(draw, scope: Scope) -> ir.MatrixDecl:
     """``matrix NAME = load("...", key=...)`` (a matrix's load takes no ``per_layer``), declared in ``scope``."""
     load = draw(loads())
-    decl = ir.MatrixDecl(scope.fresh(draw), attrs.evolve(load, kwargs=tuple(k for k in load.kwargs
+    decl = ir.MatrixDecl(scope.fresh(draw), record.evolve(load, kwargs=tuple(k for k in load.kwargs
                                                                             if k.name != "per_layer")))
     scope.matrices.append(decl.name)
     return decl

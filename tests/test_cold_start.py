@@ -29,7 +29,7 @@ from steerc.io.vectors import open_vector_file
 
 # Never imported by a check that does not need them (a prefix names a package and its modules).
 HEAVY = ("numpy", "torch", "transformers", "safetensors", "gguf", "xgrammar", "vllm", "pygls", "lsprotocol",
-         "pygments")
+         "pygments", "attrs", "attr")  # attrs: steerc's records are its own (steerc.core.record, issue 33)
 UNUSED = ("steerc.targets", "steerc.facts", "steerc.constraints", "steerc.ir.plan", "steerc.passes.plan_pipeline",
           "steerc.runtime", "steerc.io.controlvector", "steerc.io.gguf")
 WIDE = floats.PYTHON_MAX // 2 + 8  # two of these, folded, pass the bound past which numpy folds

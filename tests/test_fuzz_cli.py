@@ -177,21 +177,20 @@ def test_a_lone_cr_ends_a_line_on_real_standard_input(tmp_path):
 
 def _renamed(node, old: str, new: str):
     """``node`` (IR) with the name ``old`` made ``new`` where it is declared and used."""
-    import attrs
-
+    from steerc.core import record
     from steerc.ir import nodes as ir
 
     if isinstance(node, tuple):
         return tuple(_renamed(n, old, new) for n in node)
-    if not attrs.has(type(node)):
+    if not record.has(type(node)):
         return node
-    changes = {f.name: _renamed(getattr(node, f.name), old, new) for f in attrs.fields(type(node))
-               if f.eq and (attrs.has(type(getattr(node, f.name))) or isinstance(getattr(node, f.name), tuple))}
+    changes = {f.name: _renamed(getattr(node, f.name), old, new) for f in record.fields(type(node))
+               if f.eq and (record.has(type(getattr(node, f.name))) or isinstance(getattr(node, f.name), tuple))}
     if isinstance(node, ir.Name) and node.id == old:
         changes["id"] = new
     if type(node).__name__.endswith("Decl") and getattr(node, "name", None) == old:
         changes["name"] = new
-    return attrs.evolve(node, **changes) if changes else node
+    return record.evolve(node, **changes) if changes else node
 
 
 def _applied(text: str, edits: list[dict]) -> str:

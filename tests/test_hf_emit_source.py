@@ -215,8 +215,7 @@ def test_compile_cli_with_a_hostile_file_name(tmp_path):
 def test_facts_and_module_paths_from_a_facts_file_stay_data(llama, tmp_path):
     """A facts file (for a family steerc has no table for) names the modules and adds values: the package
     writes them as literals, whatever they hold, infinities included."""
-    import attrs
-
+    from steerc.core import record
     from steerc.targets.hf.emit import render_init
     from steerc.targets.hooks import HookProgram
 
@@ -224,8 +223,8 @@ def test_facts_and_module_paths_from_a_facts_file_stay_data(llama, tmp_path):
     program = lower_hf(plan, facts_from_model(llama))
     hostile = "model.layers.1\n" + PAYLOAD + "\n#'\"\"\"\\\u2028\ud800"
     facts = {**program.facts, "note": hostile, "rope_theta": float("inf"), "nested": [hostile, {"k": -float("inf")}]}
-    hooks = tuple(attrs.evolve(h, module=hostile) for h in program.hooks)
-    evil = HookProgram(**{**{f.name: getattr(program, f.name) for f in attrs.fields(HookProgram)},
+    hooks = tuple(record.evolve(h, module=hostile) for h in program.hooks)
+    evil = HookProgram(**{**{f.name: getattr(program, f.name) for f in record.fields(HookProgram)},
                           "facts": facts, "hooks": hooks, "base_path": hostile, "source_name": hostile})
     from steerc.targets.hf.emit import _Bound
 

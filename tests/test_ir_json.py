@@ -6,12 +6,12 @@ import glob
 import json
 import os
 
-import attrs
 import pytest
 from hypothesis import HealthCheck, given, settings
 from strategies import programs
 from support import examples_path, run_cli
 
+from steerc.core import record
 from steerc.core.source import Span
 from steerc.frontend import parse_source
 from steerc.frontend.fmt import format_program
@@ -42,8 +42,8 @@ def all_fields(a, b, path="program"):
         assert len(a) == len(b), path
         for i, (x, y) in enumerate(zip(a, b)):
             yield from all_fields(x, y, f"{path}[{i}]")
-    elif attrs.has(type(a)) and not isinstance(a, Span):
-        for f in attrs.fields(type(a)):
+    elif record.has(type(a)) and not isinstance(a, Span):
+        for f in record.fields(type(a)):
             yield from all_fields(getattr(a, f.name), getattr(b, f.name), f"{path}.{f.name}")
     else:
         yield path, a, b

@@ -15,10 +15,10 @@ import re
 
 import numpy as np
 import pytest
-from attrs import evolve, frozen
 from support import REPO
 
 from steerc.api import check_source
+from steerc.core.record import evolve, frozen
 from steerc.diagnostics.codes import UNSUPPORTED_BY_TARGET
 from steerc.ir import kernels as K
 from steerc.ir.kernels.base import REF, Kind, Operand

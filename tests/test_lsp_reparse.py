@@ -8,10 +8,10 @@ import glob
 import os
 import random
 
-import attrs
 import pytest
 
 from steerc.api import check
+from steerc.core import record
 from steerc.core.source import Source
 from steerc.diagnostics import Diagnostics, to_json_dict
 from steerc.frontend import parse
@@ -29,7 +29,7 @@ def spans(program) -> list:
     out = [(program.span, program.version_span)]
     for stmt in program.statements:
         for node in walk(stmt):
-            out.append((type(node).__name__, *(getattr(node, f.name) for f in attrs.fields(type(node))
+            out.append((type(node).__name__, *(getattr(node, f.name) for f in record.fields(type(node))
                                                if f.name.endswith("span"))))
     return out
 

@@ -8,7 +8,6 @@ what each pass does (and refuses to do) on small programs.
 
 from __future__ import annotations
 
-import attrs
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -17,6 +16,7 @@ from scaling import FACTOR, assert_linear
 from strategies_plan import FACTS, PROBES, assert_same_semantics, fmt, intervention_text, plan_programs, unit
 
 from steerc.api import check_source
+from steerc.core import record
 from steerc.ir.plan import Affine, Plan, Project, Rotate, Site
 from steerc.ir.values import Vec
 from steerc.passes import drop_noops, fuse_affine, fuse_projections, lower_plan
@@ -111,13 +111,13 @@ def test_pipeline_order_and_names():
 def test_verify_rejects_broken_plans():
     plan = plans(program(iv("a", f"add {V}")))[2]
     (sp,) = plan.sites
-    bad_width = attrs.evolve(sp, kernels=(attrs.evolve(sp.kernels[0], op=Affine(1.0, Vec([1.0, 2.0]))),))
+    bad_width = record.evolve(sp, kernels=(record.evolve(sp.kernels[0], op=Affine(1.0, Vec([1.0, 2.0]))),))
     for broken in (
-        attrs.evolve(plan, sites=(attrs.evolve(sp, site=Site("resid_pre", 2)),)),  # not canonical
-        attrs.evolve(plan, sites=(attrs.evolve(sp, site=Site("resid_post", 9)),)),  # layer out of range
-        attrs.evolve(plan, sites=(sp, sp)),  # repeated
-        attrs.evolve(plan, sites=(attrs.evolve(sp, kernels=()),)),  # empty site
-        attrs.evolve(plan, sites=(bad_width,)),
+        record.evolve(plan, sites=(record.evolve(sp, site=Site("resid_pre", 2)),)),  # not canonical
+        record.evolve(plan, sites=(record.evolve(sp, site=Site("resid_post", 9)),)),  # layer out of range
+        record.evolve(plan, sites=(sp, sp)),  # repeated
+        record.evolve(plan, sites=(record.evolve(sp, kernels=()),)),  # empty site
+        record.evolve(plan, sites=(bad_width,)),
     ):
         with pytest.raises(PlanError):
             verify(broken, FACTS)
@@ -426,8 +426,8 @@ def _many(op: str, n: int):
     """A checked program of ``n`` interventions `at resid_post[1]` doing ``op``: checked once and replicated
     (parsing 10,000 blocks is not what is measured)."""
     one = check_source(f"steer 1\nintervention i {{\n  at resid_post[1]\n  {op}\n}}\n", "big.steer").checked
-    ivs = tuple(attrs.evolve(one.interventions[0], name=f"i{k}", index=k) for k in range(n))
-    return attrs.evolve(one, interventions=ivs)
+    ivs = tuple(record.evolve(one.interventions[0], name=f"i{k}", index=k) for k in range(n))
+    return record.evolve(one, interventions=ivs)
 
 
 @pytest.mark.parametrize("kind", sorted(OPS_BIG))

@@ -127,13 +127,12 @@ def render_family_table() -> str:
 
 def render_ir_nodes() -> str:
     """The node classes of ``steerc parse --emit ir`` and their fields, from :mod:`steerc.ir.nodes`."""
-    import attrs
-
+    from steerc.core import record
     from steerc.ir.nodes import NODE_CLASSES
 
     out = ["| node | fields, in order |", "|---|---|"]
     for name, cls in NODE_CLASSES.items():
-        fields = ", ".join(f"`{f.name}`" for f in attrs.fields(cls))
+        fields = ", ".join(f"`{f.name}`" for f in record.fields(cls))
         out.append(f"| `{name}` | {fields} |")
     return "\n".join(out) + "\n"
 

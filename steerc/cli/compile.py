@@ -42,12 +42,18 @@ def _xgrammar_available() -> bool:
     return importlib.util.find_spec("xgrammar") is not None
 
 
-def _weights(path: str):
-    """The model a target builds from (``needs_model``): loaded as ``steerc run`` loads it."""
-    from steerc.runtime.models import load_model
+class _Weights:
+    """The model a target builds from (``needs_model``): called, loaded as ``steerc run`` loads it; ``path``
+    the weights to load, for a target that reads them itself, tensor by tensor (``--target weights``)."""
 
-    model, _ = load_model(path)
-    return model
+    def __init__(self, path: str):
+        self.path = path
+
+    def __call__(self):
+        from steerc.runtime.models import load_model
+
+        model, _ = load_model(self.path)
+        return model
 
 
 def run(args) -> int:
@@ -91,7 +97,7 @@ def run(args) -> int:
         from steerc.cli.common import model_path_for
 
         path = model_path_for(args)
-        extra["model"] = lambda: _weights(path)
+        extra["model"] = _Weights(path)
     try:
         _, kept = clear(args.output)  # the previous compile's files: this one's are all written afresh
         written = target.emit(result.plan, result.facts, args.output, command=command, key=key, **extra)

@@ -10,9 +10,8 @@ from __future__ import annotations
 
 import sys
 
-from attrs import define, field
-
 from steerc.core.jsonio import dumps
+from steerc.core.record import define, field
 from steerc.diagnostics import capped, render_text, to_json_dict
 
 FORMATS = ("text", "json", "sarif", "github")

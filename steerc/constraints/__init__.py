@@ -21,8 +21,7 @@ lazily) and report what it rejects.
 
 from __future__ import annotations
 
-from attrs import frozen
-
+from steerc.core.record import frozen
 from steerc.diagnostics.codes import INVALID_CONSTRAINT, UNSUPPORTED_SCHEMA_KEYWORD
 
 INVALID = INVALID_CONSTRAINT

@@ -6,10 +6,9 @@ for messages.
 
 from __future__ import annotations
 
-from attrs import define, field
-
 from steerc.constraints import INVALID, UNSUPPORTED, Problem
 from steerc.constraints.jsonpos import Located
+from steerc.core.record import define, field
 
 
 @define

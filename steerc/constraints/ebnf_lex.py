@@ -14,10 +14,9 @@ from __future__ import annotations
 
 import re
 
-from attrs import field, frozen
-
 from steerc.constraints import INVALID, Problem
 from steerc.constraints._common import show
+from steerc.core.record import field, frozen
 
 MAX_INTEGER = 10**15  # xgrammar's kMaxIntegerInGrammar
 _NAME = re.compile(r"[A-Za-z_.\-][A-Za-z0-9_.\-]*")

@@ -14,10 +14,9 @@ xgrammar 0.2.9's ``TagDispatch``, ``Regex`` and ``Substring``.
 
 from __future__ import annotations
 
-from attrs import frozen
-
 from steerc.constraints._common import show
 from steerc.constraints.ebnf_lex import Token, fail
+from steerc.core.record import frozen
 
 
 @frozen

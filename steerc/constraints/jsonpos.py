@@ -18,11 +18,10 @@ from __future__ import annotations
 import math
 import re
 
-from attrs import field, frozen
-
 from steerc.constraints import INVALID, Problem
 from steerc.constraints._common import did_you_mean, show
 from steerc.core.limits import MAX_JSON_INT_DIGITS
+from steerc.core.record import field, frozen
 
 MAX_DEPTH = 128  # keeps the recursive descent well inside Python's stack
 _NUMBER = re.compile(r"-?(?:0|[1-9][0-9]*)(\.[0-9]+)?([eE][+-]?[0-9]+)?")

@@ -20,7 +20,7 @@ True
 
 from __future__ import annotations
 
-from attrs import frozen
+from steerc.core.record import frozen
 
 # ------------------------------------------------------------------ programs
 

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import os
 
-from attrs import frozen
+from steerc.core.record import frozen
 
 MARKER = "steer.toml"
 CACHE_NAME = "steerc-cache"  # the user cache's folder under $XDG_CACHE_HOME or ~/.cache (steerc.core.cache)

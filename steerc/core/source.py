@@ -17,9 +17,8 @@ from __future__ import annotations
 
 import bisect
 
-from attrs import field, frozen
-
 from steerc.core.limits import MAX_SOURCE_BYTES
+from steerc.core.record import field, frozen
 
 
 @frozen

@@ -29,9 +29,9 @@ import sys
 from typing import TYPE_CHECKING
 
 import numpy as np
-from attrs import frozen
 
 from steerc.core.jsonio import canonical
+from steerc.core.record import frozen
 from steerc.derive.data import Dataset
 
 if TYPE_CHECKING:

@@ -25,9 +25,9 @@ import json
 import os
 
 import numpy as np
-from attrs import define, field
 
 from steerc.core.limits import context_of, text_tokens_limit
+from steerc.core.record import define, field
 from steerc.derive import activations as A
 from steerc.derive import bank, fit, heldout_scores
 from steerc.derive import data as D

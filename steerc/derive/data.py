@@ -27,10 +27,9 @@ from __future__ import annotations
 
 import hashlib
 
-from attrs import field, frozen
-
 from steerc.core.jsonio import JSONError, loads
 from steerc.core.limits import MAX_DATA_BYTES, MAX_EXAMPLE_CHARS, MAX_EXAMPLES, MAX_REPEATS, human
+from steerc.core.record import field, frozen
 from steerc.core.source import Source, Span
 from steerc.diagnostics import Diagnostic, Note
 from steerc.diagnostics.codes import EMPTY_DATA, INVALID_DATA, UNBALANCED_DATA

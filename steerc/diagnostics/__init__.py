@@ -20,9 +20,8 @@ error[undefined-name]: undefined name `w`
 
 from __future__ import annotations
 
-from attrs import evolve, field, frozen
-
 from steerc.core.limits import MAX_ECHO_COLUMNS, MAX_MESSAGE_CHARS, MAX_REPEATS
+from steerc.core.record import evolve, field, frozen
 from steerc.core.source import Source, Span, normalize_newlines
 from steerc.core.text import shown, shown_with_offsets
 from steerc.diagnostics.codes import CODES, INVALID_ENCODING
@@ -86,7 +85,7 @@ class Diagnostic:
     # How many more diagnostics of this code were left out after this one (see `capped`).
     omitted: int = field(default=0, kw_only=True)
 
-    def __attrs_post_init__(self) -> None:
+    def __post_init__(self) -> None:
         if self.code not in CODES:
             raise ValueError(f"unregistered diagnostic code {self.code!r}")
 

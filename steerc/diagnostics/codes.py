@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from typing import Final
 
-from attrs import frozen
+from steerc.core.record import frozen
 
 
 @frozen

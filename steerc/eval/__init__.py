@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import math
 
-from attrs import frozen
+from steerc.core.record import frozen
 
 MAX_POINTS = 1000
 MAX_STEPS = 1000

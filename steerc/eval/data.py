@@ -20,8 +20,7 @@ the key; a file with no items is ``empty-data``.
 
 from __future__ import annotations
 
-from attrs import field, frozen
-
+from steerc.core.record import field, frozen
 from steerc.core.source import Source
 from steerc.derive.data import DataError, did_you_mean_key, json_rows, key_span, sha256_of, text_ok
 from steerc.diagnostics import Diagnostic

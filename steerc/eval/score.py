@@ -20,9 +20,8 @@ from __future__ import annotations
 
 import contextlib
 
-from attrs import frozen
-
 from steerc.core.limits import MAX_PROMPT_TOKENS
+from steerc.core.record import frozen
 from steerc.eval.data import Item
 
 CACHE_BYTES = 512 * 1024 * 1024

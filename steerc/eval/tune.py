@@ -23,8 +23,7 @@ import math
 import operator
 import re
 
-from attrs import frozen
-
+from steerc.core.record import frozen
 from steerc.eval.metrics import METRICS
 
 OPS = {"<=": operator.le, "<": operator.lt, ">=": operator.ge, ">": operator.gt}

@@ -17,11 +17,10 @@ import hashlib
 import json
 import os
 
-from attrs import field, frozen
-
 from steerc.core.jsonio import JSONError, canonical
 from steerc.core.jsonio import read_file as read_json_file
 from steerc.core.limits import MAX_HEAD_DIM, MAX_HEADS, MAX_HIDDEN, MAX_INTERMEDIATE, MAX_LAYERS, MAX_VOCAB
+from steerc.core.record import field, frozen
 from steerc.diagnostics.codes import INVALID_MODEL, UNKNOWN_FAMILY
 from steerc.facts.families import FAMILIES, MODEL_TYPES
 from steerc.facts.named import named_config, not_found

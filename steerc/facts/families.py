@@ -8,7 +8,7 @@ against the real configs in ``tests/fixtures/examples/models/real``.
 
 from __future__ import annotations
 
-from attrs import frozen
+from steerc.core.record import frozen
 
 
 @frozen

@@ -23,7 +23,7 @@ import importlib.util
 import os
 import re
 
-from attrs import frozen
+from steerc.core.record import frozen
 
 CONFIGS = os.path.join(os.path.dirname(__file__), "configs")
 

@@ -48,7 +48,7 @@ from __future__ import annotations
 
 import re
 
-from attrs import evolve, frozen
+from steerc.core.record import evolve, frozen
 
 VLLM_READ_FROM = "0.33.0"
 VLLM_032 = "vLLM 0.32.0"

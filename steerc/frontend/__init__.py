@@ -37,7 +37,7 @@ def parse(source: Source, diagnostics: Diagnostics | None = None) -> ir.Program 
 
 
 def _with_comments(program: ir.Program, source: Source, comments) -> ir.Program:
-    from attrs import evolve
+    from steerc.core.record import evolve
 
     kept = tuple(
         ir.Comment(line, column, text, not source.line_text(line)[: column - 1].strip())

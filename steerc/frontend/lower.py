@@ -9,9 +9,9 @@ semantic is the checker's job.
 
 from __future__ import annotations
 
-from attrs import evolve
 from lark import Token, Tree
 
+from steerc.core.record import evolve
 from steerc.core.source import Source, Span
 from steerc.diagnostics import Diagnostics, Note
 from steerc.diagnostics.codes import DUPLICATE_FIELD, SYNTAX_ERROR

@@ -85,6 +85,7 @@ class ArchiveError(VectorFileError):
                  help: str | None = None):
         super().__init__(INVALID_FOREIGN_FILE, message, help=help)
         self.member, self.pointer = member, pointer
+        self.text: str | None = None  # the manifest's text, when ``pointer`` points into it
 
 
 @dataclass(frozen=True)
@@ -175,7 +176,12 @@ def _read(stream, path: str) -> Patch:
             readme = raw[README].decode("utf-8")
         except UnicodeDecodeError:
             raise ArchiveError("README.md is not UTF-8", README) from None
-    return _manifest(data, text, path, _vectors(raw[VECTORS]), readme)
+    vectors = _vectors(raw[VECTORS])
+    try:
+        return _manifest(data, text, path, vectors, readme)
+    except ArchiveError as exc:
+        exc.text = text
+        raise
 
 
 def _replace_sha(patch: Patch, sha: str) -> Patch:

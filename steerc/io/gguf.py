@@ -38,9 +38,8 @@ import mmap
 import os
 import struct
 
-from attrs import frozen
-
 from steerc.core.limits import MAX_GGUF_HEADER_BYTES, MAX_GGUF_STRINGS, MAX_GGUF_TENSORS
+from steerc.core.record import frozen
 
 MAGIC = b"GGUF"
 VERSION = 3

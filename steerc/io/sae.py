@@ -42,11 +42,10 @@ import os
 import re
 import stat
 
-from attrs import frozen
-
 from steerc.core.jsonio import JSONError
 from steerc.core.jsonio import read_file as read_json_file
 from steerc.core.limits import MAX_HIDDEN, MAX_JSON_BYTES, MAX_SAE_DENSE_VALUES, MAX_SAE_FEATURES, human
+from steerc.core.record import frozen
 from steerc.diagnostics.codes import (
     FILE_NOT_FOUND,
     INVALID_VALUE,

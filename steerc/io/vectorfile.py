@@ -14,8 +14,7 @@ import math
 import os
 import re
 
-from attrs import frozen
-
+from steerc.core.record import frozen
 from steerc.diagnostics.codes import INVALID_VECTOR_FILE
 from steerc.io import floats
 

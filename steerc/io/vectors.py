@@ -40,11 +40,10 @@ import struct
 import sys
 from typing import Callable
 
-from attrs import frozen
-
 from steerc.core.jsonio import JSONError
 from steerc.core.jsonio import loads as loads_json
 from steerc.core.limits import MAX_SAFETENSORS_HEADER
+from steerc.core.record import frozen
 from steerc.diagnostics.codes import INVALID_VECTOR_FILE
 from steerc.io.vectorfile import TensorInfo, VectorFile, VectorFileError
 

@@ -22,7 +22,7 @@ reads a SAELens SAE folder (:mod:`steerc.io.sae`), in a ``sae`` declaration.
 
 from __future__ import annotations
 
-from attrs import frozen
+from steerc.core.record import frozen
 
 SOURCE, VECTOR_FN, SCHEDULE_FN, SAE_FN = "source", "vector", "schedule", "sae"
 

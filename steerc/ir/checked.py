@@ -12,11 +12,9 @@ from __future__ import annotations
 
 from typing import Union
 
-from attrs import field
-
+from steerc.core.record import field, frozen
 from steerc.core.source import Span
 from steerc.ir import nodes as ir
-from steerc.ir.record import frozen
 from steerc.ir.values import PerLayer
 
 Operand = Union["numpy.ndarray", PerLayer]  # noqa: F821 - numpy is imported where operands are made

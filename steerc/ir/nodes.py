@@ -15,10 +15,8 @@ from __future__ import annotations
 
 from typing import Union
 
-from attrs import field
-
+from steerc.core.record import field, frozen
 from steerc.core.source import Span
-from steerc.ir.record import frozen
 
 
 def _span():

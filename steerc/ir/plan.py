@@ -33,8 +33,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Union
 
-from attrs import evolve, field, frozen
-
+from steerc.core.record import evolve, field, frozen
 from steerc.core.source import Span
 from steerc.ir import checked as ck
 from steerc.ir import nodes as ir

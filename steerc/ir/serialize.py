@@ -21,8 +21,7 @@ True
 
 from __future__ import annotations
 
-import attrs
-
+from steerc.core import record
 from steerc.core.jsonio import decode_float, finite
 from steerc.core.jsonio import dumps as dumps_json
 from steerc.core.jsonio import loads as loads_json
@@ -49,9 +48,9 @@ def _to_json(value, file: list[str]):
         if not file:
             file.append(value.file)
         return _span_to_json(value)
-    if attrs.has(type(value)):
+    if record.has(type(value)):
         out = {"node": type(value).__name__}
-        for f in attrs.fields(type(value)):
+        for f in record.fields(type(value)):
             v = getattr(value, f.name)
             if (v is None and f.name.endswith("span")) or (f.name == "comments" and not v):
                 continue
@@ -80,7 +79,7 @@ def _from_json(value, file: str | None):
     if isinstance(value, dict):
         cls = NODE_CLASSES[value["node"]]
         kwargs = {}
-        for f in attrs.fields(cls):
+        for f in record.fields(cls):
             if f.name not in value:
                 continue
             v = value[f.name]

@@ -1,7 +1,7 @@
 """Folded vector values.
 
 A :class:`Vec` wraps a read-only float32 numpy array and compares by content,
-so IR nodes holding vectors can be frozen attrs classes that compare by
+so IR nodes holding vectors can be frozen records (steerc.core.record) that compare by
 meaning. A :class:`PerLayer` holds one row per layer, as loaded from an
 ``[L, d]`` tensor or from keys ``<key>.<i>``.
 

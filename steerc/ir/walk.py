@@ -8,7 +8,7 @@
 
 from __future__ import annotations
 
-import attrs
+from steerc.core import record
 
 _CHILD_FIELDS: dict[type, tuple[str, ...]] = {}
 _SKIP = {"span", "name_span", "func_span", "version_span", "range_span", "text", "comments", "long"}
@@ -17,7 +17,7 @@ _SKIP = {"span", "name_span", "func_span", "version_span", "range_span", "text",
 def _child_fields(cls: type) -> tuple[str, ...]:
     names = _CHILD_FIELDS.get(cls)
     if names is None:
-        names = tuple(f.name for f in attrs.fields(cls) if f.name not in _SKIP)
+        names = tuple(f.name for f in record.fields(cls) if f.name not in _SKIP)
         _CHILD_FIELDS[cls] = names
     return names
 
@@ -28,9 +28,9 @@ def children(node):
         value = getattr(node, fname)
         if isinstance(value, tuple):
             for v in value:
-                if attrs.has(type(v)):
+                if record.has(type(v)):
                     yield v
-        elif value is not None and attrs.has(type(value)):
+        elif value is not None and record.has(type(value)):
             yield value
 
 

@@ -24,8 +24,7 @@ from __future__ import annotations
 
 import bisect
 
-from attrs import define, field
-
+from steerc.core.record import define, field
 from steerc.core.source import Source, Span
 from steerc.ir import nodes as ir
 from steerc.ir.walk import walk

@@ -17,8 +17,7 @@ from __future__ import annotations
 import functools
 import re
 
-from attrs import frozen
-
+from steerc.core.record import frozen
 from steerc.ir.builtins import BUILTINS
 from steerc.ir.checked import SITE_KINDS
 from steerc.lsp.hover import MEANING

@@ -64,8 +64,7 @@ def _load(model: str) -> tuple:
 
 def without_model(diagnostic, model: str, origin: str):
     """``diagnostic`` (why ``model`` cannot be used) with a note saying where the model was named."""
-    from attrs import evolve
-
+    from steerc.core.record import evolve
     from steerc.diagnostics import Note
 
     note = Note(f"the model `{model}` is named by {origin}; the file was checked without a model")

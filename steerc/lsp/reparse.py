@@ -29,8 +29,7 @@ random edits against full parses: same IR, same spans, same diagnostics.
 
 from __future__ import annotations
 
-import attrs
-
+from steerc.core import record
 from steerc.core.source import Source, Span
 from steerc.frontend import parse
 from steerc.ir import nodes as ir
@@ -88,7 +87,7 @@ class Reparser:
         moved = tuple(_moved(s, delta, lines, source) for s in program.statements[after:])
         self.reused = before + len(moved)
         last = program.span.end + delta if moved else middle.span.end
-        return attrs.evolve(program, statements=program.statements[:before] + middle.statements + moved,
+        return record.evolve(program, statements=program.statements[:before] + middle.statements + moved,
                             span=source.span(program.span.start, last), comments=())
 
 
@@ -168,8 +167,8 @@ def _moved(node, delta: int, lines: int, source: Source):
             values[name] = Span(value.file, value.line + lines, value.column, value.end_line + lines,
                                 value.end_column, value.start + delta, value.end + delta)
         elif isinstance(value, tuple):
-            values[name] = tuple(_moved(v, delta, lines, source) if attrs.has(type(v)) else v for v in value)
-        elif attrs.has(type(value)):
+            values[name] = tuple(_moved(v, delta, lines, source) if record.has(type(v)) else v for v in value)
+        elif record.has(type(value)):
             values[name] = _moved(value, delta, lines, source)
         else:
             values[name] = value
@@ -179,5 +178,5 @@ def _moved(node, delta: int, lines: int, source: Source):
 def _fields(cls: type) -> tuple[tuple[str, bool], ...]:
     got = _FIELDS.get(cls)
     if got is None:
-        got = _FIELDS[cls] = tuple((f.name, f.name in _SPAN_FIELDS) for f in attrs.fields(cls))
+        got = _FIELDS[cls] = tuple((f.name, f.name in _SPAN_FIELDS) for f in record.fields(cls))
     return got

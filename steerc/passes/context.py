@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import os
 
-from attrs import define, field
-
 from steerc.core.limits import MAX_REPEATS, MAX_VALUES
 from steerc.core.paths import find_root
+from steerc.core.record import define, field
 from steerc.core.source import Source, Span
 from steerc.diagnostics import Diagnostics
 from steerc.diagnostics.codes import LIMIT_EXCEEDED

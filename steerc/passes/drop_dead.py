@@ -10,8 +10,7 @@ nothing observes a dead kernel. Reported as ``dead-intervention``.
 
 from __future__ import annotations
 
-from attrs import evolve
-
+from steerc.core.record import evolve
 from steerc.ir import nodes as ir
 from steerc.ir.plan import Affine, Change, Kernel, Plan, SitePlan
 

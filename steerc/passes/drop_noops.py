@@ -8,8 +8,7 @@ an intervention all of whose kernels are dropped is reported ``no-effect``.
 
 from __future__ import annotations
 
-from attrs import evolve
-
+from steerc.core.record import evolve
 from steerc.ir.plan import Affine, Change, Plan, Project, Rotate, SitePlan
 
 name = "drop-noops"

@@ -14,10 +14,9 @@ from __future__ import annotations
 import hashlib
 import math
 
-from attrs import evolve
-
 from steerc.core.limits import FLOAT32_MAX, MAX_LOREFT_RANK
 from steerc.core.limits import MAX_SCHEDULE_STEP as MAX_POSITION
+from steerc.core.record import evolve
 from steerc.diagnostics import Note
 from steerc.diagnostics.codes import (
     INVALID_VALUE,

@@ -13,9 +13,9 @@ a per-request param sets: each value must find its own operand.
 from __future__ import annotations
 
 import numpy as np
-from attrs import evolve
 
 from steerc.core.limits import FLOAT32_MAX
+from steerc.core.record import evolve
 from steerc.ir.plan import Affine, Change, Kernel, Plan, SitePlan
 from steerc.ir.values import Vec
 

@@ -15,8 +15,8 @@ float64 with a tolerance of 1e-6 on unit vectors.
 from __future__ import annotations
 
 import numpy as np
-from attrs import evolve
 
+from steerc.core.record import evolve
 from steerc.ir.plan import Change, Kernel, Plan, Project, SitePlan
 
 name = "fuse-projections"

@@ -21,8 +21,7 @@ from __future__ import annotations
 
 import math
 
-from attrs import frozen
-
+from steerc.core.record import frozen
 from steerc.ir import nodes as ir
 
 

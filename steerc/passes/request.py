@@ -24,8 +24,7 @@ with the param at 1, so that a runtime rebuilds the operand as
 
 from __future__ import annotations
 
-from attrs import evolve
-
+from steerc.core.record import evolve
 from steerc.diagnostics.codes import PER_REQUEST_PARAM
 from steerc.ir import checked as ck
 from steerc.ir import nodes as ir

@@ -37,10 +37,9 @@ from __future__ import annotations
 import os
 import re
 
-from attrs import field, frozen
-
 from steerc.core.limits import FLOAT32_MAX, MAX_NESTING, MAX_NUMBER_CHARS, MAX_SOURCE_BYTES
 from steerc.core.paths import MARKER, find_root
+from steerc.core.record import field, frozen
 from steerc.core.source import Source, Span, read_program
 from steerc.diagnostics import Diagnostic
 from steerc.diagnostics.codes import INVALID_CONFIG, LIMIT_EXCEEDED

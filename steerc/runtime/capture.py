@@ -20,9 +20,9 @@ from __future__ import annotations
 import os
 
 import numpy as np
-from attrs import frozen
 
 from steerc.core.limits import MAX_TEXT_TOKENS, text_tokens_limit
+from steerc.core.record import frozen
 from steerc.diagnostics import Refusal
 from steerc.diagnostics.codes import INVALID_DATA, INVALID_VALUE
 

@@ -36,7 +36,7 @@ import importlib
 import os
 from collections.abc import Callable
 
-from attrs import frozen
+from steerc.core.record import frozen
 
 
 class EngineError(Exception):

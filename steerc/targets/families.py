@@ -17,8 +17,7 @@ True
 
 from __future__ import annotations
 
-from attrs import frozen
-
+from steerc.core.record import frozen
 from steerc.diagnostics import Diagnostic
 from steerc.diagnostics.codes import UNSUPPORTED_BY_TARGET
 from steerc.facts.families import FAMILIES

@@ -14,8 +14,7 @@ it: an emitter that was never taught it is never reached.
 
 from __future__ import annotations
 
-from attrs import frozen
-
+from steerc.core.record import frozen
 from steerc.ir import checked as ck
 from steerc.ir import nodes as ir
 

@@ -17,9 +17,9 @@ from __future__ import annotations
 import os
 
 import numpy as np
-from attrs import field, frozen
 
 from steerc.core.jsonio import canonical
+from steerc.core.record import field, frozen
 from steerc.diagnostics import Refusal
 from steerc.facts.sites import site_table
 from steerc.ir import checked as ck

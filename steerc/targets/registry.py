@@ -1,9 +1,9 @@
 """Every target steerc lowers to, each one entry: its folder's ``TARGET`` (:class:`~steerc.targets.seat.Target`).
 
 >>> list(REGISTRY)
-['hf', 'vllm', 'serve', 'vllm-hook', 'llamacpp', 'export']
+['hf', 'vllm', 'serve', 'vllm-hook', 'llamacpp', 'export', 'weights']
 >>> TARGET_NAMES
-('hf', 'vllm', 'serve', 'llamacpp', 'export')
+('hf', 'vllm', 'serve', 'llamacpp', 'export', 'weights')
 >>> selected("serve", "vllm-hook").name
 'vllm-hook'
 """
@@ -17,8 +17,9 @@ from steerc.targets.seat import Target
 from steerc.targets.serve.target import TARGET as SERVE
 from steerc.targets.vllm.target import TARGET as VLLM
 from steerc.targets.vllm_hook.target import TARGET as VLLM_HOOK
+from steerc.targets.weights.target import TARGET as WEIGHTS
 
-REGISTRY: dict[str, Target] = {t.name: t for t in (HF, VLLM, SERVE, VLLM_HOOK, LLAMACPP, EXPORT)}
+REGISTRY: dict[str, Target] = {t.name: t for t in (HF, VLLM, SERVE, VLLM_HOOK, LLAMACPP, EXPORT, WEIGHTS)}
 
 # What ``--target`` (and ``steer.toml``'s ``target``) may name, and ``--dialect``.
 TARGET_NAMES = tuple(dict.fromkeys(t.selected_by[0] for t in REGISTRY.values()))

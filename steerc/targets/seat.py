@@ -10,8 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from attrs import frozen
-
+from steerc.core.record import frozen
 from steerc.targets.features import Capabilities
 
 # emit(plan, facts, out_dir, command=..., key=...) -> the names of the files written under out_dir

@@ -202,7 +202,7 @@ NEVER_RUNS = """
 import os, sys
 sys.path[:0] = [{engine!r}, {tests!r}]
 os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"   # engine and worker in this process: the patch below reaches them
-from attrs import evolve
+from steerc.core.record import evolve
 from steerc.facts import sites
 # A site table that names a module the forward never calls: vLLM computes logits from lm_head's weights
 # without calling it. This is what a vLLM release that restructures a model looks like to steerc.

@@ -9,9 +9,8 @@ from __future__ import annotations
 
 import math
 
-from attrs import frozen
-
 from steerc.core.limits import MAX_SCHEDULE_STEP
+from steerc.core.record import frozen
 from steerc.ir.kernels.base import NULL_OR_REF, REF, Kind, Operand
 from steerc.ir.values import Vec
 

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from attrs import evolve, frozen
+from steerc.core.record import evolve, frozen
 
 
 @frozen

@@ -9,9 +9,8 @@ afterwards ``R h' = W h + b``, and the part of ``h`` orthogonal to the subspace 
 
 from __future__ import annotations
 
-from attrs import frozen
-
 from steerc.core.limits import MAX_LOREFT_RANK
+from steerc.core.record import frozen
 from steerc.ir.kernels.base import REF, Kind, Operand
 from steerc.ir.values import Vec
 

@@ -5,8 +5,7 @@
 
 from __future__ import annotations
 
-from attrs import evolve, frozen
-
+from steerc.core.record import evolve, frozen
 from steerc.ir.kernels.base import REF, Kind, Operand
 from steerc.ir.values import Vec
 

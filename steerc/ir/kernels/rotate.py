@@ -8,8 +8,7 @@ from __future__ import annotations
 
 import math
 
-from attrs import frozen
-
+from steerc.core.record import frozen
 from steerc.ir.kernels.base import REF, Kind, Operand
 from steerc.ir.values import Vec
 

@@ -11,8 +11,7 @@ are carried, and ``b_dec``: never the whole SAE.
 
 from __future__ import annotations
 
-from attrs import field, frozen
-
+from steerc.core.record import field, frozen
 from steerc.ir.kernels.base import REF, Kind, Operand
 from steerc.ir.values import Vec
 
