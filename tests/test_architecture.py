@@ -17,7 +17,7 @@ LAYERS = {
     "diagnostics": 2, "facts": 2, "ir": 2, "constraints": 2,
     "frontend": 3, "io": 3, "highlight": 3,
     "passes": 4,
-    "targets": 5, "project": 5, "api": 5, "serve_client": 5,
+    "targets": 5, "project": 5, "api": 5, "serve_client": 5, "formats": 5,
     "runtime": 6,
     "derive": 7, "explain": 7, "eval": 7,
     "cli": 8, "lsp": 8,

@@ -24,6 +24,7 @@ COMMANDS = {
     "facts": ("facts", "print a model's layout facts and site table as JSON"),
     "explain": ("explain", "show the per-site plan a program compiles to"),
     "compile": ("compile", "compile a program for a target ({targets})"),
+    "import": ("import_", "import another tool's steering file (a BrainPatch archive) as a program and its vectors"),
     "run": ("run", "steer a Hugging Face model with a program and print the completion"),
     "serve": ("serve", "run vLLM's OpenAI-compatible server with the steerc plugin (per-request plans)"),
     "derive": ("derive", ("make steering vectors from contrastive data (mean difference, PCA, logistic), or "
