@@ -178,6 +178,9 @@ STRUCTURAL = {
     ("05_ops_and_scopes.steer", "llamacpp"): {"the embeddings, resid_pre[0], in intervention `damp_early`"},
     ("11_rotate.steer", "llamacpp"): {"resid_pre[1] (= resid_post[0]), layer 0's output, in intervention "
                                       "`turn_a_bit`"},
+    # issue 36: the weights target folds resid_pre[0] only (resid_pre[l] is the stream, which no matrix writes)
+    **{(name, "weights"): {f"resid_pre[l] for l >= 1 (= resid_post[l-1]), in intervention `{iv}`"}
+       for name, iv in (("10_regex_inline_schema.steer", "tilt_it"), ("11_rotate.steer", "turn_a_bit"))},
 }
 
 

@@ -38,15 +38,18 @@ from steerc.targets.seat import Target
 # the rows that issue 34 added: `op:loreft` and `op:clamp-feature` (yes on hf, vllm, serve and export; no on
 # llamacpp and vllm-hook, each saying why).
 TABLES_SHA256 = "4bb92482af6bbb3207802c53643283000b6124656dc926f61de7631b22142d9e"
-MATRIX_SHA256 = "7adc2625dbd51f5548f5708fa361173543a33dde22f536d10d03791fa901cbf0"
+MATRIX_SHA256 = "dace6a4bfe054f6d5e13ef3dcc02024da695ea54062ff133ea57854b02789e86"  # with issue 36's weights column
 
 PROGRAM = "steer 1\nvector v = [1.0, 2.0]\nintervention a {\n  at resid_post[1]\n  add v\n}\n"
 NEW = "op:twist"  # a feature key no target declares
 
 
+LATER = ("weights",)  # targets added since (issue 36): their own tests check their tables
+
+
 def _tables_json() -> str:
     doc = [[n, c.name, c.summary, [[f.key, f.supported, f.note, f.instead] for f in c.features]]
-           for n, c in C.TARGETS.items()]
+           for n, c in C.TARGETS.items() if n not in LATER]
     return json.dumps(doc, sort_keys=True, ensure_ascii=True)
 
 
@@ -55,7 +58,7 @@ def _tables_json() -> str:
 
 def test_every_existing_table_is_unchanged():
     assert hashlib.sha256(_tables_json().encode()).hexdigest() == TABLES_SHA256
-    assert list(C.TARGETS) == ["hf", "vllm", "serve", "vllm-hook", "llamacpp", "export"]
+    assert list(C.TARGETS) == ["hf", "vllm", "serve", "vllm-hook", "llamacpp", "export", *LATER]
 
 
 def test_the_rendered_matrix_is_unchanged_and_is_the_one_in_the_spec():
