@@ -1,15 +1,16 @@
 """Every target steerc lowers to, each one entry: its folder's ``TARGET`` (:class:`~steerc.targets.seat.Target`).
 
 >>> list(REGISTRY)
-['hf', 'vllm', 'serve', 'vllm-hook', 'llamacpp', 'export', 'weights']
+['hf', 'vllm', 'serve', 'vllm-hook', 'llamacpp', 'export', 'weights', 'brainpatch']
 >>> TARGET_NAMES
-('hf', 'vllm', 'serve', 'llamacpp', 'export', 'weights')
+('hf', 'vllm', 'serve', 'llamacpp', 'export', 'weights', 'brainpatch')
 >>> selected("serve", "vllm-hook").name
 'vllm-hook'
 """
 
 from __future__ import annotations
 
+from steerc.targets.brainpatch.target import TARGET as BRAINPATCH
 from steerc.targets.export.target import TARGET as EXPORT
 from steerc.targets.hf.target import TARGET as HF
 from steerc.targets.llamacpp.target import TARGET as LLAMACPP
@@ -19,7 +20,8 @@ from steerc.targets.vllm.target import TARGET as VLLM
 from steerc.targets.vllm_hook.target import TARGET as VLLM_HOOK
 from steerc.targets.weights.target import TARGET as WEIGHTS
 
-REGISTRY: dict[str, Target] = {t.name: t for t in (HF, VLLM, SERVE, VLLM_HOOK, LLAMACPP, EXPORT, WEIGHTS)}
+REGISTRY: dict[str, Target] = {t.name: t for t in (HF, VLLM, SERVE, VLLM_HOOK, LLAMACPP, EXPORT, WEIGHTS,
+                                                              BRAINPATCH)}
 
 # What ``--target`` (and ``steer.toml``'s ``target``) may name, and ``--dialect``.
 TARGET_NAMES = tuple(dict.fromkeys(t.selected_by[0] for t in REGISTRY.values()))
