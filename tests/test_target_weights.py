@@ -402,3 +402,57 @@ def test_embedding_rows_each_map_to_f_of_the_row(tmp_path):
     q = q / np.linalg.norm(q)
     want = e + np.outer(2.0 - e @ q, q)
     assert np.abs(got - want).max() < 1e-6
+
+
+# ------------------------------------------------------------------------------------------ SmolLM2
+
+
+@pytest.mark.smollm
+@pytest.mark.slow
+def test_smollm2_abliterated_and_steered_equals_the_hf_target(tmp_path):
+    """SmolLM2-135M-Instruct (`--model smollm2`, its GGUF dequantized by steerc): a direction ablated from
+    every writer of the stream (the tied lm_head untied) and an add at attn_out[10] folded into o_proj's new
+    bias; transformers loads the folder and gives the HF target's logits (1e-4 relative) and greedy tokens."""
+    from own_env import smollm2
+    from transformers import AutoModelForCausalLM
+
+    from steerc.runtime.hf import install
+
+    _, model, tokenizer = smollm2()
+    d = model.config.hidden_size
+    text = f"""steer 1
+vector u = normalize({vec(d, 21)})
+intervention embed {{
+  at resid_pre[0]
+  ablate u
+}}
+intervention attn {{
+  at attn_out[*]
+  ablate u
+}}
+intervention mlp {{
+  at mlp_out[*]
+  ablate u
+}}
+intervention push {{
+  at attn_out[10]
+  add 4 * normalize({vec(d, 22)})
+}}
+"""
+    (tmp_path / "p.steer").write_text(text)
+    code, _, err = compile_weights(tmp_path, text, model="smollm2")
+    assert code == 0, err
+    ids = tokenizer("The capital of France is", return_tensors="pt").input_ids
+    with install(model, plan_for(model, text, base_dir=str(tmp_path))), torch.no_grad():
+        want = model(input_ids=ids).logits[0]
+        want_tokens = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=12,
+                                     do_sample=False)[0].tolist()
+    baked = AutoModelForCausalLM.from_pretrained(tmp_path / "out", dtype=torch.float32).eval()
+    with torch.no_grad():
+        got = baked(input_ids=ids).logits[0]
+        got_tokens = baked.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=12,
+                                    do_sample=False)[0].tolist()
+    assert (got - want).abs().max().item() <= 1e-4 * want.abs().max().item()
+    assert got_tokens == want_tokens
+    cfg = json.loads((tmp_path / "out" / "config.json").read_text())
+    assert cfg["tie_word_embeddings"] is False and cfg["attention_bias"] is True
