@@ -456,3 +456,25 @@ intervention push {{
     assert got_tokens == want_tokens
     cfg = json.loads((tmp_path / "out" / "config.json").read_text())
     assert cfg["tie_word_embeddings"] is False and cfg["attention_bias"] is True
+
+
+def test_explain_shows_the_matrix_each_site_folds_into(tmp_path, monkeypatch):
+    """`steerc explain --target weights` names, per site, the matrix (and any bias) its kernels fold into,
+    the same ones the compiled folder's steerc.json records."""
+    model_folder(tmp_path)
+    (tmp_path / "p.steer").write_text(AFFINE)
+    monkeypatch.chdir(tmp_path)
+    code, out, err = run_cli(["explain", "p.steer", "--model", "model", "--target", "weights", "--format", "json"])
+    assert code == 0, err
+    folds = {s["site"]: s["folds_into"] for s in json.loads(out)["sites"]}
+    assert folds["attn_out[1]"]["matrix"] == "model.layers.1.self_attn.o_proj.weight"
+    assert folds["attn_out[1]"]["bias"] == "model.layers.1.self_attn.o_proj.bias"
+    assert folds["head[0, 2]"]["matrix"] == "model.layers.0.self_attn.o_proj.weight"
+    assert "columns 32:48" in folds["head[0, 2]"]["how"]
+    assert folds["mlp_out[2]"]["matrix"] == "model.layers.2.mlp.down_proj.weight"
+    code, text, _ = run_cli(["explain", "p.steer", "--model", "model", "--target", "weights"])
+    assert code == 0 and "folds into model.layers.0.mlp.down_proj.weight and model.layers.0.mlp.down_proj.bias" in text
+    assert compile_weights(tmp_path, AFFINE)[0] == 0
+    recorded = {s["site"]: f["matrix"] for f in json.loads((tmp_path / "out" / "steerc.json").read_text())["folds"]
+                for s in f["sites"]}
+    assert recorded == {site: f["matrix"] for site, f in folds.items()}

@@ -20,14 +20,15 @@ from steerc.cli.common import (
 from steerc.cli.report import print_json
 
 GENERATED_DEFAULT = 8
-EXPLAINED = ("hf", "vllm", "serve")  # llama.cpp's control vector has no hooks to show
+EXPLAINED = ("hf", "vllm", "serve", "weights")  # llama.cpp's control vector has no hooks to show
 
 
 def add_arguments(cmd) -> None:
     cmd.add_argument("file", metavar="FILE", help="a .steer file")
     add_program_options(cmd, model_required=True)
     cmd.add_argument("--target", choices=EXPLAINED,
-                     help="whose hooks to show (default: `target` in steer.toml, else hf)")
+                     help="whose hooks to show, or for weights which matrix each site folds into (default: "
+                          "`target` in steer.toml, else hf)")
     cmd.add_argument("--format", choices=("text", "json", "html"), default="text",
                      help="text for reading (default), json for tools (spec/json.md), html: a page of the "
                           "--tokens prompt, its tokens coloured by the interventions that steer them")

@@ -23,7 +23,7 @@ from steerc.ir.interpret import schedule_factor
 from steerc.ir.plan import Kernel, Plan, Site, kind_of
 
 FORMAT = "steerc.explain/1"
-BACKEND_OF = {"hf": "hf", "vllm": "vllm", "serve": "vllm"}
+BACKEND_OF = {"hf": "hf", "vllm": "vllm", "serve": "vllm", "weights": "hf"}  # weights: the modules it folds into
 
 
 # ------------------------------------------------------------------ positions
@@ -189,6 +189,12 @@ def explain(result, target: str = "hf") -> dict:
             "kernels": [_kernel(k, plan) for k in sp.kernels],
         }
         sites.append(entry)
+    if target == "weights":  # which matrix each site's kernels fold into, in place of a hook
+        from steerc.targets.weights.layout import describe
+
+        folds = describe(plan, facts)
+        for entry in sites:
+            entry["folds_into"] = folds[entry["site"]]
     probes = [
         {
             "name": p.name,
@@ -256,6 +262,9 @@ def render(doc: dict) -> str:
         h = s["hook"]
         where = f"{h['hook']}-hook on {h['module']} ({h['tensor']}"
         where += f", columns {h['head_slice'][0]}:{h['head_slice'][1]})" if "head_slice" in h else ")"
+        if "folds_into" in s:
+            f = s["folds_into"]
+            where = f"folds into {f['matrix']}" + (f" and {f['bias']}" if f["bias"] else "") + f": {f['how']}"
         lines.append(f"\n{s['site']}{also}\n  {where}")
         for n, k in enumerate(s["kernels"], 1):
             names = ", ".join(f"{i['name']}: {i['source']}" for i in k["interventions"])

@@ -219,7 +219,8 @@ def describe(plan, facts) -> dict[str, dict]:
                 how = f"columns {lo}:{hi} of W become W[:, {lo}:{hi}] L; W[:, {lo}:{hi}] c is added to its bias"
                 weight = f"{f.module}.weight"
             else:
-                how = "W becomes L W and its bias b becomes f(b)"
+                how = "W becomes L W" + ("; its bias b becomes f(b) (b = 0 where it had none)" if f.needs_bias
+                                          else "")
                 weight = f"{f.module}.weight"
             out[sp.site.text] = {"matrix": weight, "bias": f"{f.module}.bias" if f.needs_bias else None,
                                  "how": how}
