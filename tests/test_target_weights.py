@@ -374,18 +374,20 @@ def test_output_folder_of_the_user_is_refused_and_kept(tmp_path):
     changed = tmp_path / "again" / "generation_config.json"
     changed.write_text("{}\n")  # changed by the user since: theirs, never replaced
     code, _, err = compile_weights(tmp_path, LINEAR, "again")
-    assert code == 2 and "generation_config.json" in err and "move it away" in err
+    assert code == 1 and "error[invalid-value]" in err and "generation_config.json" in err and "move it away" in err
     assert changed.read_text() == "{}\n" and mine.read_text() == "my model card\n"
     assert not any(n.endswith(".safetensors") for n in os.listdir(tmp_path / "again"))
 
 
 def test_no_safetensors_is_a_usage_error_and_leaves_nothing(tmp_path):
-    """A folder of pickled weights: steerc reads no pickle; one line, exit 2, no output."""
+    """A folder of pickled weights: steerc reads no pickle; a model-without-weights diagnostic, exit 1, no
+    weights written."""
     model_folder(tmp_path)
     src = tmp_path / "model"
     (src / "model.safetensors").rename(src / "pytorch_model.bin")
     code, _, err = compile_weights(tmp_path, LINEAR)
-    assert code == 2 and "no safetensors" in err
+    assert code == 1 and "error[model-without-weights]" in err and "no safetensors" in err
+    assert "Traceback" not in err
     assert not any(n.endswith(".safetensors") for n in os.listdir(tmp_path / "out")) if (tmp_path / "out").exists() \
         else True
 

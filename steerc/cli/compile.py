@@ -55,6 +55,18 @@ class _Weights:
         model, _ = load_model(self.path)
         return model
 
+    def safetensors_folder(self) -> str:
+        """The weights as a folder of safetensors: the folder itself, or for a .gguf the dequantized copy steerc
+        keeps in its cache (made by loading the model once, as `steerc run` does)."""
+        from steerc.runtime.models import cache_complete, gguf_cache_folder
+
+        if not self.path.endswith(".gguf") or os.path.isdir(self.path):
+            return self.path
+        folder = gguf_cache_folder(self.path)
+        if not cache_complete(folder):
+            self()
+        return folder
+
 
 def run(args) -> int:
     from steerc.api import check_source

@@ -34,34 +34,22 @@ COPIED = ("generation_config.json", "tokenizer.json", "tokenizer_config.json", "
 MAX_COPIED_BYTES = 256 << 20
 
 
-def source_folder(model_path: str, load=None) -> str:
-    """The safetensors folder of ``--model``: the folder itself, or for a .gguf the dequantized copy steerc
-    keeps in its cache (made by loading the model once, as `steerc run` does)."""
-    if not model_path.endswith(".gguf") or os.path.isdir(model_path):
-        return model_path
-    from steerc.runtime.models import cache_complete, gguf_cache_folder
-
-    folder = gguf_cache_folder(model_path)
-    if not cache_complete(folder) and load is not None:
-        load()  # dequantizes into the cache
-    if not cache_complete(folder):
-        raise WeightsError(f"{model_path}: the weights target reads the dequantized copy of a .gguf from steerc's "
-                           "cache, which could not be written (see STEERC_CACHE in spec/limits.md)")
-    return folder
-
-
 def emit(plan, facts, out_dir: str, command: str = "", model=None) -> list[str]:
-    """Write the folder; returns the names written, relative to ``out_dir``."""
-    from steerc.cli import UsageError
+    """Write the folder; returns the names written, relative to ``out_dir``. ``model`` gives the weights
+    (``model.safetensors_folder()``: a folder of safetensors, a .gguf's dequantized copy). A checkpoint it
+    cannot read, or a file of the user's in the way, is a :class:`~steerc.diagnostics.Refusal`."""
+    from steerc.diagnostics import Diagnostic, Refusal
 
-    path = getattr(model, "path", None)
-    if path is None:
-        raise UsageError("--target weights needs the model's weights (--model FOLDER or FILE.gguf)")
     try:
-        folder = source_folder(path, model)
+        if model is None or not hasattr(model, "safetensors_folder"):
+            raise WeightsError("--target weights reads the model's weights itself; it was given none")
+        folder = model.safetensors_folder()
+        if not os.path.isdir(folder):
+            raise WeightsError(f"{folder}: the weights target reads a folder of safetensors (a .gguf's dequantized "
+                               "copy is kept in steerc's cache, which could not be written)")
         return _emit(plan, facts, folder, out_dir, command)
     except WeightsError as exc:
-        raise UsageError(f"--target weights: {exc}") from None
+        raise Refusal([Diagnostic.error(exc.code, f"--target weights: {exc}", None, help=exc.help)]) from None
 
 
 def _emit(plan, facts, folder: str, out_dir: str, command: str) -> list[str]:
@@ -103,11 +91,13 @@ def _emit(plan, facts, folder: str, out_dir: str, command: str) -> list[str]:
 def _theirs(out_dir: str, names: list[str]) -> None:
     """Refuse, before writing anything, a name this compile writes that is already in OUT: what is left there
     after the last compile's own files were removed is the user's (a file they added, or changed since)."""
+    from steerc.diagnostics.codes import INVALID_VALUE
+
     there = [n for n in names if os.path.lexists(os.path.join(out_dir, n))]
     if there:
         raise WeightsError(f"{os.path.join(out_dir, there[0])} is not a file steerc wrote as it is now (added or "
-                           "changed since the last compile), and this compile would replace it: move it away "
-                           "first")
+                           "changed since the last compile), and this compile would replace it",
+                           code=INVALID_VALUE, help="move it away first, or give -o a new folder")
 
 
 def _config(folder: str) -> dict:

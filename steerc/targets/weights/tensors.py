@@ -27,7 +27,13 @@ SINGLE = "model.safetensors"
 
 
 class WeightsError(Exception):
-    """A checkpoint the target cannot read (one line for the user)."""
+    """A checkpoint the target cannot read (one line for the user), with its diagnostic code and help."""
+
+    def __init__(self, message: str, code: str = "model-without-weights",
+                 help: str = "give --model a folder of safetensors weights (as save_pretrained writes it) or a "
+                             ".gguf"):
+        super().__init__(message)
+        self.code, self.help = code, help
 
 
 @frozen
