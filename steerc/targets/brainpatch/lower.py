@@ -38,9 +38,12 @@ import numpy as np
 from steerc.diagnostics import Diagnostic
 from steerc.diagnostics.codes import UNSUPPORTED_BY_TARGET
 from steerc.ir import nodes as ir
-from steerc.ir.plan import Affine, Plan
+from steerc.ir.kernels import kind_of
+from steerc.ir.plan import Plan
+from steerc.targets.seat import only
 
 TARGET = "brainpatch"
+ADDS = only("affine")  # the one kernel kind it lowers (its seat's `kernels`); of it, adds with scale 1
 CEILING = 1024.0  # BrainPatch's ABSOLUTE_MAX_STRENGTH
 # The Hugging Face ids of the models steerc ships a config for (steerc/facts/configs).
 HUB_IDS = {"smollm2-135m-instruct.json": "HuggingFaceTB/SmolLM2-135M-Instruct"}
@@ -112,7 +115,9 @@ def parts_of(plan: Plan) -> tuple[list[Part], object]:
                           _span(k), help="steer resid_post[l]")
         for k in sp.kernels:
             op, span = k.op, _span(k)
-            if not (isinstance(op, Affine) and isinstance(op.scale, float) and op.scale == 1.0 and op.bias is not None):
+            kind = kind_of(op)
+            if kind is None or not ADDS(kind) or not (isinstance(op.scale, float) and op.scale == 1.0
+                                                      and op.bias is not None):
                 raise _refuse(f"`{k.names[0]}`: BrainPatch adds vectors, and this kernel does more", span,
                               help="steer with add")
             if op.schedule:

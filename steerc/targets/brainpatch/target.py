@@ -62,4 +62,4 @@ def check(result) -> None:
 
 CAPABILITIES = _capabilities()
 TARGET = Target("brainpatch", "<name>.brainpatch for BrainPatch 1.2 (its transformers backend's meaning)",
-                CAPABILITIES, emit, check=check, kernels=only("affine"))
+                CAPABILITIES, emit, check=check, kernels=only("affine"))  # lower.ADDS
