@@ -19,16 +19,11 @@ from steerc.cli import EXIT_ERRORS, EXIT_OK, UsageError
 from steerc.cli.common import MODEL_HELP, argument_word, facts_from, fail_with
 
 
-def _format_names():
-    from steerc.formats import FORMATS
-
-    return tuple(FORMATS)
-
-
 def add_arguments(cmd) -> None:
-    from steerc.cli.common import LazyChoices
+    from steerc.formats import FORMATS  # a table of small records: nothing heavy is imported
 
-    cmd.add_argument("file", metavar="FILE", help="the file to import (a .brainpatch archive; spec/formats.md)")
+    cmd.add_argument("file", metavar="FILE", help="the file to import: " + "; ".join(
+        f"{f.help}" for f in FORMATS.values()) + " (spec/formats.md)")
     cmd.add_argument("-o", "--output", metavar="OUT", required=True,
                      help="the .steer file to write; the vectors it loads are written beside it (OUT's name with "
                           ".safetensors)")
@@ -36,8 +31,8 @@ def add_arguments(cmd) -> None:
     cmd.add_argument("--root", metavar="DIR",
                      help="project root the written files must stay inside (default: the nearest steer.toml "
                           "above OUT)")
-    cmd.add_argument("--from", dest="source_format", metavar="FORMAT", choices=LazyChoices(_format_names),
-                     help="the file's format, when its suffix does not say (brainpatch)")
+    cmd.add_argument("--from", dest="source_format", metavar="FORMAT", choices=tuple(FORMATS),
+                     help=f"the file's format, when its suffix does not say ({', '.join(FORMATS)})")
     cmd.add_argument("--force", action="store_true", help="replace OUT and its vector file if they exist")
 
 
