@@ -9,9 +9,10 @@ classes). Here:
 
 - ``@frozen`` / ``@define`` read the class's annotations in order (``ClassVar`` ones excepted), the
   fields of record base classes first, and make a slotted class of the same name;
-- a class's ``__init__`` is compiled **on its first instantiation**, so the classes a run never builds
-  cost nothing; it takes the fields positionally in order, ``kw_only`` ones by keyword, applies each
-  ``converter`` and ``factory``, then calls ``__post_init__`` where the class has one;
+- a class's ``__init__`` is one function over its fields' specs (nothing is compiled: attrs compiled each
+  class's methods from generated source, which also cost start-up time); it takes the fields positionally
+  in order, ``kw_only`` ones by keyword, applies each ``converter`` and ``factory``, then calls
+  ``__post_init__`` where the class has one;
 - one shared ``__repr__`` (``Name(field=value, ...)``, ``repr=False`` fields left out), one ``__eq__``
   (the same class, the ``eq=True`` fields equal in order, else ``NotImplemented``) and one ``__hash__``
   (the class's name and those fields) serve every class; ``eq=False`` keeps identity; a mutable
@@ -158,57 +159,61 @@ def _collect(cls) -> tuple[tuple[Field, ...], dict]:
     return every, namespace
 
 
-def _init_source(cls, every: tuple[Field, ...], is_frozen: bool) -> tuple[str, dict]:
-    """``__init__``'s source for ``cls`` and the globals it reads."""
-    glb: dict = {"NOTHING": NOTHING, "_set": object.__setattr__}
-    positional, keyword, body = [], [], []
-    for f in every:
-        if not f.init:
-            if f.has_default:
-                value = f"_d_{f.name}" if f.factory is None else f"_f_{f.name}()"
-                glb[f"_d_{f.name}"], glb[f"_f_{f.name}"] = f.default, f.factory
-                body.append((f.name, value))
-            continue
-        if f.factory is not None:
-            param = f"{f.name}=NOTHING"
-            glb[f"_f_{f.name}"] = f.factory
-            value = f"_f_{f.name}() if {f.name} is NOTHING else {f.name}"
-        elif f.default is not NOTHING:
-            glb[f"_d_{f.name}"] = f.default
-            param, value = f"{f.name}=_d_{f.name}", f.name
-        else:
-            param, value = f.name, f.name
-        if f.converter is not None:
-            glb[f"_c_{f.name}"] = f.converter
-            value = f"_c_{f.name}({value})"
-        (keyword if f.kw_only else positional).append(param)
-        body.append((f.name, value))
-    params = ", ".join(["self", *positional, *(["*", *keyword] if keyword else [])])
-    if is_frozen:
-        lines = [f"    _set(self, {name!r}, {value})" for name, value in body]
-    else:
-        lines = [f"    self.{name} = {value}" for name, value in body]
-    if "__post_init__" in dir(cls):
-        lines.append("    self.__post_init__()")
-    return f"def __init__({params}):\n" + ("\n".join(lines) or "    pass") + "\n", glb
+def _make_init(cls, every: tuple[Field, ...]):
+    """``__init__`` for ``cls``: one function over the fields' specs, no generated source (a module that loads a
+    serve plan may not compile or exec anything: ``tests/test_serve.py``). It takes the fields positionally in
+    order, ``kw_only`` ones by keyword, applies each ``factory`` and ``converter``, then ``__post_init__``."""
+    qual = f"{cls.__qualname__}.__init__()"
+    spec = lambda f: (f.name, f.default, f.factory, f.converter)  # noqa: E731
+    pos = tuple(spec(f) for f in every if f.init and not f.kw_only)
+    kws = tuple(spec(f) for f in every if f.init and f.kw_only)
+    rest = tuple(spec(f) for f in every if not f.init and f.has_default)
+    npos, names = len(pos), frozenset(f.name for f in every if f.init)
+    post = "__post_init__" in dir(cls)
+    put = object.__setattr__
 
+    def fill(self, specs, kwargs, missing):
+        for name, default, factory, converter in specs:
+            value = kwargs.pop(name, NOTHING) if kwargs else NOTHING
+            if value is NOTHING:
+                if factory is not None:
+                    value = factory()
+                elif default is not NOTHING:
+                    value = default
+                else:
+                    missing.append(name)
+                    continue
+            put(self, name, value if converter is None else converter(value))
 
-def _first_init(self, *args, **kwargs):
-    """Compiles the class's ``__init__`` on its first instantiation, then runs it."""
-    cls = type(self)
-    owner = next(c for c in cls.__mro__ if c.__dict__.get("__init__") is _first_init)
-    _compile_init(owner)
-    return owner.__init__(self, *args, **kwargs)
+    def __init__(self, *args, **kwargs):
+        if len(args) > npos:
+            raise TypeError(f"{qual} takes {npos + 1} positional arguments but {len(args) + 1} were given")
+        for (name, _, _, converter), value in zip(pos, args):
+            if kwargs and name in kwargs:
+                raise TypeError(f"{qual} got multiple values for argument {name!r}")
+            put(self, name, value if converter is None else converter(value))
+        missing: list[str] = []
+        fill(self, pos[len(args):], kwargs, missing)
+        if missing:
+            raise TypeError(f"{qual} missing {len(missing)} required positional argument"
+                            f"{'s' if len(missing) > 1 else ''}: {', '.join(map(repr, missing))}")
+        if kws:
+            fill(self, kws, kwargs, missing)
+            if missing:
+                raise TypeError(f"{qual} missing {len(missing)} required keyword-only argument"
+                                f"{'s' if len(missing) > 1 else ''}: {', '.join(map(repr, missing))}")
+        if kwargs:
+            wrong = next(iter(kwargs))
+            raise TypeError(f"{qual} got an unexpected keyword argument {wrong!r}" if wrong not in names else
+                            f"{qual} got multiple values for argument {wrong!r}")
+        if rest:
+            fill(self, rest, None, missing)
+        if post:
+            self.__post_init__()
 
-
-def _compile_init(cls) -> None:
-    source, glb = _init_source(cls, cls.__dict__[_FIELDS], cls.__dict__["__record_frozen__"])
-    local: dict = {}
-    exec(compile(source, f"<record {cls.__qualname__}>", "exec"), glb, local)  # noqa: S102 - our own text
-    init = local["__init__"]
-    init.__qualname__ = f"{cls.__qualname__}.__init__"
-    init.__module__ = cls.__module__
-    cls.__init__ = init
+    __init__.__qualname__ = f"{cls.__qualname__}.__init__"
+    __init__.__module__ = cls.__module__
+    return __init__
 
 
 def _repr(self) -> str:
@@ -267,7 +272,7 @@ def _build(cls, is_frozen: bool, eq: bool):
     namespace["__record_frozen__"] = is_frozen
     namespace["__match_args__"] = tuple(f.name for f in every if f.init and not f.kw_only)
     if "__init__" not in cls.__dict__:
-        namespace["__init__"] = _first_init
+        namespace["__init__"] = _make_init(cls, every)
     if "__repr__" not in own:
         namespace["__repr__"] = _repr
     if eq and "__eq__" not in own:
