@@ -37,8 +37,8 @@ from steerc.targets.seat import Target
 # The tables as they were before issue 33 (sha256 of their canonical JSON, and of the matrix they render), with
 # the rows that issue 34 added: `op:loreft` and `op:clamp-feature` (yes on hf, vllm, serve and export; no on
 # llamacpp and vllm-hook, each saying why).
-TABLES_SHA256 = "4bb92482af6bbb3207802c53643283000b6124656dc926f61de7631b22142d9e"
-MATRIX_SHA256 = "f73ec76896e948dfa656c79146ec263d2bd393ed92eb6e3604e2106f6a2648d4"  # with issue 36's weights and issue 37's brainpatch columns
+TABLES_SHA256 = "8e552f301fc5b25187fd9850252e40b798ecbb81f50742d18f1c49c7e921e550"  # with issue 34's sae_feature readout
+MATRIX_SHA256 = "3401ce3eecd09fb9cfea1e201b872bbe39743c36e9e73732e7fba7e4c274f567"  # with issue 36's weights and issue 37's brainpatch columns, issue 34's sae_feature row
 
 PROGRAM = "steer 1\nvector v = [1.0, 2.0]\nintervention a {\n  at resid_post[1]\n  add v\n}\n"
 NEW = "op:twist"  # a feature key no target declares

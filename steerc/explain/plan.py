@@ -202,6 +202,8 @@ def explain(result, target: str = "hf") -> dict:
             "readout": p.kind,
             "pool": p.pool,
             "decided": "per position" if p.pool == "token" else "once the prompt has passed the site",
+            **({"feature": p.about, "form": "f_i(h) = relu(pre) [pre > threshold], pre = (h - b_dec) . W_enc[:, i] "
+                f"+ b_enc[i], threshold = {precise(p.threshold)}"} if p.kind == "sae_feature" else {}),
         }
         for p in plan.probes
     ]
@@ -293,6 +295,8 @@ def render(doc: dict) -> str:
         lines.append("\nprobes")
         for p in doc["probes"]:
             lines.append(f"  {p['name']}: {p['readout']} at {p['site']}, pool {p['pool']} ({p['decided']})")
+            if "feature" in p:
+                lines.append(f"    feature {p['feature']}: {p['form']}")
     if doc["constraint"]:
         c = doc["constraint"]
         origin = f" from {c['origin']}" if c["origin"] else ""

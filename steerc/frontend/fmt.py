@@ -228,6 +228,8 @@ def readout(r) -> str:
         for off in r.offsets:
             text += f" {off.sign} {_expr(off.value, 2)}"
         return text
+    if isinstance(r, ir.FeatureReadout):
+        return expr(r.feature)
     return "norm"
 
 

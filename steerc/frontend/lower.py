@@ -426,6 +426,9 @@ class ToIR:
     def norm_readout(self, meta, children):
         return ir.Norm(span=self._span(meta))
 
+    def feature_readout(self, meta, children):
+        return ir.FeatureReadout(self.index(meta, children), span=self._span(meta))
+
     # ---------------------------------------------------------- constraints
 
     def _text_constraint(kind, from_file):  # noqa: N805

@@ -112,10 +112,13 @@ def gate_probes(g) -> list[str]:
 
 @frozen(eq=False)
 class Readout:
-    kind: str  # cosine | projected_cosine | dot | norm
-    vectors: tuple[Operand, ...] = ()
-    bias: float = 0.0
+    kind: str  # cosine | projected_cosine | subspace_cosine | dot | norm | sae_feature
+    vectors: tuple[Operand, ...] = ()  # sae_feature: (W_enc[:, i], b_dec as subtracted from the input)
+    bias: float = 0.0  # dot: b; sae_feature: b_enc[i]
+    threshold: float = 0.0  # sae_feature: the JumpReLU threshold[i] (0 for a standard SAE)
     spans: tuple[Span | None, ...] = field(default=(), eq=False, repr=False, kw_only=True)  # of `vectors`
+    sae: object = field(default=None, eq=False, repr=False, kw_only=True)  # sae_feature's SAE (steerc.io.sae)
+    feature: int | None = field(default=None, kw_only=True)  # sae_feature's index
 
 
 @frozen(eq=False)

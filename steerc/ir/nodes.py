@@ -298,7 +298,15 @@ class Norm:
     span: Span | None = _span()
 
 
-Readout = Union[Cosine, ProjectedCosine, SubspaceCosine, Dot, Norm]
+@frozen
+class FeatureReadout:
+    """``read s[i]``: SAE feature ``i``'s activation ``f_i(h)``, by the SAE's own encoder."""
+
+    feature: Index
+    span: Span | None = _span()
+
+
+Readout = Union[Cosine, ProjectedCosine, SubspaceCosine, Dot, Norm, FeatureReadout]
 
 
 @frozen
@@ -510,7 +518,7 @@ NODE_CLASSES: dict[str, type] = {
         SelIndex, SelPercent, SelSlice, SelAll, SelGroup, SiteRef,
         PosSlice, PosIndex, ScopeAll, ScopePrompt, ScopeGenerated, ScopePositions, ScopeAfter,
         Compare, GateAnd, GateOr, GateNot,
-        Cosine, ProjectedCosine, SubspaceCosine, Offset, Dot, Norm, Pool,
+        Cosine, ProjectedCosine, SubspaceCosine, Offset, Dot, Norm, FeatureReadout, Pool,
         Add, Scale, Set, Suppress, Ablate, Clamp, Rotate, LoReFT, ClampFeature,
         ModelField, ModelBlock, ParamDecl, VectorDecl, MatrixDecl, SaeDecl, ProbeDecl, Preserve, InterventionDecl,
         ConstrainText, ConstrainChoice, Comment, Program,

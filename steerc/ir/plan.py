@@ -125,10 +125,13 @@ class SitePlan:
 class ProbePlan:
     name: str
     site: Site
-    kind: str  # cosine | projected_cosine | dot | norm
-    vectors: tuple[Vec, ...] = ()  # cosine: (v,); projected_cosine: orthonormal basis; dot: (w,)
-    bias: float = 0.0
+    kind: str  # cosine | projected_cosine | subspace_cosine | dot | norm | sae_feature
+    # cosine: (v,); projected_cosine, subspace_cosine: an orthonormal basis; dot: (w,); sae_feature: (enc, b_dec)
+    vectors: tuple[Vec, ...] = ()
+    bias: float = 0.0  # dot: b; sae_feature: b_enc[i]
     pool: str = "token"
+    threshold: float = 0.0  # sae_feature: JumpReLU's threshold[i] (0: ReLU, a standard SAE)
+    about: str = field(default="", eq=False)  # sae_feature: the SAE and feature, for explain (no format carries it)
 
 
 @frozen

@@ -175,6 +175,8 @@ def _probe(ev: Evaluator, p: ir.ProbeDecl) -> ck.Probe:
             bias += value if off.sign == "+" else -value
         ev.fits_float32(bias, r.span, "the bias of this readout")
         readout = ck.Readout("dot", (ev.vector(r.vector),), bias)
+    elif isinstance(r, ir.FeatureReadout):
+        readout = _feature_readout(ev, r)
     else:
         readout = ck.Readout("norm")
     site = site_pattern(p.site)
@@ -189,7 +191,40 @@ def _readout_exprs(r):
         return r.vectors
     if isinstance(r, (ir.Cosine, ir.Dot)):
         return (r.vector,)
+    if isinstance(r, ir.FeatureReadout):
+        return (r.feature, r.feature)  # the encoder column and b_dec both come from `s[i]`
     return ()
+
+
+def _feature_readout(ev: Evaluator, r: ir.FeatureReadout) -> ck.Readout:
+    """``read s[i]``: ``f_i(h) = act((h - b_dec) . W_enc[:, i] + b_enc[i])``, as ``clamp feature`` computes it."""
+    sae, index, column, b_dec, threshold = _encoder(ev, r.feature, "`read s[i]`",
+                                                    "read the feature's direction instead: `read dot(s[i])`")
+    return ck.Readout("sae_feature", (column.w, b_dec), float(column.bias), threshold, sae=sae, feature=index)
+
+
+def _encoder(ev: Evaluator, feature: ir.Index, what: str, instead: str):
+    """``(sae, i, column, b_dec, threshold)`` of feature ``s[i]``, for an operation that computes its activation
+    (``what``): ``column`` its encoder column and bias, ``b_dec`` float64 (zeros where the SAE does not subtract
+    it from its input), ``threshold`` JumpReLU's (0 for a standard SAE). Only that column, two numbers and
+    ``b_dec`` are read. A topk or gated SAE is ``invalid-value``, with ``instead`` as the help."""
+    import numpy as np
+
+    sae, index = ev.feature(feature)
+    if sae.architecture not in _CLAMPABLE:
+        ev.fail(INVALID_VALUE, f"{what} takes standard and jumprelu SAEs; `{feature.base.id}` is "
+                f"{sae.architecture}: {_NOT_CLAMPABLE.get(sae.architecture, 'steerc does not encode it')}",
+                feature.span, help=instead)
+    try:
+        column = sae.encoder_column(index)
+        b_dec = sae.tensor("b_dec") if sae.config.apply_b_dec_to_input else np.zeros(sae.d_in, np.float32)
+    except VectorFileError as exc:
+        ev.fail(exc.code, exc.message, feature.span, help=exc.help)
+    except OSError as exc:  # the file went away or became unreadable since its header was read
+        ev.fail(INVALID_VECTOR_FILE, f"cannot read feature {index} of the SAE ({exc.strerror})", feature.span)
+    ev.ctx.spend(2 * sae.d_in, feature.span)
+    threshold = float(column.threshold) if column.threshold is not None else 0.0
+    return sae, index, column, np.asarray(b_dec, np.float64), threshold
 
 
 def _intervention(ev: Evaluator, iv: ir.InterventionDecl, index: int) -> ck.Intervention:
@@ -340,24 +375,11 @@ def _clamp_feature(ev: Evaluator, op: ir.ClampFeature) -> ck.Operation:
     subtracted from the input, and its bias and threshold (``tensors``), for ``h + (c - f_i(h)) W_dec[i]``."""
     import numpy as np
 
-    sae, index = ev.feature(op.feature)
-    if sae.architecture not in _CLAMPABLE:
-        ev.fail(INVALID_VALUE, f"`clamp feature` takes standard and jumprelu SAEs; `{op.feature.base.id}` is "
-                f"{sae.architecture}: {_NOT_CLAMPABLE.get(sae.architecture, 'steerc does not encode it')}",
-                op.feature.span, help="steer along the feature's direction instead: `add c * s[i]`")
+    sae, index, column, b_dec, threshold = _encoder(ev, op.feature, "`clamp feature`",
+                                                    "steer along the feature's direction instead: `add c * s[i]`")
     value = ev.operand(op.value)
     dec = ev.vector(op.feature)
-    try:
-        column = sae.encoder_column(index)
-        b_dec = sae.tensor("b_dec") if sae.config.apply_b_dec_to_input else np.zeros(sae.d_in, np.float32)
-    except VectorFileError as exc:
-        ev.fail(exc.code, exc.message, op.feature.span, help=exc.help)
-    except OSError as exc:  # the file went away or became unreadable since its header was read
-        ev.fail(INVALID_VECTOR_FILE, f"cannot read feature {index} of the SAE ({exc.strerror})", op.feature.span)
-    ev.ctx.spend(2 * sae.d_in, op.feature.span)
-    threshold = float(column.threshold) if column.threshold is not None else 0.0
-    tensors = (np.asarray(column.w, np.float64), np.asarray(b_dec, np.float64),
-               np.array([float(column.bias), threshold]))
+    tensors = (np.asarray(column.w, np.float64), b_dec, np.array([float(column.bias), threshold]))
     return ck.Operation("clamp_feature", (dec,), scalar=value, mode=sae.architecture, span=op.span,
                         operand_spans=(op.feature.span,), tensors=tensors,
                         tensor_spans=(op.feature.span,) * 3, sae=sae, feature=index)

@@ -45,13 +45,17 @@ def run(ctx: CheckContext) -> None:
     _assertions(ctx, program, facts)
     for probe in program.probes.values():
         layers = site_layers(ctx, probe.site, facts)
+        if probe.readout.kind == "sae_feature":
+            _sae_fits(ctx, probe.readout.sae, probe.readout.spans[0], probe.site, layers, facts)
+            continue
         _fits(ctx, probe.readout.vectors, probe.readout.spans, probe.site, layers, facts,
               probe.read_span or probe.span)
     expanded = values = 0
     for iv in program.interventions:
         layers = site_layers(ctx, iv.site, facts)
         if iv.op.kind == "clamp_feature":
-            _sae_fits(ctx, iv.op, iv.site, layers, facts)
+            _sae_fits(ctx, iv.op.sae, iv.op.operand_spans[0] if iv.op.operand_spans else iv.op.span, iv.site,
+                      layers, facts)
         else:
             _fits(ctx, iv.op.vectors, iv.op.operand_spans, iv.site, layers, facts, iv.op.span)
         _matrix_fits(ctx, iv.op, iv.site, layers, facts)
@@ -186,17 +190,17 @@ def _matrix_fits(ctx: CheckContext, op: ck.Operation, site: ck.SitePattern, laye
                  "a LoReFT is trained for one model and site: use the one made for this model")
 
 
-def _sae_fits(ctx: CheckContext, op: ck.Operation, site: ck.SitePattern, layers, facts: ModelFacts) -> None:
-    """A ``clamp feature``'s SAE reads activations as wide as the site it edits (its ``d_in``)."""
+def _sae_fits(ctx: CheckContext, sae, span, site: ck.SitePattern, layers, facts: ModelFacts) -> None:
+    """An SAE whose feature a ``clamp feature`` edits, or a ``read s[i]`` reads, at ``site`` takes activations as
+    wide as the site (its ``d_in``); ``span`` is the feature as written."""
     want = facts.width(site.kind)
-    if op.sae.d_in == want:
+    if sae.d_in == want:
         return
-    span = op.operand_spans[0] if op.operand_spans else op.span
     name = _text(ctx, span) or "this feature"
     _wrong_width(ctx, site, layers, want, span,
-                 f"the SAE of `{name}` reads activations of d_in = {op.sae.d_in:,}, but {{site}}",
-                 f"an SAE is trained on one model's activations: use one made for this model ({op.sae.hook_name} "
-                 f"of {op.sae.model_name or 'its model'} here)")
+                 f"the SAE of `{name}` reads activations of d_in = {sae.d_in:,}, but {{site}}",
+                 f"an SAE is trained on one model's activations: use one made for this model ({sae.hook_name} "
+                 f"of {sae.model_name or 'its model'} here)")
 
 
 def _wrong_width(ctx: CheckContext, site: ck.SitePattern, layers, want: int, span, message: str, help: str) -> None:

@@ -75,9 +75,7 @@ def _loreft(op: ck.Operation) -> LoReFT:
 def _sae_clamp(op: ck.Operation) -> SaeClamp:
     """One SAE clamp op for every site an intervention reaches (an SAE has one d_in, no per-layer rows)."""
     enc, b_dec, (b_enc, threshold) = op.tensors
-    sae = op.sae
-    about = (f"{op.feature} of a {sae.architecture} SAE (d_sae {sae.d_sae:,}, hook {sae.hook_name}"
-             + (f", neuronpedia {sae.neuronpedia_id}" if sae.neuronpedia_id else "") + ")")
+    about = _about(op.sae, op.feature)
     return SaeClamp(Vec(enc), float(b_enc), float(threshold), Vec(b_dec), Vec(op.vectors[0]), float(op.scalar),
                     op.mode, about=about)
 
@@ -129,6 +127,8 @@ def _binding(role: str, param: str, coefficient, layer: int) -> Binding:
 
 # Readouts that project onto the span of their vectors (an orthonormal basis Q [k, d], P = Qᵀ Q).
 BASIS_READOUTS = ("projected_cosine", "subspace_cosine")
+# Readouts whose vectors reach the runtimes as one [k, d] tensor (the others take one vector [d], or none).
+STACKED_READOUTS = BASIS_READOUTS + ("sae_feature",)
 
 
 def _probe(p: ck.Probe, facts) -> ProbePlan:
@@ -140,7 +140,16 @@ def _probe(p: ck.Probe, facts) -> ProbePlan:
         vectors = tuple(Vec(q) for q in orthonormal_basis(rows))
     else:
         vectors = tuple(Vec(r) for r in rows)
-    return ProbePlan(p.name, site, kind, vectors, float(p.readout.bias), p.pool)
+    about = _about(p.readout.sae, p.readout.feature) if kind == "sae_feature" else ""
+    return ProbePlan(p.name, site, kind, vectors, float(p.readout.bias), p.pool, float(p.readout.threshold),
+                     about=about)
+
+
+def _about(sae, feature: int) -> str:
+    """Feature ``feature`` of ``sae`` in words, for explain: its index, the SAE's encoder, width, hook and
+    Neuronpedia id."""
+    return (f"{feature} of a {sae.architecture} SAE (d_sae {sae.d_sae:,}, hook {sae.hook_name}"
+            + (f", neuronpedia {sae.neuronpedia_id}" if sae.neuronpedia_id else "") + ")")
 
 
 __all__ = ["canonical_scope", "canonical_site", "lower", "lower_op"]

@@ -143,6 +143,9 @@ def verify(plan: Plan, facts) -> None:
         if p.kind in BASIS_READOUTS:
             _unit_rows(p.vectors, width, p.name, f"{where}.vectors")
         _check(_f32(p.bias), f"{p.name}: the bias is not a finite float32 number", f"{where}.bias")
+        _check(_f32(p.threshold) and (p.threshold == 0.0 or p.kind == "sae_feature"),
+               f"{p.name}: the threshold is not a finite float32 number of an sae_feature readout",
+               f"{where}.threshold")
     for i, sp in enumerate(plan.sites):
         s = sp.site
         width = _verify_site(s, facts, f"sites[{i}].site")
@@ -172,7 +175,7 @@ def verify(plan: Plan, facts) -> None:
 
 # Vectors a readout takes: (fewest, most or None).
 PROBE_ROWS = {"dot": (1, 1), "cosine": (1, 1), "projected_cosine": (1, None), "subspace_cosine": (1, None),
-              "norm": (0, 0)}
+              "norm": (0, 0), "sae_feature": (2, 2)}  # sae_feature: (W_enc[:, i], b_dec)
 BASIS_READOUTS = ("projected_cosine", "subspace_cosine")
 POOLS = ("token", "prompt.mean", "prompt.last")
 GATE_OPS = ("<", "<=", ">", ">=")

@@ -95,6 +95,8 @@ def _readout(ctx: CheckContext, probe: ir.ProbeDecl) -> None:
     elif isinstance(r, ir.Dot):
         ok = expect(ctx, r.vector, VECTOR, "`dot(w)` needs a weight vector")
         ok &= all(expect(ctx, o.value, SCALAR, "the bias of `dot(w) + b` is a number") for o in r.offsets)
+    elif isinstance(r, ir.FeatureReadout):
+        ok = type_of(ctx, r.feature) is not None  # `s[i]`: `s` an SAE (an Index's type checks its base)
     _poison_if(ctx, probe, ok)
 
 

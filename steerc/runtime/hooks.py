@@ -142,7 +142,7 @@ class Context:
         return S.position_mask(item, self.pos, self.plen)
 
     # probes and gates -----------------------------------------------------
-    def record_probe(self, name: str, pool: str, kind: str, h, vector, bias: float) -> None:
+    def record_probe(self, name: str, pool: str, kind: str, h, vector, bias: float, threshold: float = 0.0) -> None:
         """Read a probe at its site: per token, or on the hidden state pooled over the prompt.
 
         A pooled probe is decided by the forward pass whose chunk holds the
@@ -150,7 +150,7 @@ class Context:
         then held for the rest of the sequence.
         """
         if pool == "token":
-            self.values[name] = S.readout(kind, h, vector, bias)
+            self.values[name] = S.readout(kind, h, vector, bias, threshold)
             return
         in_prompt = self.real & (self.pos < self.plen)
         last = in_prompt & (self.pos == self.plen - 1)
@@ -159,7 +159,7 @@ class Context:
         else:
             count = in_prompt.sum(dim=1, keepdim=True).clamp_min(1)
             pooled = (h * in_prompt.unsqueeze(-1)).sum(dim=1) / count
-        value = S.readout(kind, pooled, vector, bias)
+        value = S.readout(kind, pooled, vector, bias, threshold)
         prev = self.held.get(name)
         if prev is None:
             prev = torch.full_like(value, float("nan"))

@@ -132,7 +132,7 @@ def select(mask, new, old):
 # ------------------------------------------------------------------ readouts
 
 
-def readout(kind: str, h, vector, bias: float):
+def readout(kind: str, h, vector, bias: float, threshold: float = 0.0):
     """A probe's value for each row of ``h`` ([..., d] -> [...]).
 
     ``vector`` is the probe's vector ([d]) for ``dot`` and ``cosine``, the
@@ -140,11 +140,18 @@ def readout(kind: str, h, vector, bias: float):
     ``subspace_cosine``, None for ``norm``. With ``P = Qᵀ Q`` the projector
     onto the basis' span: ``projected_cosine`` is CAST's condition,
     ``cos(h, tanh(P h))``; ``subspace_cosine`` is ``cos(h, P h)``.
+    ``sae_feature`` is an SAE feature's activation, ``vector`` the rows
+    ``[W_enc[:, i], b_dec]``, ``bias`` ``b_enc[i]``: ``relu(pre) * [pre >
+    threshold]`` with ``pre = (h - b_dec) . W_enc[:, i] + b_enc[i]``, as
+    ``clamp feature`` computes ``f_i`` (a standard SAE's threshold is 0).
     """
     if kind == "norm":
         return h.norm(dim=-1)
     if kind == "dot":
         return h @ vector + bias
+    if kind == "sae_feature":
+        pre = (h - vector[1]) @ vector[0] + bias
+        return torch.relu(pre) * (pre > threshold).to(pre.dtype)
     if kind == "cosine":
         return (h @ vector) / (h.norm(dim=-1) * vector.norm()).clamp_min(1e-30)
     ph = (h @ vector.T) @ vector

@@ -55,7 +55,7 @@ FEATURE_GROUPS = {
     "site": ("resid_pre", "resid_post", "attn_out", "mlp_out", "head"),
     "scope": ("all", "prompt", "generated", "prompt-slice", "generated-slice", "positions", "after", "union"),
     "gate": ("prompt.mean", "prompt.last", "token"),
-    "readout": ("cosine", "projected_cosine", "subspace_cosine", "dot", "norm"),
+    "readout": ("cosine", "projected_cosine", "subspace_cosine", "dot", "norm", "sae_feature"),
     "constraint": ("json_schema", "regex", "grammar", "choice"),
     "dtype": ("float32", "float16", "bfloat16", "float64"),
     "parallel": ("tensor", "pipeline"),

@@ -26,7 +26,7 @@ from steerc.ir import checked as ck
 from steerc.ir import nodes as ir
 from steerc.ir.kernels import Kind, kind_of
 from steerc.ir.plan import Plan, Site, coefficient_bounds
-from steerc.passes.lower_plan import BASIS_READOUTS
+from steerc.passes.lower_plan import STACKED_READOUTS
 from steerc.targets.seat import kernel_refusal
 
 
@@ -98,9 +98,10 @@ class KernelCall:
 class ProbeCall:
     name: str
     kind: str
-    tensor: str | None  # a vector, or a basis [k, d] for projected_cosine
+    tensor: str | None  # a vector, or [k, d]: a basis for projected_cosine, [W_enc[:, i], b_dec] for sae_feature
     bias: float
     pool: str
+    threshold: float = 0.0  # sae_feature's
 
 
 @frozen
@@ -199,8 +200,8 @@ def _probe_call(p, prefix: str, tensors: dict) -> ProbeCall:
     if p.vectors:
         name = f"{prefix}.{p.name}"
         arr = np.stack([v.array for v in p.vectors])
-        tensors[name] = arr if p.kind in BASIS_READOUTS else arr[0]
-    return ProbeCall(p.name, p.kind, name, float(p.bias), p.pool)
+        tensors[name] = arr if p.kind in STACKED_READOUTS else arr[0]
+    return ProbeCall(p.name, p.kind, name, float(p.bias), p.pool, float(p.threshold))
 
 
 def _hook_name(site: Site) -> str:

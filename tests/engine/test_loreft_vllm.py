@@ -5,9 +5,10 @@ One compiled engine (tiny llama, float32) boots with a program of three LoReFTs 
 generated``, one at ``mlp_out`` on every position, one under a per-token gate — and, in the same program
 (one boot for both kernels), three SAE clamps on SAELens folders the test writes (``tests/test_sae_steer.py``'s
 ``write_sae``): a jumprelu SAE at ``resid_post[1]`` on ``prompt[1:], generated``, a standard SAE at
-``mlp_out[2]`` on every position, and the jumprelu one again at ``resid_post[3]`` under a per-token gate (a
-``vector-site-mismatch`` warning, not an error). Its greedy tokens and raw logits equal the HF target's
-(``harness.compare``); a plan with other R, W and b of the same rank is swapped in (``steerc_update``)
+``mlp_out[2]`` on every position, and the jumprelu one again at ``resid_post[3]`` under a per-token gate that
+also reads a feature (``read s[3]``), beside an ``add`` under a gate on a feature pooled over the prompt
+(``read s[5]``, ``pool prompt.mean``; SAEs used off their hook site are ``vector-site-mismatch`` warnings, not
+errors). Its greedy tokens and raw logits equal the HF target's (``harness.compare``); a plan with other R, W and b of the same rank is swapped in (``steerc_update``)
 without compiling anything again, and equals the HF target's run of that plan. (The serve plugin's run of
 the clamps: ``test_sae_vllm.py``.)
 """
@@ -52,9 +53,13 @@ def _text(name: str) -> str:
 
 CLAMPS = (
     'sae s = sae("saes/s")\nsae t = sae("saes/m")\n'
+    "probe feat {\n  at   resid_post[1]\n  read s[3]\n  pool token\n}\n"
+    "probe fp {\n  at   resid_post[1]\n  read s[5]\n  pool prompt.mean\n}\n"
     "intervention ca {\n  at     resid_post[1]\n  clamp feature s[3] to 6\n  tokens prompt[1:], generated\n}\n"
     "intervention cb {\n  at     mlp_out[2]\n  clamp feature t[1] to 0\n}\n"
-    "intervention cg {\n  at     resid_post[3]\n  clamp feature s[7] to 4\n  when   tok > 12.0\n}\n"
+    "intervention cg {\n  at     resid_post[3]\n  clamp feature s[7] to 4\n  when   tok > 12.0 and feat > 0\n}\n"
+    # `read s[i]`: a feature's activation per token, and one pooled over the prompt, gating
+    "intervention cr {\n  at     resid_post[2]\n  add    2 * s[5]\n  tokens generated\n  when   fp > 0\n}\n"
 )
 
 

@@ -2,7 +2,8 @@
 
 The serve plugin (``vllm.LLM`` started as ``steerc serve`` starts it) runs a program of three SAE clamps on
 SAELens folders the test writes (``tests/test_sae_steer.py``'s ``write_sae``), compiled ``--target serve``,
-with the first clamp's target a per-request param: two requests with two values, and a plain one, batched
+with the first clamp's target a per-request param, and gates that read SAE features (``read s[i]``, per token
+and pooled over the prompt): two requests with two values, and a plain one, batched
 together, each give the HF target's tokens for its own value. (The compiled vllm target runs the same
 clamps beside LoReFTs in one engine: ``test_loreft_vllm.py``.)
 """
@@ -25,9 +26,12 @@ TEXT = (
     "steer 1\n"
     'sae s = sae("saes/s")\nsae m = sae("saes/m")\n'
     "probe tok {\n  at   resid_post[0]\n  read norm\n  pool token\n}\n"
+    "probe feat {\n  at   resid_post[1]\n  read s[3]\n  pool token\n}\n"
+    "probe fp {\n  at   resid_post[1]\n  read s[5]\n  pool prompt.mean\n}\n"
     "intervention a {\n  at     resid_post[1]\n  clamp feature s[3] to 6\n  tokens prompt[1:], generated\n}\n"
     "intervention b {\n  at     mlp_out[2]\n  clamp feature m[1] to 0\n}\n"
-    "intervention g {\n  at     resid_post[3]\n  clamp feature s[7] to 4\n  when   tok > 12.0\n}\n"
+    "intervention g {\n  at     resid_post[3]\n  clamp feature s[7] to 4\n  when   tok > 12.0 and feat > 0\n}\n"
+    "intervention r {\n  at     resid_post[2]\n  add    2 * s[5]\n  tokens generated\n  when   fp > 0\n}\n"
 )
 
 

@@ -125,3 +125,41 @@ def test_add_is_saelens_steering(tmp_path, index, c):
     with torch.no_grad():
         theirs = h + c * sae.W_dec[index]
     assert torch.equal(_steerc(op, h), theirs)
+
+
+def _probe(tmp_path, folder: str, index: int):
+    """The plan's probe of ``read s[index]`` at resid_post[8], compiled against SmolLM2-135M's facts."""
+    shutil.copytree(folder, tmp_path / "saes" / "s")
+    (tmp_path / "steer.toml").write_text("")
+    text = (f'steer 1\n\nsae s = sae("saes/s")\n\nprobe act {{\n  at   resid_post[8]\n  read s[{index}]\n'
+            "  pool token\n}\n\nintervention x {\n  at   resid_post[8]\n  add  s[1]\n  when act > 1\n}\n")
+    result = check_source(text, "x.steer", path=str(tmp_path / "x.steer"), facts=load_facts(SMOLLM2),
+                          options=Options(base_dir=str(tmp_path), root=str(tmp_path)))
+    assert result.ok and not result.diagnostics, result.render()
+    (probe,) = result.plan.probes
+    return probe
+
+
+@pytest.mark.parametrize("folder, index", [(FIXTURE, 0), (FIXTURE, 17), (FIXTURE, 5), (RELU, 2), (RELU, 9)])
+def test_read_s_i_is_saelens_encode(tmp_path, folder, index):
+    """``read s[i]``, by the readout every runtime runs (``steerc.runtime.kernels.readout``), against
+    ``SAE.encode(h)[:, i]``: equal where SAELens's own matmul and steerc's one column round alike, within
+    float32's rounding of the encoder's dot product everywhere (SAELens is not bitwise even against itself
+    across batch shapes: tests/sae/test_sae_lens.py), and the same rows fire."""
+    sae = SAE.load_from_disk(folder)
+    probe = _probe(tmp_path, folder, index)
+    assert probe.kind == "sae_feature"
+    h = _activations(sae, index, n=200, seed=index)
+    stacked = torch.from_numpy(np.stack([v.array for v in probe.vectors]))
+    ours = S.readout(probe.kind, h, stacked, probe.bias, probe.threshold)
+    with torch.no_grad():
+        theirs = sae.encode(h)[:, index]
+    assert ours.dtype == theirs.dtype == torch.float32
+    worst = float((ours - theirs).abs().max())
+    scale = float(theirs.abs().max())
+    print(f"read s[{index}]: largest difference {worst:.3g} of {scale:.3g}, "
+          f"{int((ours == theirs).sum())} of {len(h)} rows bitwise equal")
+    assert worst <= 1e-5 * max(scale, 1.0), worst
+    margin = (theirs - probe.threshold).abs() > 1e-4 * max(scale, 1.0)  # rows clear of the threshold
+    assert torch.equal((ours > 0)[margin], (theirs > 0)[margin])
+    assert 0 < int((theirs > 0).sum()) < len(h), "the feature fires on some rows only"

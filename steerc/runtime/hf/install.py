@@ -195,7 +195,7 @@ def _site_fn(hook: HookCode, tensors: S.Tensors):
                 part = x
             for p in site.probes:
                 vec = tensors.get(p.tensor, part) if p.tensor is not None else None
-                ctx.record_probe(p.name, p.pool, p.kind, part, vec, p.bias)
+                ctx.record_probe(p.name, p.pool, p.kind, part, vec, p.bias, p.threshold)
             for k in site.kernels:
                 part = _kernel(k, part, ctx, tensors)
             if site.columns is not None:

@@ -123,9 +123,10 @@ class SteerState(torch.nn.Module):
     def record_probe(self, probe: dict, x, n: int) -> None:
         vector = self.buffer(probe["tensor"]) if probe["tensor"] is not None else None
         bias = self.buffer(probe["bias"])[0]
+        threshold = self.buffer(probe["threshold"])[0] if "threshold" in probe else 0.0
         name = probe["name"]
         if probe["pool"] == "token":
-            getattr(self, f"tok_{name}")[:n].copy_(S.readout(probe["kind"], x, vector, bias))
+            getattr(self, f"tok_{name}")[:n].copy_(S.readout(probe["kind"], x, vector, bias, threshold))
             return
         pos, plen, slot = self.pos[:n], self.plen[:n], self.slot[:n]
         in_prompt = self.valid[:n] & (pos < plen)
@@ -137,7 +138,7 @@ class SteerState(torch.nn.Module):
             acc.index_add_(0, slot, x * in_prompt.unsqueeze(-1).to(x.dtype))
             cnt.index_add_(0, slot, in_prompt.to(x.dtype))
             pooled = acc[slot] / cnt[slot].clamp_min(1.0).unsqueeze(-1)
-        value = S.readout(probe["kind"], pooled, vector, bias)
+        value = S.readout(probe["kind"], pooled, vector, bias, threshold)
         target = torch.where(last, slot, torch.full_like(slot, self.max_slots))
         getattr(self, f"held_{name}").scatter_(0, target, value)
 

@@ -178,8 +178,9 @@ def _site_lines(site: SiteCode, scopes: _Names, gates: _Names, bound: _Bound) ->
         lines.append(f"part = x[..., {literal(lo)}:{literal(hi)}]")
     for p in site.probes:
         lines.append(comment(f"probe {p.name}: {p.kind}, pool {p.pool}"))
+        threshold = f", {literal(p.threshold)}" if p.kind == "sae_feature" else ""
         lines.append(f"ctx.record_probe({literal(p.name)}, {literal(p.pool)}, {literal(p.kind)}, {v}, "
-                     f"{_tensor(p.tensor, v)}, {literal(p.bias)})")
+                     f"{_tensor(p.tensor, v)}, {literal(p.bias)}{threshold})")
     for k in site.kernels:
         lines.extend(_kernel_lines(k, scopes, gates, bound, v))
     if site.columns is not None:

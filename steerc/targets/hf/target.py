@@ -18,7 +18,7 @@ HOOK_KERNELS = {
     "op": "add scale scale-vector set suppress ablate clamp rotate loreft clamp-feature preserve-norm schedule",
     "site": "resid_pre resid_post attn_out mlp_out head",
     "scope": "all prompt generated prompt-slice generated-slice positions union",
-    "readout": "cosine projected_cosine subspace_cosine dot norm",
+    "readout": "cosine projected_cosine subspace_cosine dot norm sae_feature",
 }
 
 CAPABILITIES = table(

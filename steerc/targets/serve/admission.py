@@ -330,6 +330,9 @@ def check_document(doc, facts, artifacts: dict[str, bytes], *, tp_size: int = 1,
             _fail(f"{field}.vectors", f"a {p['readout']} readout needs its direction vectors")
         else:
             refs.tensor(f"{field}.vectors", p["vectors"], (lo, hi), width)
+        if ("threshold" in p) != (p["readout"] == "sae_feature"):
+            _fail(f"{field}.threshold", "an sae_feature readout has a threshold (its JumpReLU's, 0 for ReLU), "
+                  "no other readout does")
     for i, entry in enumerate(doc["sites"]):
         width = _check_site(f"sites[{i}].site", entry["site"], facts, tp_size, sites)
         for j, k in enumerate(entry["kernels"]):

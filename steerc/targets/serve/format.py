@@ -144,8 +144,11 @@ def _probe(p: ProbePlan, arts: _Artifacts) -> dict:
     vectors = None
     if p.vectors:
         vectors = arts.put(np.stack([v.array for v in p.vectors]))
-    return {"name": p.name, "site": _site(p.site), "readout": p.kind, "vectors": vectors, "bias": p.bias,
-            "pool": p.pool}
+    out = {"name": p.name, "site": _site(p.site), "readout": p.kind, "vectors": vectors, "bias": p.bias,
+           "pool": p.pool}
+    if p.kind == "sae_feature":
+        out["threshold"] = p.threshold
+    return out
 
 
 def to_serve(plan: Plan, facts: dict, key: bytes | None = None) -> tuple[dict, dict[str, bytes]]:
@@ -269,7 +272,7 @@ def from_serve(doc: dict, load) -> Plan:
             vectors = tuple(Vec(r) for r in rows)
         s = p["site"]
         probes.append(ProbePlan(p["name"], Site(s["kind"], s["layer"], s["head"]), p["readout"], vectors,
-                                float(p["bias"]), p["pool"]))
+                                float(p["bias"]), p["pool"], float(p.get("threshold", 0.0))))
     return Plan(
         source_name=doc["source"]["name"],
         source_sha256=doc["source"]["sha256"],

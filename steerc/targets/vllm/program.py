@@ -108,8 +108,11 @@ def build(plan, facts) -> tuple[dict, dict]:
             for p in sc.probes:
                 bias_name = f"{h.name}.probe.{p.name}.bias"
                 tensors[bias_name] = np.asarray([p.bias], dtype=np.float32)
-                probe_rows.append({"name": p.name, "kind": p.kind, "pool": p.pool, "tensor": p.tensor,
-                                   "bias": bias_name})
+                row = {"name": p.name, "kind": p.kind, "pool": p.pool, "tensor": p.tensor, "bias": bias_name}
+                if p.kind == "sae_feature":  # its JumpReLU threshold, a buffer as the bias is
+                    row["threshold"] = f"{h.name}.probe.{p.name}.threshold"
+                    tensors[row["threshold"]] = np.asarray([p.threshold], dtype=np.float32)
+                probe_rows.append(row)
                 probes.append({"name": p.name, "pool": p.pool, "layer": sc.site.layer, "site": sc.site.text})
             prefix = f"{h.name}.h{sc.site.head}" if sc.site.head is not None else h.name
             kernels = [_kernel(k, f"{prefix}.k{i}", tensors, scopes, gates, thresholds, bindings, coefficients)

@@ -30,7 +30,7 @@ CAPABILITIES = table(
         site="resid_pre resid_post attn_out mlp_out",
         scope="all prompt generated prompt-slice generated-slice positions union",
         gate="prompt.mean prompt.last token",
-        readout="cosine projected_cosine subspace_cosine dot norm",
+        readout="cosine projected_cosine subspace_cosine dot norm sae_feature",
     ),
     after=no(
         "scope:after",

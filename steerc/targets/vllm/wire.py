@@ -46,7 +46,7 @@ from steerc.facts import ModelFacts
 from steerc.facts.sites import site_table
 from steerc.ir.kernels import KINDS
 from steerc.ir.plan import Param, ParamError, check_values, declared_problem
-from steerc.passes.lower_plan import BASIS_READOUTS
+from steerc.passes.lower_plan import STACKED_READOUTS
 from steerc.targets.constraints import constraint_from_json
 from steerc.targets.signing import mac, verify
 
@@ -336,15 +336,21 @@ def _check_boot(boot: dict, facts, params=None) -> None:
                 if probe_names.get(row["name"]) != row["pool"]:
                     raise PlanError(f"{rfield}.name", "is no probe of the boot section with this pool")
                 buffer(f"{rfield}.bias", row["bias"], (1,))
+                if ("threshold" in row) != (row["kind"] == "sae_feature"):
+                    raise PlanError(f"{rfield}.threshold", "an sae_feature readout has a threshold, no other does")
+                if "threshold" in row:
+                    buffer(f"{rfield}.threshold", row["threshold"], (1,))
                 if row["kind"] == "norm":
                     if row["tensor"] is not None:
                         raise PlanError(f"{rfield}.tensor", "a norm readout takes no vector")
                 elif row["tensor"] is None:
                     raise PlanError(f"{rfield}.tensor", f"a {row['kind']} readout needs its vector")
                 else:
-                    basis = row["kind"] in BASIS_READOUTS
-                    rows = buffer(f"{rfield}.tensor", row["tensor"], (None, width) if basis else (width,))
-                    if basis and rows[0] > width:
+                    stacked = row["kind"] in STACKED_READOUTS
+                    rows = buffer(f"{rfield}.tensor", row["tensor"], (None, width) if stacked else (width,))
+                    if row["kind"] == "sae_feature" and rows[0] != 2:
+                        raise PlanError(f"{rfield}.tensor", "an sae_feature readout takes two rows: W_enc[:, i], b_dec")
+                    if stacked and rows[0] > width:
                         raise PlanError(f"{rfield}.tensor", "more directions than the site is wide")
             for k, kernel in enumerate(site["kernels"]):
                 _check_kernel(f"{sfield}.kernels[{k}]", kernel, width, boot, buffer)

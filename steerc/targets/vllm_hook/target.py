@@ -92,6 +92,9 @@ CAPABILITIES = table(
     dot=yes("readout:dot", "`affine` readout; the offset moves into the threshold"),
     norm=no("readout:norm", "vLLM-Hook has no norm readout",
              "read dot or cosine, or use the steerc serve format (--target serve)"),
+    sae_feature=no("readout:sae_feature", "vLLM-Hook's readouts are linear or cosines: no SAE encoder",
+                    "read the feature's direction with `dot(s[i])`, or use the steerc serve format "
+                    "(--target serve)"),
     **{c.replace(":", "_"): no(c, "a vLLM-Hook intervention spec carries no output constraint",
                                 "use the steerc serve format (--target serve), which sends it as "
                                 "vLLM's structured-outputs fields")
