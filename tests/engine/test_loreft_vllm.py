@@ -93,7 +93,7 @@ def runs(folder, tmp_path_factory):
 
 def test_the_compiled_engine_equals_the_hf_target(runs, folder):
     kinds = {type(k.op).__name__ for site in runs["plan"].sites for k in site.kernels}
-    assert kinds == {"LoReFT", "SaeClamp"}, kinds
+    assert kinds == {"LoReFT", "SaeClamp", "Affine"}, kinds  # Affine: the add gated on a pooled feature
     compare(hf_run(folder, runs["plan"]), runs["steered"], what="loreft and clamp feature")
     plain = hf_run(folder, None)
     assert any(abs(float(plain[0][1][0][t]) - v) > 1e-2 for t, v in runs["steered"][0][1][0].items()), \

@@ -3,8 +3,8 @@
 The serve plugin (``vllm.LLM`` started as ``steerc serve`` starts it) runs a program of three SAE clamps on
 SAELens folders the test writes (``tests/test_sae_steer.py``'s ``write_sae``), compiled ``--target serve``,
 with the first clamp's target a per-request param, and gates that read SAE features (``read s[i]``, per token
-and pooled over the prompt): two requests with two values, and a plain one, batched
-together, each give the HF target's tokens for its own value. (The compiled vllm target runs the same
+and pooled over the prompt), and a LoReFT (``loreft R, W, b``): two requests with two values, and a plain one,
+batched together, each give the HF target's tokens for its own value. (The compiled vllm target runs the same
 clamps beside LoReFTs in one engine: ``test_loreft_vllm.py``.)
 """
 
@@ -18,6 +18,7 @@ from harness import checked_plan, hf_run, model_folder, require_vllm
 
 require_vllm()
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from test_loreft_vllm import _reft  # noqa: E402
 from test_sae_steer import write_sae  # noqa: E402
 
 W = 128
@@ -32,6 +33,10 @@ TEXT = (
     "intervention b {\n  at     mlp_out[2]\n  clamp feature m[1] to 0\n}\n"
     "intervention g {\n  at     resid_post[3]\n  clamp feature s[7] to 4\n  when   tok > 12.0 and feat > 0\n}\n"
     "intervention r {\n  at     resid_post[2]\n  add    2 * s[5]\n  tokens generated\n  when   fp > 0\n}\n"
+    # and a LoReFT, served per request as the clamps are
+    'matrix R = load("reft.safetensors", key="R")\nmatrix W = load("reft.safetensors", key="W")\n'
+    'vector lb = load("reft.safetensors", key="b")\n'
+    "intervention l {\n  at     mlp_out[1]\n  loreft R, W, lb\n  tokens prompt[1:], generated\n}\n"
 )
 
 
@@ -61,7 +66,9 @@ def served(folder, tmp_path_factory):
     (root / "steer.toml").write_text("")
     write_sae(root, "s", d_in=W, d_sae=16, hook="blocks.1.hook_resid_post", seed=1)
     write_sae(root, "m", d_in=W, d_sae=8, architecture="standard", hook="blocks.2.hook_mlp_out", seed=2)
+    _reft(root, "reft.safetensors", 3)
     plan = checked_plan(folder, SERVED, root=str(root))
+    assert {type(k.op).__name__ for site in plan.sites for k in site.kernels} == {"SaeClamp", "Affine", "LoReFT"}
     emit(plan, facts_from_model(hf_model(folder)), str(root / "out"))
     register_loader()
     engine = vllm.LLM(model=folder, dtype="float32", max_model_len=256, max_num_seqs=8, skip_tokenizer_init=True,
