@@ -280,8 +280,10 @@ def base_model(facts) -> dict:
         model_id = named
     elif os.path.basename(origin) in HUB_IDS:
         model_id = HUB_IDS[os.path.basename(origin)]
-    else:
-        model_id = os.path.basename(os.path.dirname(os.path.abspath(origin))) if origin else facts.family
+    elif os.path.isfile(origin):  # a model folder's config.json: the folder's name
+        model_id = os.path.basename(os.path.dirname(os.path.abspath(origin)))
+    else:  # facts of a live model, or a facts JSON that names no model
+        model_id = facts.family
     archs = config.get("architectures")
     dtype = config.get("torch_dtype", config.get("dtype"))
     return {"model_id": model_id or facts.family, "revision": None,
