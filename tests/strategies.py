@@ -326,6 +326,7 @@ READOUT_KINDS = {
     "dot": st.builds(ir.Dot, _vec1,
                      st.lists(st.builds(ir.Offset, st.sampled_from("+-"), SCALAR[1]), max_size=2).map(tuple)),
     "norm": st.builds(ir.Norm),
+    "s[i]": st.builds(ir.FeatureReadout, st.builds(ir.Index, st.just(_SAE), st.integers(0, 99).map(ir.Number))),
 }
 READOUTS = st.sampled_from(sorted(READOUT_KINDS)).flatmap(READOUT_KINDS.__getitem__)
 """Every readout (placeholders unresolved)."""
@@ -416,10 +417,16 @@ def programs(draw, max_statements: int = 7, with_constraint: bool = True, with_l
                 statements.append(ir.SaeDecl(scope.fresh(draw), ir.Name(draw(st.sampled_from(scope.saes)))))
                 scope.saes.append(statements[-1].name)
         elif kind == "probe":
+            readout = draw(READOUTS)
+            if isinstance(readout, ir.FeatureReadout) and not scope.saes:  # its SAE is read, or it reads the norm
+                if with_loads:
+                    statements.append(_sae_decl(draw, scope))
+                else:
+                    readout = ir.Norm()
             probe = ir.ProbeDecl(
                 scope.fresh(draw),
                 draw(single_sites),
-                _resolve(draw(READOUTS), draw, scope),
+                _resolve(readout, draw, scope),
                 ir.Pool(draw(st.sampled_from(["prompt.mean", "prompt.last", "token"]))),
             )
             statements.append(probe)

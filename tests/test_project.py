@@ -11,6 +11,7 @@ import pytest
 from support import run_cli
 
 from steerc.project import project_at
+from steerc.targets.registry import TARGET_NAMES  # every target steer.toml can name: the message lists them
 
 PROGRAM = """steer 1
 
@@ -90,7 +91,7 @@ def test_a_model_name_is_a_model_unless_a_path_of_that_name_holds_a_model(projec
     ('[defaults]\nmodel = 3\n', "`model` must be a non-empty string, got a number", "3"),
     ('[defaults]\nmodel = ""\n', "`model` must be a non-empty string, got a string", '""'),
     ('[defaults]\nmodel = "nope"\n', 'model "nope": no such file or folder next to steer.toml', '"nope"'),
-    ('[defaults]\ntarget = "vlm"  # typo\n', '`target` must be one of hf, vllm, serve, llamacpp, export, got "vlm"', '"vlm"'),
+    ('[defaults]\ntarget = "vlm"  # typo\n', f'`target` must be one of {", ".join(TARGET_NAMES)}, got "vlm"', '"vlm"'),
     ("[defaults]\ntarget = ['hf']\n", "`target` must be a non-empty string, got an array", "['hf']"),
     ('[params]\nstrength = "2"\n', "param `strength` must be a number, got a string", '"2"'),
     ('[params]\nstrength = true\n', "param `strength` must be a number, got a boolean", "true"),
