@@ -311,22 +311,11 @@ def _number(x: float) -> str:
 
 
 def _quoted(s: str) -> str:
-    """A Steer string literal of ``s`` (the escapes ``steerc fmt`` writes)."""
-    out = ['"']
-    for ch in s:
-        if ch in '"\\':
-            out.append("\\" + ch)
-        elif ch == "\n":
-            out.append("\\n")
-        elif ch == "\t":
-            out.append("\\t")
-        elif ch == "\r":
-            out.append("\\r")
-        elif ord(ch) < 0x20:
-            out.append(f"\\u{ord(ch):04x}")
-        else:
-            out.append(ch)
-    return "".join(out) + '"'
+    """A Steer string literal of ``s``, escaped as ``steerc fmt`` writes it."""
+    from steerc.frontend.fmt import string
+    from steerc.ir.nodes import Str
+
+    return string(Str(s))
 
 
 def _identifier(key: str) -> str:
