@@ -34,6 +34,8 @@ def add_arguments(cmd) -> None:
     cmd.add_argument("--from", dest="source_format", metavar="FORMAT", choices=tuple(FORMATS),
                      help=f"the file's format, when its suffix does not say ({', '.join(FORMATS)})")
     cmd.add_argument("--force", action="store_true", help="replace OUT and its vector file if they exist")
+    cmd.add_argument("--sae-root", metavar="DIR", help="lm-eval's CSV: the folder holding its SAEs as SAELens "
+                     "folders, DIR/<release>/<sae_id> (spec/formats.md)")
 
 
 def run(args) -> int:
@@ -53,8 +55,11 @@ def run(args) -> int:
     root = _root(args, folder)
     facts = facts_from(args) if args.model is not None else None  # a bad model: before the file is read
     stem = os.path.basename(out)[:-len(".steer")]
+    extra = {"sae_root": args.sae_root, "out_dir": folder} if fmt.name == "lm-eval" else {}
+    if args.sae_root is not None and not extra:
+        raise UsageError(f"--sae-root is for lm-eval's steering CSV, not {fmt.name}")
     try:
-        imported = fmt.convert(args.file, stem)
+        imported = fmt.convert(args.file, stem, **extra)
     except ForeignFileError as exc:
         return _refuse(args, exc)
     text = _formatted(imported.text, out)
@@ -137,7 +142,7 @@ def _write_checked(args, text: str, imported, targets: list[str], folder: str, r
             with open(os.path.join(tmp, name), "wb") as fh:
                 fh.write(data)
         result = check_source(text, args.output, path=os.path.join(tmp, os.path.basename(targets[0])),
-                              options=Options(root=root, base_dir=tmp), facts=facts)
+                              options=Options(root=root, base_dir=tmp if imported.files else folder), facts=facts)
         if result.diagnostics:
             print(result.render(), file=sys.stderr)
         if not result.ok:

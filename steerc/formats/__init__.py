@@ -11,8 +11,8 @@ one entry below: its exporter, if any, is a target (``steerc/targets/<name>/`` a
 Every importer treats its input as hostile: bounded reads, nothing executed, and every malformed field a
 :class:`ForeignFileError` with the place to blame; it writes nothing (the command writes what it returns).
 
->>> [f.name for f in FORMATS.values()], format_for("a/b/JOY.brainpatch").name
-(['brainpatch'], 'brainpatch')
+>>> {"brainpatch", "lm-eval"} <= set(FORMATS), format_for("a/b/JOY.brainpatch").name
+(True, 'brainpatch')
 >>> format_for("x.json") is None
 True
 """
@@ -65,6 +65,7 @@ def _brainpatch(path: str, stem: str) -> Imported:
 FORMATS: dict[str, Format] = {f.name: f for f in (
     Format("brainpatch", "a BrainPatch archive (.brainpatch, format 1.0): a ZIP of a manifest and its vectors",
            (".brainpatch",), _brainpatch, export=("brainpatch", "steerc")),
+    Format("lm-eval", "lm-eval's `steered` model config (.csv; its .pt pickle is refused)", (".csv", ".pt", ".pth"), lambda *a, **k: __import__("steerc.formats.lm_eval", fromlist=["convert"]).convert(*a, **k), export=("lm-eval", "steerc")),  # noqa: E501
 )}
 
 
