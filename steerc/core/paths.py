@@ -83,9 +83,18 @@ def resolve(relative: str, base_dir: str, root: str) -> Resolved:
     return Resolved(real, not inside)
 
 
+def new_file_mode() -> int:
+    """The mode a new file gets from ``open`` under this process's umask (``0o644`` under the usual ``022``)."""
+    mask = os.umask(0)
+    os.umask(mask)
+    return 0o666 & ~mask
+
+
 def write_atomically(path: str, data: bytes) -> None:
     """``data`` at ``path`` by a temporary file in the same folder and a rename (missing folders made): never half
-    a file, and no temporary file left behind whatever fails."""
+    a file, and no temporary file left behind whatever fails. The file gets the mode ``open`` would give it
+    (:func:`new_file_mode`), not the temporary file's owner-only ``0o600``: a compiled artifact is read by
+    servers and tools that may run as another user."""
     import contextlib
     import tempfile
 
@@ -93,6 +102,7 @@ def write_atomically(path: str, data: bytes) -> None:
     os.makedirs(folder, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=".tmp", dir=folder)
     try:
+        os.fchmod(fd, new_file_mode())
         with os.fdopen(fd, "wb") as fh:
             fh.write(data)
         os.replace(tmp, path)

@@ -210,8 +210,11 @@ def write_file(path: str, outs: list[Out]) -> None:
     """One safetensors file, written to a temporary name beside it and renamed into place."""
     import tempfile
 
+    from steerc.core.paths import new_file_mode
+
     fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=".tmp", dir=os.path.dirname(path))
     try:
+        os.fchmod(fd, new_file_mode())  # as open() would make it: other users' servers read the folder
         with os.fdopen(fd, "wb") as fh:
             fh.write(header_bytes(outs))
             for o in outs:
