@@ -11,7 +11,7 @@ one entry below: its exporter, if any, is a target (``steerc/targets/<name>/`` a
 Every importer treats its input as hostile: bounded reads, nothing executed, and every malformed field a
 :class:`ForeignFileError` with the place to blame; it writes nothing (the command writes what it returns).
 
->>> {"brainpatch", "lm-eval"} <= set(FORMATS), format_for("a/b/JOY.brainpatch").name
+>>> {"brainpatch", "vllm-hook"} <= set(FORMATS), format_for("a/b/JOY.brainpatch").name
 (True, 'brainpatch')
 >>> format_for("x.json") is None
 True
@@ -62,10 +62,25 @@ def _brainpatch(path: str, stem: str) -> Imported:
     return convert(path, stem)
 
 
+def lazy(module: str, name: str) -> Callable:
+    """``module.name``, imported when first called: a table entry names its importer without loading it (the
+    command line reads the table for its help)."""
+    def call(*args):
+        import importlib
+
+        return getattr(importlib.import_module(module), name)(*args)
+
+    call.__name__ = call.__qualname__ = f"{module}.{name}"
+    return call
+
+
 FORMATS: dict[str, Format] = {f.name: f for f in (
     Format("brainpatch", "a BrainPatch archive (.brainpatch, format 1.0): a ZIP of a manifest and its vectors",
            (".brainpatch",), _brainpatch, export=("brainpatch", "steerc")),
     Format("lm-eval", "lm-eval's `steered` model config (.csv; its .pt pickle is refused)", (".csv", ".pt", ".pth"), lambda *a, **k: __import__("steerc.formats.lm_eval", fromlist=["convert"]).convert(*a, **k), export=("lm-eval", "steerc")),  # noqa: E501
+    Format("vllm-hook", "a vLLM-Hook intervention_spec (JSON {\"ops\": ...}, or its request.json) and its "
+           "sha256-named artifacts", (), lazy("steerc.formats.vllm_hook", "convert"),
+           sniff=lazy("steerc.formats.vllm_hook", "sniff"), export=("serve", "vllm-hook")),
 )}
 
 
@@ -78,4 +93,4 @@ def format_for(path: str, head: bytes = b"") -> Format | None:
     return found
 
 
-__all__ = ["FORMATS", "ForeignFileError", "Format", "Imported", "format_for"]
+__all__ = ["FORMATS", "ForeignFileError", "Format", "Imported", "format_for", "lazy"]
