@@ -71,14 +71,14 @@ def sniff(head: bytes) -> bool:
 
 def convert(path: str, stem: str) -> Imported:
     """``path`` read and checked, as a program whose vectors are ``<stem>.safetensors`` beside it."""
-    spec, source, doc = _read_spec(path)
+    spec, source, doc = read_spec(path)
     return _Importer(path, spec, source, doc, stem).program()
 
 
 # ------------------------------------------------------------------ reading
 
 
-def _read_spec(path: str):
+def read_spec(path: str):
     from steerc.constraints.jsonpos import parse_json
     from steerc.core.source import Source
 
@@ -100,7 +100,7 @@ def _read_spec(path: str):
         p = problems[-1] if problems else None
         at = (p.offset, p.end if p.end is not None else p.offset + 1) if p is not None and p.offset is not None \
             else None
-        span = _span_of(source, at)
+        span = span_of(source, at)
         raise ForeignFileError(INVALID_FOREIGN_FILE, f"the spec is not JSON: {getattr(p, 'message', 'syntax')}",
                                source=source, span=span)
     value, root = doc.value, ""
@@ -109,7 +109,7 @@ def _read_spec(path: str):
     return value, source, (doc, root)
 
 
-def _span_of(source, at):
+def span_of(source, at):
     if isinstance(at, tuple) and len(at) == 2:
         return source.span(*at)
     return source.span(0, min(1, len(source.text)))
@@ -133,7 +133,7 @@ class _Importer:
              key: bool = False):
         ptr = self.root + pointer
         at = (self.doc.keys if key else self.doc.values).get(ptr) or self.doc.values.get(ptr)
-        return ForeignFileError(code, message, help, self.source, _span_of(self.source, at))
+        return ForeignFileError(code, message, help, self.source, span_of(self.source, at))
 
     def refuse(self, pointer: str, what: str, why: str, help: str | None = None):
         return self.fail(pointer, f"steerc cannot express {what}: {why}", help, UNSUPPORTED_BY_TARGET)
@@ -490,4 +490,4 @@ def _num(x: float) -> str:
     return repr(float(x))
 
 
-__all__ = ["convert", "sniff"]
+__all__ = ["convert", "read_spec", "sniff", "span_of"]
