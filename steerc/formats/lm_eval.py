@@ -151,7 +151,7 @@ def _rows(text: str, source) -> list[_Row]:
         previous_line = line_num
         if not any(c.strip() for c in record):
             continue  # pandas skips blank lines
-        if len(record) > len(names) and any(c.strip() for c in record[len(names):]):
+        if len(record) > len(names):  # pandas would take the first column as the rows' index: all shifted
             cells = _cells_of(text, starts, first_line, record)
             raise ForeignFileError(INVALID_FOREIGN_FILE, f"row {len(out) + 1} has {len(record)} fields; the header "
                                    f"names {len(names)}", source=source, span=source.span(*cells[len(names)][1:]))
