@@ -77,7 +77,7 @@ def lazy(module: str, name: str) -> Callable:
 FORMATS: dict[str, Format] = {f.name: f for f in (
     Format("brainpatch", "a BrainPatch archive (.brainpatch, format 1.0): a ZIP of a manifest and its vectors",
            (".brainpatch",), _brainpatch, export=("brainpatch", "steerc")),
-    Format("lm-eval", "lm-eval's `steered` model config (.csv; its .pt pickle is refused)", (".csv", ".pt", ".pth"), lambda *a, **k: __import__("steerc.formats.lm_eval", fromlist=["convert"]).convert(*a, **k), export=("lm-eval", "steerc")),  # noqa: E501
+    Format("lm-eval", "lm-eval's `steered` model config (.csv; its .pt pickle is refused)", (".csv", ".pt", ".pth"), lambda *a, **k: __import__("steerc.formats.lm_eval", fromlist=["convert"]).convert(*a, **k)),  # noqa: E501
     Format("vllm-hook", "a vLLM-Hook intervention_spec (JSON {\"ops\": ...}, or its request.json) and its "
            "sha256-named artifacts", (), lazy("steerc.formats.vllm_hook", "convert"),
            sniff=lazy("steerc.formats.vllm_hook", "sniff"), export=("serve", "vllm-hook")),
