@@ -68,6 +68,7 @@ from dataclasses import dataclass
 
 from steerc.diagnostics.codes import INVALID_FOREIGN_FILE
 from steerc.formats import ForeignFileError, Imported
+from steerc.formats.text import comment, literal
 from steerc.io.brainpatch import ArchiveError, Patch, read_archive, safetensors_bytes
 
 EPSILON = 1e-12  # BrainPatch's STRENGTH_EPSILON: a coefficient below it adds nothing
@@ -206,7 +207,7 @@ def program(patch: Patch, stem: str) -> Imported:
         name = names.new(_cell_name(cell))
         ivs = " and ".join(_describe(patch, t.index) for t in cell.terms)
         times = "" if patch.schedule is None else f"; the schedule's multiplier {cell.multiplier!r}"
-        comment = f"# BrainPatch intervention{'s' if len(cell.terms) > 1 else ''} {ivs}{times}"
+        heading = f"# BrainPatch intervention{'s' if len(cell.terms) > 1 else ''} {ivs}{times}"
         if len(cell.terms) == 1:
             term = cell.terms[0]
             if term.vector not in declared:
@@ -214,8 +215,8 @@ def program(patch: Patch, stem: str) -> Imported:
                 stored = patch.vectors[term.vector]
                 dtype = stored.dtype if stored.dtype != "F64" else "F32"  # BrainPatch adds F64 vectors as float32
                 tensors[term.vector] = (dtype, stored.values)
-                decls.append(f"vector {declared[term.vector]} = load({_quoted(vectors_file)}, "
-                             f"key={_quoted(term.vector)})")
+                decls.append(f"vector {declared[term.vector]} = load({literal(vectors_file)}, "
+                             f"key={literal(term.vector)})")
             factor = "" if term.k == 1.0 else f"{_number(term.k)} * "
             operand = f"{PARAM} * {factor}{declared[term.vector]}"
         else:
@@ -229,13 +230,13 @@ def program(patch: Patch, stem: str) -> Imported:
             tensors[key] = ("F32", total)
             vname = names.new(f"{name}_sum")
             terms = " + ".join(f"{_number(t.k)} * {json.dumps(t.vector, ensure_ascii=False)}" for t in cell.terms)
-            decls.append(f"# {_safe(terms, 300)}, summed in float32 in BrainPatch's order\n"
-                         f"vector {vname} = load({_quoted(vectors_file)}, key={_quoted(key)})")
+            decls.append(f"# {comment(terms, 300)}, summed in float32 in BrainPatch's order\n"
+                         f"vector {vname} = load({literal(vectors_file)}, key={literal(key)})")
             operand = f"{PARAM} * {vname}"
             notes.append(f"layer {cell.layer}: {len(cell.terms)} vectors reach the same positions; their float32 sum "
                          f"is `{key}` in {vectors_file}")
         scope = tokens(cell)
-        blocks.append(f"{comment}\nintervention {name} {{\n  at resid_post[{cell.layer}]\n  add {operand}\n"
+        blocks.append(f"{heading}\nintervention {name} {{\n  at resid_post[{cell.layer}]\n  add {operand}\n"
                       + (f"  tokens {scope}\n" if scope else "") + "}")
     if not found:
         notes.append("every intervention's coefficient is 0 at the default strength and schedule: the program "
@@ -253,7 +254,7 @@ def program(patch: Patch, stem: str) -> Imported:
 
 def _describe(patch: Patch, index: int) -> str:
     iv = patch.interventions[index]
-    ident = f"id {_safe(iv.id, 40)}, " if iv.id else ""
+    ident = f"id {comment(iv.id, 40)}, " if iv.id else ""
     return f"{index} ({ident}coefficient {iv.coefficient!r}, site {iv.site})"
 
 
@@ -294,28 +295,13 @@ def _header(patch: Patch) -> str:
     if patch.readme:
         lines.append("The archive's README.md is not copied.")
     lines.append(f"BrainPatch clamps a strength past ±{patch.max_abs_strength!r}; steerc refuses it (param-out-of-range).")
-    return "\n".join("# " + _safe(line, 300) for line in lines)
-
-
-def _safe(text: str, limit: int) -> str:
-    """One line of comment text: control characters escaped, at most ``limit`` characters."""
-    from steerc.core.text import shown
-
-    text = shown(text.replace("\r\n", "\n").replace("\n", " ").replace("\t", " "))
-    return text if len(text) <= limit else text[:limit - 3] + "..."
+    return "\n".join("# " + comment(line, 300) for line in lines)
 
 
 def _number(x: float) -> str:
     """A float exactly as float64 reads it back (BrainPatch's float32 coefficients are exact in float64)."""
     return repr(float(x))
 
-
-def _quoted(s: str) -> str:
-    """A Steer string literal of ``s``, escaped as ``steerc fmt`` writes it."""
-    from steerc.frontend.fmt import string
-    from steerc.ir.nodes import Str
-
-    return string(Str(s))
 
 
 def _identifier(key: str) -> str:

@@ -40,6 +40,7 @@ import os
 
 from steerc.diagnostics.codes import INVALID_FOREIGN_FILE, UNSUPPORTED_BY_TARGET
 from steerc.formats import ForeignFileError, Imported
+from steerc.formats.text import comment
 
 MAX_FILE_BYTES = 1024 * 1024
 MAX_VECTORS = 256
@@ -150,7 +151,7 @@ class _Importer:
         out = []
         index = ptr.rsplit("/", 1)[1]
         name = v.get("name")
-        label = f" ({_comment(name)})" if isinstance(name, str) and name else ""
+        label = f" ({comment(name, 80)})" if isinstance(name, str) and name else ""
         for layer in wanted:
             if layer not in rows:
                 raise self.fail(f"{ptr}/layers", f"layer {layer}: the source has no `direction.{layer}`")
@@ -224,12 +225,6 @@ class _Importer:
             return None
         return ", ".join(dict.fromkeys(items))
 
-
-def _comment(text: str) -> str:
-    from steerc.core.text import shown
-
-    text = shown(text.replace("\n", " "))
-    return text[:80]
 
 
 __all__ = ["convert"]

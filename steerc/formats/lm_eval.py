@@ -41,6 +41,7 @@ import re
 
 from steerc.diagnostics.codes import FILE_NOT_FOUND, INVALID_FOREIGN_FILE
 from steerc.formats import ForeignFileError, Imported
+from steerc.formats.text import comment, literal
 
 MAX_BYTES = 1 << 20  # a steering config is a few rows; 1 MiB is thousands
 MAX_ROWS = 4096
@@ -354,7 +355,7 @@ def _program(rows: list[_Row], source, path: str, sae_root: str | None, out_dir:
         action = row.text("action") if "action" in row.cells else "add"
         head = [f"# row {row.number}: {action} {c!r} x feature {index} at {row.text('hookpoint')}"]
         if row.text("description"):
-            head.append("# " + _safe(row.text("description")))
+            head.append("# " + comment(row.text("description")))
         if action == "add":
             op = f"add {c!r} * {name}[{index}]"
         else:
@@ -369,9 +370,9 @@ def _program(rows: list[_Row], source, path: str, sae_root: str | None, out_dir:
                         "u the unit decoder row")
             op = f"clamp {name}[{index}] to {c!r} + {offset!r}"
         body.append("\n".join([*head, f"intervention row_{row.number} {{", f"  at {key}", f"  {op}", "}"]))
-    decls = [f"# lm-eval sae_lens release {_safe(r)}, sae_id {_safe(i)}\n"
-             f"sae {n} = sae({_quoted(_relative(folder, out_dir))})" for folder, (n, r, i) in saes.items()]
-    header = (f"# imported from {_safe(os.path.basename(path))}: lm-eval's `steered` model (its CSV steering "
+    decls = [f"# lm-eval sae_lens release {comment(r)}, sae_id {comment(i)}\n"
+             f"sae {n} = sae({literal(_relative(folder, out_dir))})" for folder, (n, r, i) in saes.items()]
+    header = (f"# imported from {comment(os.path.basename(path))}: lm-eval's `steered` model (its CSV steering "
               "config; lm-eval steers every position)")
     text = "\n\n".join(["steer 1", header, *decls, *body]) + "\n"
     return Imported(text, {}, tuple(notes))
@@ -381,17 +382,6 @@ def _relative(folder: str, out_dir: str) -> str:
     rel = os.path.relpath(os.path.abspath(folder), os.path.abspath(out_dir))
     return rel.replace(os.sep, "/")
 
-
-def _safe(text: str, limit: int = 200) -> str:
-    from steerc.formats.brainpatch import _safe as safe
-
-    return safe(text, limit)
-
-
-def _quoted(s: str) -> str:
-    from steerc.formats.brainpatch import _quoted as quoted
-
-    return quoted(s)
 
 
 __all__ = ["COLUMNS", "HOOKPOINTS", "SITE_HOOKPOINTS", "convert", "is_pickle"]
