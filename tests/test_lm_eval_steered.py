@@ -128,11 +128,11 @@ def test_a_pickle_is_refused_unread(project, name, blob):
     assert rc == 1 and "pickle" in stderr and "Traceback" not in stderr
 
 
-def test_sae_root_is_only_for_lm_eval(project, tmp_path):
+def test_sae_root_is_only_for_formats_that_name_saes(project, tmp_path):
     path = tmp_path / "x.brainpatch"
     path.write_bytes(b"PK")
     rc, _, stderr = run_cli(["import", str(path), "-o", str(tmp_path / "o.steer"), "--sae-root", "x"])
-    assert rc == 2 and "--sae-root is for lm-eval" in stderr
+    assert rc == 2 and "--sae-root is for formats that name SAEs by id (lm-eval" in stderr and "brainpatch" in stderr
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])

@@ -34,8 +34,9 @@ def add_arguments(cmd) -> None:
     cmd.add_argument("--from", dest="source_format", metavar="FORMAT", choices=tuple(FORMATS),
                      help=f"the file's format, when its suffix does not say ({', '.join(FORMATS)})")
     cmd.add_argument("--force", action="store_true", help="replace OUT and its vector file if they exist")
-    cmd.add_argument("--sae-root", metavar="DIR", help="lm-eval's CSV: the folder holding its SAEs as SAELens "
-                     "folders, DIR/<release>/<sae_id> (spec/formats.md)")
+    cmd.add_argument("--sae-root", metavar="DIR", help="for a format that names SAEs by id (" + ", ".join(
+        f.name for f in FORMATS.values() if f.sae_root) + "): the folder holding them as SAELens folders "
+        "(spec/formats.md)")
 
 
 def run(args) -> int:
@@ -55,9 +56,10 @@ def run(args) -> int:
     root = _root(args, folder)
     facts = facts_from(args) if args.model is not None else None  # a bad model: before the file is read
     stem = os.path.basename(out)[:-len(".steer")]
-    extra = {"sae_root": args.sae_root, "out_dir": folder} if fmt.name == "lm-eval" else {}
+    extra = {"sae_root": args.sae_root, "out_dir": folder} if fmt.sae_root else {}
     if args.sae_root is not None and not extra:
-        raise UsageError(f"--sae-root is for lm-eval's steering CSV, not {fmt.name}")
+        raise UsageError("--sae-root is for formats that name SAEs by id ("
+                         + ", ".join(f.name for f in FORMATS.values() if f.sae_root) + f"), not {fmt.name}")
     try:
         imported = fmt.convert(args.file, stem, **extra)
     except ForeignFileError as exc:

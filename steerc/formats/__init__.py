@@ -53,6 +53,9 @@ class Format:
     convert: Callable[[str, str], Imported]
     sniff: Callable[[bytes], bool] | None = None  # the file's first 64 bytes -> whether it is this format
     export: tuple[str, str] | None = None  # (--target, --dialect) that writes it, if any
+    # whether its files name SAEs by id, found in a folder of SAELens folders (`steerc import --sae-root DIR`):
+    # convert then takes sae_root= (the folder, or None) and out_dir= (where the program will be written)
+    sae_root: bool = False
     spec: str = "spec/formats.md"  # where its mapping table is
 
 
@@ -65,10 +68,10 @@ def _brainpatch(path: str, stem: str) -> Imported:
 def lazy(module: str, name: str) -> Callable:
     """``module.name``, imported when first called: a table entry names its importer without loading it (the
     command line reads the table for its help)."""
-    def call(*args):
+    def call(*args, **kwargs):
         import importlib
 
-        return getattr(importlib.import_module(module), name)(*args)
+        return getattr(importlib.import_module(module), name)(*args, **kwargs)
 
     call.__name__ = call.__qualname__ = f"{module}.{name}"
     return call
@@ -77,7 +80,8 @@ def lazy(module: str, name: str) -> Callable:
 FORMATS: dict[str, Format] = {f.name: f for f in (
     Format("brainpatch", "a BrainPatch archive (.brainpatch, format 1.0): a ZIP of a manifest and its vectors",
            (".brainpatch",), _brainpatch, export=("brainpatch", "steerc")),
-    Format("lm-eval", "lm-eval's `steered` model config (.csv; its .pt pickle is refused)", (".csv", ".pt", ".pth"), lambda *a, **k: __import__("steerc.formats.lm_eval", fromlist=["convert"]).convert(*a, **k)),  # noqa: E501
+    Format("lm-eval", "lm-eval's `steered` model config (.csv; its .pt pickle is refused)", (".csv", ".pt", ".pth"),
+           lazy("steerc.formats.lm_eval", "convert"), sae_root=True),
     Format("vllm-hook", "a vLLM-Hook intervention_spec (JSON {\"ops\": ...}, or its request.json) and its "
            "sha256-named artifacts", (), lazy("steerc.formats.vllm_hook", "convert"),
            sniff=lazy("steerc.formats.vllm_hook", "sniff"), export=("serve", "vllm-hook")),
