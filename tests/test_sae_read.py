@@ -300,4 +300,4 @@ def test_explain_names_the_feature(tmp_path):
     write_sae(tmp_path)
     text = render(explain(check(tmp_path, read_program(), facts=tiny_facts())))
     assert "act: sae_feature at resid_post[1], pool token" in text
-    assert "feature 3 of a jumprelu SAE (d_sae 12, hook blocks.1.hook_resid_post, neuronpedia tiny-s)" in text
+    assert "feature 3 of a jumprelu SAE (d_sae 12, hook blocks.1.hook_resid_post, neuronpedia tiny-s/3)" in text

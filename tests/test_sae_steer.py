@@ -508,7 +508,7 @@ def test_explain_shows_the_sae_and_the_feature(tmp_path):
     result = check(tmp_path, program(), facts=tiny_facts())
     text = render(explain(result))
     assert "sae_clamp" in text and "c = 2.5" in text and "feature 3 of a jumprelu SAE" in text
-    assert "d_sae 12" in text and "blocks.1.hook_resid_post" in text and "neuronpedia tiny-s" in text
+    assert "d_sae 12" in text and "blocks.1.hook_resid_post" in text and "neuronpedia tiny-s/3" in text
 
 
 def test_the_smollm2_fixture_checks_against_smollm2(tmp_path):
@@ -554,6 +554,7 @@ def test_hover_completion_and_highlighting(tmp_path):
     at_use = hover(analysis, text.index("s[5]"))
     norm = float(np.linalg.norm(t["W_dec"][5].astype(np.float64)))
     assert f"feature 5: as a vector its decoder row `W_dec[5]`, norm {norm:.4g}" in at_use
+    assert "Neuronpedia feature `tiny-s/5`" in at_use and "`read s[5]` reads its activation" in at_use  # issue 37
     assert "splice with the error term" in hover(analysis, text.index("pin {"))
     before = text[:text.index("intervention joy")] + "intervention y {\n  at resid_post[1]\n  clamp feature "
     assert [c.label for c in complete(before, len(before))] == ["s"]

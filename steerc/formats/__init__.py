@@ -85,6 +85,9 @@ FORMATS: dict[str, Format] = {f.name: f for f in (
     Format("vllm-hook", "a vLLM-Hook intervention_spec (JSON {\"ops\": ...}, or its request.json) and its "
            "sha256-named artifacts", (), lazy("steerc.formats.vllm_hook", "convert"),
            sniff=lazy("steerc.formats.vllm_hook", "sniff"), export=("serve", "vllm-hook")),
+    Format("neuronpedia", "a Neuronpedia steering request (JSON: SAE features by Neuronpedia id, or vectors at "
+           "TransformerLens hooks); its SAEs from --sae-root", (), lazy("steerc.formats.neuronpedia", "convert"),
+           sniff=lazy("steerc.formats.neuronpedia", "sniff"), sae_root=True),
     Format("easysteer", "an EasySteer SteeringSpec (JSON, its v2 API) and the .gguf vectors it names", (),
            lazy("steerc.formats.easysteer", "convert")),
 )}

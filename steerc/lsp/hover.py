@@ -266,7 +266,10 @@ def sae_text(decl: ir.SaeDecl, result, feature: int | None = None) -> str:
             try:
                 norm = float(np.linalg.norm(sae.decoder_row(feature).astype(np.float64)))
                 lines += ["", f"feature {feature}: as a vector its decoder row `W_dec[{feature}]`, norm {norm:.4g}; "
-                          f"`clamp feature {decl.name}[{feature}] to c` sets its activation to c"]
+                          f"`read {decl.name}[{feature}]` reads its activation, `clamp feature "
+                          f"{decl.name}[{feature}] to c` sets it to c"]
+                if sae.neuronpedia_id:  # Neuronpedia names a feature model/source/index
+                    lines += ["", f"Neuronpedia feature `{sae.neuronpedia_id}/{feature}`"]
             except (OSError, VectorFileError):  # a hover never fails: the checker reports the file
                 pass
     if isinstance(decl.value, ir.Call) and decl.value.args and isinstance(decl.value.args[0], ir.Str):

@@ -149,7 +149,7 @@ def _about(sae, feature: int) -> str:
     """Feature ``feature`` of ``sae`` in words, for explain: its index, the SAE's encoder, width, hook and
     Neuronpedia id."""
     return (f"{feature} of a {sae.architecture} SAE (d_sae {sae.d_sae:,}, hook {sae.hook_name}"
-            + (f", neuronpedia {sae.neuronpedia_id}" if sae.neuronpedia_id else "") + ")")
+            + (f", neuronpedia {sae.neuronpedia_id}/{feature}" if sae.neuronpedia_id else "") + ")")
 
 
 __all__ = ["canonical_scope", "canonical_site", "lower", "lower_op"]
