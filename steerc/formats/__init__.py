@@ -89,7 +89,7 @@ FORMATS: dict[str, Format] = {f.name: f for f in (
            "TransformerLens hooks); its SAEs from --sae-root", (), lazy("steerc.formats.neuronpedia", "convert"),
            sniff=lazy("steerc.formats.neuronpedia", "sniff"), sae_root=True),
     Format("easysteer", "an EasySteer SteeringSpec (JSON, its v2 API) and the .gguf vectors it names", (),
-           lazy("steerc.formats.easysteer", "convert")),
+           lazy("steerc.formats.easysteer", "convert"), export=("easysteer", "steerc")),
 )}
 
 

@@ -1,0 +1,1 @@
+"""``--target easysteer``: an EasySteer ``SteeringSpec`` (``spec.json``) and the GGUF vectors it names."""
