@@ -26,9 +26,8 @@ GGUF, ``<intervention>.gguf``), in the order of the program. The GGUF is a llama
 ``read_gguf_directions`` reads it. Refused with the reason (``unsupported-by-target``), before anything is written:
 any other kernel, a gate, a steerc schedule, a per-request param, a site other than ``resid_post``,
 ``resid_post[0]`` (a control vector has no ``direction.0``: llama.cpp and steerc's reader refuse it), absolute
-positions and ``after``, two
-windows of one phase in one intervention, a prompt window EasySteer rejects. The same plan and model give the
-same bytes.
+positions and ``after``, two windows of one phase in one intervention, a prompt window EasySteer rejects. The same
+plan and model give the same bytes.
 """
 
 from __future__ import annotations
