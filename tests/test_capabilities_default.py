@@ -38,13 +38,13 @@ from steerc.targets.seat import Target
 # the rows that issue 34 added: `op:loreft` and `op:clamp-feature` (yes on hf, vllm, serve and export; no on
 # llamacpp and vllm-hook, each saying why).
 TABLES_SHA256 = "8e552f301fc5b25187fd9850252e40b798ecbb81f50742d18f1c49c7e921e550"  # with issue 34's sae_feature readout
-MATRIX_SHA256 = "4ebc1981a560433bf6ef39d097d5ac3992df76f9e7861e09c47e8aaa4645e205"  # with issue 36's weights and issue 37's brainpatch and easysteer columns, issue 34's sae_feature row
+MATRIX_SHA256 = "53aa3803758989dee2d22b7a9567c1e3e4740da1e4a825018e0fdbfc51c1a8c6"  # with issue 36's weights and issue 37's brainpatch, easysteer and lm-eval columns, issue 34's sae_feature row
 
 PROGRAM = "steer 1\nvector v = [1.0, 2.0]\nintervention a {\n  at resid_post[1]\n  add v\n}\n"
 NEW = "op:twist"  # a feature key no target declares
 
 
-LATER = ("weights", "brainpatch", "easysteer")  # targets added since (issues 36, 37): their own tests check their tables
+LATER = ("weights", "brainpatch", "easysteer", "lm-eval")  # targets added since (issues 36, 37): their own tests check their tables
 
 
 def _tables_json() -> str:

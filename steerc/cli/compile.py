@@ -110,6 +110,8 @@ def run(args) -> int:
 
         path = model_path_for(args)
         extra["model"] = _Weights(path)
+    if target.reads_program:  # what the plan's numbers do not keep (lm-eval: an SAE's folder and feature index)
+        extra["result"] = result
     try:
         _, kept = clear(args.output)  # the previous compile's files: this one's are all written afresh
         written = target.emit(result.plan, result.facts, args.output, command=command, key=key, **extra)

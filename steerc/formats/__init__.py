@@ -81,7 +81,7 @@ FORMATS: dict[str, Format] = {f.name: f for f in (
     Format("brainpatch", "a BrainPatch archive (.brainpatch, format 1.0): a ZIP of a manifest and its vectors",
            (".brainpatch",), _brainpatch, export=("brainpatch", "steerc")),
     Format("lm-eval", "lm-eval's `steered` model config (.csv; its .pt pickle is refused)", (".csv", ".pt", ".pth"),
-           lazy("steerc.formats.lm_eval", "convert"), sae_root=True),
+           lazy("steerc.formats.lm_eval", "convert"), sae_root=True, export=("lm-eval", "steerc")),
     Format("vllm-hook", "a vLLM-Hook intervention_spec (JSON {\"ops\": ...}, or its request.json) and its "
            "sha256-named artifacts", (), lazy("steerc.formats.vllm_hook", "convert"),
            sniff=lazy("steerc.formats.vllm_hook", "sniff"), export=("serve", "vllm-hook")),

@@ -62,6 +62,7 @@ class Target:
     dialect: str = "steerc"  # with this ``--dialect``
     needs_model: bool = False  # its emit builds from the model's weights: ``emit(..., model=load)``, load() -> model
     kernels: Callable[[object], bool] = no_kernels  # which kernel kinds (steerc.ir.kernels) it lowers
+    reads_program: bool = False  # its emit reads the checked program too: ``emit(..., result=CheckResult)``
 
     @property
     def selected_by(self) -> tuple[str, str]:

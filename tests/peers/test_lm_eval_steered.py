@@ -164,13 +164,14 @@ def test_an_add_row_means_what_lm_evals_add_computes(smollm2, sae_root):
 
 
 def test_the_export_runs_under_lm_evals_steered_model(smollm2, sae_root):
-    """A .steer program compiled with --target lm-eval: lm-eval's SteeredModel on the CSV gives steerc's
+    """issue 37: a .steer program compiled with --target lm-eval (clamps at layers.8 and layers.3.mlp, around
+    the origin: the CSV's coefficients are c - dot(b_dec, û)): lm-eval's SteeredModel on the CSV gives steerc's
     logits."""
     from steerc.api import Options, check_source
     from steerc.runtime.hf import facts_from_model, install
     from steerc.targets.capabilities import check_target
+    from steerc.targets.lm_eval.emit import emit
 
-    tl = pytest.importorskip("steerc.targets.lm_eval.emit")
     model, tokenizer = smollm2
     program = ('steer 1\nsae s = sae("sae_lens/steerc-test/smollm2-l8")\n'
                "intervention pin {\n  at resid_post[8]\n  clamp s[5] to 3.0\n}\n"
@@ -181,8 +182,10 @@ def test_the_export_runs_under_lm_evals_steered_model(smollm2, sae_root):
     check_target(result, "lm-eval")
     assert result.ok, result.render()
     out = sae_root / "out"
-    [name] = tl.emit(result.plan, result.facts, str(out))
+    [name] = emit(result.plan, result.facts, str(out), result=result)
+    plain = _logits(model, tokenizer)
     theirs = _lm_eval_logits(model, tokenizer, out / name)
+    assert max(float((x - y).abs().max()) for x, y in zip(theirs, plain)) > 1e-3  # it steers
     with install(model, result.plan, tokenizer):
         ours = _logits(model, tokenizer)
     print("export", _close(ours, theirs))
