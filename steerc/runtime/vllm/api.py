@@ -22,7 +22,7 @@ import secrets
 import tempfile
 
 from steerc.core.paths import temp_folder
-from steerc.runtime.vllm.engine import CONFIG_KEY, LOAD_FORMAT, EngineError, has_cuda, hooks_never_ran
+from steerc.runtime.vllm.engine import CONFIG_KEY, LOAD_FORMAT, EngineError, hooks_never_ran
 from steerc.runtime.vllm.loader import register_loader
 from steerc.targets.constraints import constraint_from_json, structured_outputs
 from steerc.targets.vllm.program import prefix_cache_safe
@@ -83,8 +83,9 @@ def load(model: str, plan, *, hmac_key_file: str | None = None, capture=None, **
     ``engine_kwargs`` go to ``vllm.LLM``; a ``load_format`` is the one steerc's
     loader delegates to. With ``hmac_key_file``, the workers accept only plans
     signed with that key (this one, and every later ``swap``). Prefix caching is on only for plans it cannot
-    change (see :func:`prefix_cache_safe`); FULL CUDA graphs become
-    PIECEWISE (full graphs replay without the step metadata steerc writes);
+    change (see :func:`prefix_cache_safe`); vLLM's CUDA graph mode is left as it is (its default replays
+    full graphs for decode batches: steerc writes each step's metadata around the runner's model call, outside
+    the graph, :func:`~steerc.runtime.vllm.engine.attach_step_calls`);
     JSON-schema constraints come out compact (``structured_outputs_config``
     ``disable_any_whitespace``, which vLLM's xgrammar backend reads per engine).
 
@@ -104,8 +105,6 @@ def load(model: str, plan, *, hmac_key_file: str | None = None, capture=None, **
                                                  "prompt's length or on prompt-pooled probes; cached KV from "
                                                  "another request would be wrong (leave prefix caching off)")
     engine_kwargs.setdefault("enable_prefix_caching", safe)
-    if not engine_kwargs.get("enforce_eager") and "compilation_config" not in engine_kwargs and has_cuda():
-        engine_kwargs["compilation_config"] = {"cudagraph_mode": "PIECEWISE"}
     # JSON comes out compact on every backend; vLLM's xgrammar backend reads this per engine, not per request.
     engine_kwargs.setdefault("structured_outputs_config", {"backend": "xgrammar", "disable_any_whitespace": True})
     extra = dict(engine_kwargs.pop("additional_config", None) or {})

