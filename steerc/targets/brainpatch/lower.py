@@ -40,6 +40,7 @@ from steerc.diagnostics.codes import UNSUPPORTED_BY_TARGET
 from steerc.ir import nodes as ir
 from steerc.ir.kernels import kind_of
 from steerc.ir.plan import Plan
+from steerc.targets.refusals import Refused, check_by_lowering
 from steerc.targets.seat import only
 
 TARGET = "brainpatch"
@@ -50,12 +51,6 @@ HUB_IDS = {"smollm2-135m-instruct.json": "HuggingFaceTB/SmolLM2-135M-Instruct"}
 _INSTEAD = "use the hf or vllm target, or steer what BrainPatch can say (spec/formats.md)"
 
 
-class Refused(Exception):
-    """What BrainPatch cannot say, as ``unsupported-by-target`` diagnostics."""
-
-    def __init__(self, diagnostics: list[Diagnostic]):
-        super().__init__("; ".join(d.message for d in diagnostics))
-        self.diagnostics = diagnostics
 
 
 @dataclass
@@ -332,12 +327,7 @@ def lower(plan: Plan, facts, command: str = "") -> tuple[dict, dict]:
 
 def check_brainpatch(result) -> None:
     """Add ``unsupported-by-target`` for what the capability table lets through but BrainPatch cannot say."""
-    if not result.ok or result.plan is None or result.facts is None:
-        return
-    try:
-        lower(result.plan, result.facts)
-    except Refused as exc:
-        result.diagnostics.extend(exc.diagnostics)
+    check_by_lowering(result, lambda r: lower(r.plan, r.facts))
 
 
 __all__ = ["Refused", "TARGET", "base_model", "check_brainpatch", "dtype_of", "lower", "patch_name", "schedule_of"]

@@ -43,6 +43,7 @@ from steerc.diagnostics.codes import UNSUPPORTED_BY_TARGET
 from steerc.ir import nodes as ir
 from steerc.ir.kernels import kind_of
 from steerc.ir.plan import Plan
+from steerc.targets.refusals import Refused, check_by_lowering
 from steerc.targets.seat import only
 
 TARGET = "easysteer"
@@ -51,12 +52,6 @@ ADDS = only("affine")  # the one kernel kind it lowers (its seat's `kernels`); o
 _INSTEAD = "use the hf or vllm target, or steer what EasySteer's `direct` can say (spec/formats.md)"
 
 
-class Refused(Exception):
-    """What EasySteer cannot say, as ``unsupported-by-target`` diagnostics."""
-
-    def __init__(self, diagnostics: list[Diagnostic]):
-        super().__init__("; ".join(d.message for d in diagnostics))
-        self.diagnostics = diagnostics
 
 
 def _refuse(message: str, span, help: str = _INSTEAD) -> Refused:
@@ -249,12 +244,7 @@ def blobs(plan: Plan, facts) -> dict[str, bytes]:
 
 def check_easysteer(result) -> None:
     """Add ``unsupported-by-target`` for what the capability table lets through but EasySteer cannot say."""
-    if not result.ok or result.plan is None or result.facts is None:
-        return
-    try:
-        lower(result.plan, result.facts)
-    except Refused as exc:
-        result.diagnostics.extend(exc.diagnostics)
+    check_by_lowering(result, lambda r: lower(r.plan, r.facts))
 
 
 __all__ = ["Refused", "SPEC_NAME", "TARGET", "apply_of", "blobs", "check_easysteer", "lower", "spec_bytes"]

@@ -39,6 +39,7 @@ from steerc.diagnostics import Diagnostic
 from steerc.diagnostics.codes import UNSUPPORTED_BY_TARGET
 from steerc.ir import nodes as ir
 from steerc.ir.kernels import kind_of
+from steerc.targets.refusals import Refused, check_by_lowering
 from steerc.targets.seat import only
 
 TARGET = "lm-eval"
@@ -55,12 +56,6 @@ _SEGMENT = re.compile(r"[A-Za-z0-9_.][A-Za-z0-9_.\-]*")  # what `steerc import -
 _INSTEAD = "use the hf or vllm target, or steer what lm-eval's CSV can say (spec/formats.md)"
 
 
-class Refused(Exception):
-    """What lm-eval's CSV cannot say, as ``unsupported-by-target`` diagnostics."""
-
-    def __init__(self, diagnostics: list[Diagnostic]):
-        super().__init__("; ".join(d.message for d in diagnostics))
-        self.diagnostics = diagnostics
 
 
 @dataclass(frozen=True)
@@ -251,12 +246,7 @@ def csv_bytes(rows: list[Row]) -> bytes:
 
 def check_lm_eval(result) -> None:
     """Add ``unsupported-by-target`` for what the capability table lets through but lm-eval's CSV cannot say."""
-    if not result.ok or result.plan is None or result.facts is None or result.checked is None:
-        return
-    try:
-        rows_of(result)
-    except Refused as exc:
-        result.diagnostics.extend(exc.diagnostics)
+    check_by_lowering(result, rows_of, needs_checked=True)
 
 
 __all__ = ["COLUMNS", "FILE", "Refused", "Row", "TARGET", "check_lm_eval", "coefficient", "csv_bytes",
