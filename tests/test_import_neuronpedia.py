@@ -142,6 +142,7 @@ def test_the_command_line_imports_and_checks(project, monkeypatch):
      "not an addition"),
     ({"features": [_feature("8-res", 3, 1.0)], "steer_method": "PROJECTION_CAP"}, '"PROJECTION_CAP"', "caps"),
     ({"features": [_feature("8-res", 3, 1.0)], "steer_method": "MAGIC"}, '"MAGIC"', "must be one of"),
+    ({"steer_method": []}, "[]", "must be one of"),  # found by the fuzz below: a list is no method name
     ({"features": [_feature("8-res", 3, 1.0)], "strength_multiplier": "4"}, '"4"', "finite number"),
     ({"features": [_feature("8-res", 3, 1.0)], "normalize_steering": 1}, "1", "true or false"),
     ({"features": [_feature("8-res", 3, 1.0)], "wat": 1}, '"wat"', "unknown field `wat`"),

@@ -113,7 +113,7 @@ class _Importer:
     def program(self) -> Imported:
         request = self.fields(self.spec, "", _FIELDS, _SETTINGS)
         method_key, method = request.get("steer_method", ("steer_method", "SIMPLE_ADDITIVE"))
-        if method not in METHODS:
+        if not isinstance(method, str) or method not in METHODS:
             raise self.fail(f"/{method_key}", f"`steer_method` must be one of {', '.join(METHODS)}")
         if METHODS[method] is not None:
             raise self.refuse(f"/{method_key}", f"steer_method {method}", METHODS[method])
