@@ -110,12 +110,11 @@ class PlanFeeder:
 
     def before(self, positions) -> None:
         state = self.installed.state
-        self.forwards += 1
         layout = self.view.layout()
         if layout is None:  # a dummy run (profiling, warm-up, capture): nothing is steered
-            self.forwards -= 1
             self.idle()
             return
+        self.forwards += 1
         live = self.view.live()
         self._prompt_lens(layout, live)
         pos, plen, row = token_metadata(layout, positions, "vllm target")
