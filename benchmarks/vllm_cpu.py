@@ -8,13 +8,16 @@ generated tokens/s, and its ratio to the unsteered engine of the same mode.
 
 * vllm target, compiled (vLLM's default) and eager: unsteered, ``add`` at 4 layers, ``ablate`` at
   all 30 layers, a gated ``add`` (a prompt-pooled probe);
-* serve plugin: 32 requests in one batch with 0, 1, 8 and 32 distinct plans among them, compiled (as
-  ``steerc serve`` runs; with every site group provisioned, and with ``--steer-sites resid``) and eager,
-  against plain compiled vLLM (no steerc) in the same run.
+* serve plugin: 32 requests in one batch with 0, 1, 8 and 32 distinct plans among them (adds at 4
+  layers; and 32 distinct plans of mixed kernels: adds, ablations, clamps, a schedule, heads, two kernels at
+  a site, and one gated plan where the per-request path runs), compiled (as ``steerc serve`` runs: the plan
+  tables in the graph, with the per-request path's steer points and without them, ``--steer-per-request
+  off``; every site group provisioned, and ``--steer-sites resid``) and eager, against plain compiled vLLM
+  (no steerc) in the same run.
 
-Goals: the vllm target at >= 0.95 of unsteered with compile on; the compiled serve plugin at >= 0.95 of
-plain compiled vLLM at 32 distinct plans (EasySteer's vLLM fork reports 0.17 at 256 distinct configurations
-per batch).
+Goals: the vllm target at >= 0.99 of unsteered with compile on; the compiled serve plugin at >= 0.97 of
+plain compiled vLLM at 32 distinct mixed plans and >= 0.99 with plain requests (EasySteer's vLLM fork
+reports 0.17 at 256 distinct configurations per batch).
 
     python benchmarks/vllm_cpu.py [--rounds 3] [--new 48] [--batch 16] [--serve]
 """
@@ -132,10 +135,38 @@ def vllm_target(folder: str, args) -> list[tuple[str, str, float]]:
     return rows
 
 
+def _head_vec(seed: int) -> np.ndarray:
+    v = np.random.default_rng(seed).normal(size=64).astype(np.float32)
+    return v / np.linalg.norm(v)
+
+
+def mixed_plan(i: int, gate: bool = False) -> str:
+    """Plan ``i`` of the mixed set: an add at 4 layers, an ablation at 16, a clamp, a scheduled add over the
+    generated tokens, an add at one head, an ablation and an add at one site, and (``gate``) a gated add."""
+    v, u, h = _lit(direction(100 + i)), _lit(direction(300 + i)), _lit(_head_vec(500 + i))
+    head = f"steer 1\nvector v = {v}\nvector u = {u}\nvector h = {h}\n"
+    if gate:
+        return head + ("probe topic {\n  at resid_pre[6]\n  read cosine(v)\n  pool prompt.mean\n}\n"
+                       "intervention a {\n  at resid_post[8:12]\n  add 4.0 * v\n  tokens generated\n"
+                       "  when topic > -2.0\n}\n")
+    body = [
+        "intervention a {\n  at resid_post[8:12]\n  add 4.0 * v\n}\n",
+        "intervention a {\n  at resid_post[4:20]\n  ablate u\n}\n",
+        "intervention a {\n  at mlp_out[10]\n  clamp v to 2.0\n}\n",
+        "intervention a {\n  at resid_post[10]\n  add ramp(8) * 6.0 * v\n  tokens generated\n}\n",
+        "intervention a {\n  at head[6, 2]\n  add 3.0 * h\n}\n",
+        "intervention a {\n  at resid_post[9]\n  ablate u\n}\nintervention b {\n  at resid_post[9]\n"
+        "  add 4.0 * v\n}\n",
+    ][i % 6]
+    return head + body
+
+
 def serve_plugin(folder: str, args) -> list[tuple[str, str, float]]:
     """32 requests in one batch on: plain compiled vLLM (what a user runs without steerc), then the serve
-    plugin compiled (every site group provisioned, then resid only) and eager, each with 0, 1, 8 and 32
-    distinct plans among the 32 requests."""
+    plugin compiled (the plan tables in the graph, with and without the per-request path's steer points, every
+    site group provisioned, then resid only) and eager, with 0, 1, 8 and 32 distinct plans among the 32
+    requests: adds at 4 layers, and the mixed set (:func:`mixed_plan`; with the per-request path, one of the
+    32 is gated and runs per request)."""
     import vllm
 
     from steerc.runtime.vllm.loader import register_loader
@@ -147,37 +178,42 @@ def serve_plugin(folder: str, args) -> list[tuple[str, str, float]]:
     prompt = _prompt_ids(folder)
     facts = _facts(folder)
     lo, hi = LAYERS
-    fields = []
+    sets: dict[str, list] = {"add": [], "mixed": [], "mixed+gate": []}
     with tempfile.TemporaryDirectory() as tmp:
         for i in range(32):
-            text = (f"steer 1\nvector v = {_lit(direction(100 + i))}\n"
-                    f"intervention a {{\n  at resid_post[{lo}:{hi}]\n  add 4.0 * v\n}}\n")
-            out = os.path.join(tmp, f"p{i}")
-            emit(_plan(folder, text), facts, out)
-            fields.append(extra_args(*read_compiled(out)))
+            texts = {"add": (f"steer 1\nvector v = {_lit(direction(100 + i))}\n"
+                             f"intervention a {{\n  at resid_post[{lo}:{hi}]\n  add 4.0 * v\n}}\n"),
+                     "mixed": mixed_plan(i), "mixed+gate": mixed_plan(i, gate=i == 31)}
+            for name, text in texts.items():
+                out = os.path.join(tmp, f"{name}{i}")
+                emit(_plan(folder, text), facts, out)
+                sets[name].append(extra_args(*read_compiled(out)))
     base = dict(model=folder, dtype="float32", max_model_len=512, max_num_seqs=32, enable_prefix_caching=False)
-    engines = [("plain vLLM, compiled", None, False, (0,))]
-    for label, sites, eager in (("serve, compiled", ALL_SITES, False), ("serve, compiled, --steer-sites resid",
-                                                                         ("resid",), False),
-                                ("serve, eager", ALL_SITES, True)):
-        engines.append((label, sites, eager, (0, 1, 8, 32) if sites == ALL_SITES else (0, 32)))
+    # (label, sites, eager, per-request path, [(condition, plan set, distinct plans)])
+    every = [("plain requests", "add", 0), ("1 plan", "add", 1), ("8 distinct plans", "add", 8),
+             ("32 distinct plans", "add", 32), ("32 distinct mixed plans", "mixed", 32)]
+    engines = [("plain vLLM, compiled", None, False, True, [("plain requests", "add", 0)]),
+               ("serve, compiled, tables only", ALL_SITES, False, False, every),
+               ("serve, compiled", ALL_SITES, False, True,
+                every + [("32 distinct mixed plans, one gated", "mixed+gate", 32)]),
+               ("serve, compiled, --steer-sites resid, tables only", ("resid",), False, False,
+                [("plain requests", "add", 0), ("32 distinct plans", "add", 32)]),
+               ("serve, eager", ALL_SITES, True, True, every)]
     rows = []
-    for label, sites, eager, ks in engines:
+    for label, sites, eager, per_request, conditions in engines:
         if args.serve_only and label not in args.serve_only:
             continue
         kw = dict(base, enforce_eager=eager)
         if sites is not None:
-            kw.update(load_format="steerc", additional_config={"steerc": {"mode": "serve", "sites": list(sites)}},
+            kw.update(load_format="steerc", additional_config={"steerc": {"mode": "serve", "sites": list(sites),
+                                                                          "per_request": per_request}},
                       logits_processors=["steerc.runtime.serve:SteercGuard"])
         llm = vllm.LLM(**kw)
         try:
-            def params(k):
-                return [vllm.SamplingParams(max_tokens=args.new, temperature=0.0, ignore_eos=True,
-                                            extra_args=(fields[i % k] if k else None)) for i in range(32)]
-
-            for k in ks:
-                name = {0: "plain requests", 1: "1 plan"}.get(k, f"{k} distinct plans")
-                rate = _throughput(llm, prompt, params(k), args.rounds)
+            for name, plans, k in conditions:
+                params = [vllm.SamplingParams(max_tokens=args.new, temperature=0.0, ignore_eos=True,
+                                              extra_args=(sets[plans][i % k] if k else None)) for i in range(32)]
+                rate = _throughput(llm, prompt, params, args.rounds)
                 rows.append((label, name, rate))
                 print(f"  {label}, {name}: {rate:.1f} tokens/s", file=sys.stderr)
         finally:
@@ -186,7 +222,7 @@ def serve_plugin(folder: str, args) -> list[tuple[str, str, float]]:
 
 
 def request_memory(folder: str, max_tokens: int = 2048) -> list[tuple[str, int]]:
-    """Bytes of one steered request's buffers in the serve plugin (its SteerState: the plan's tensors, the
+    """Bytes of one per-request plan's buffers in the serve plugin (its SteerState: the plan's tensors, the
     step metadata of max_tokens tokens, probe state), for each plan of :func:`programs`."""
     import torch
 
@@ -205,26 +241,21 @@ def request_memory(folder: str, max_tokens: int = 2048) -> list[tuple[str, int]]
     return out
 
 
-def slot_memory(folder: str, counts=(1, 8, 32)) -> list[tuple[int, int, int]]:
-    """(plans, slot capacity, bytes of the slot tables) for that many distinct 4-layer ``add`` plans live at
-    once in the serve plugin's plan slots (the tables as the router allocates them)."""
+def table_memory(folder: str, max_tokens: int = 2048) -> list[tuple[str, int, int]]:
+    """(site groups, points, bytes) of the serve plugin's plan tables at the default capacity, float32, on
+    SmolLM2: each site group alone and all of them."""
     import torch
 
-    from steerc.runtime.vllm.serve import RequestSteer
-    from steerc.runtime.vllm.slots import SlotTables
+    from steerc.runtime.vllm.tables import SteerTables
+    from steerc.targets.serve.capacity import ALL_SITES, point_hooks
 
     facts = _facts(folder)
-    lo, hi = LAYERS
     out = []
-    for count in counts:
-        tables = SlotTables(facts.hidden, torch.float32, torch.device("cpu"))
-        for i in range(count):
-            text = (f"steer 1\nvector v = {_lit(direction(100 + i))}\n"
-                    f"intervention a {{\n  at resid_post[{lo}:{hi}]\n  add 4.0 * v\n}}\n")
-            steer = RequestSteer(_plan(folder, text), facts, max_tokens=16, dtype=torch.float32,
-                                  device=torch.device("cpu"), tp_rank=0, tp_size=1, slot_id=str(i))
-            tables.acquire(steer.slot_id, {k: v[:2] for k, v in steer.slotted.items()})
-        out.append((count, tables.capacity, tables.bytes()))
+    for groups in [(g,) for g in ALL_SITES] + [ALL_SITES]:
+        keys = point_hooks(facts, groups)
+        tables = SteerTables({k: facts.hidden for k in keys}, max_tokens=max_tokens, dtype=torch.float32,
+                             device=torch.device("cpu"))
+        out.append((",".join(groups), len(keys), tables.bytes()))
     return out
 
 
@@ -261,9 +292,13 @@ def main(argv=None) -> int:
     print("\nmemory per steered request (serve plugin, float32, max_num_batched_tokens 2048):")
     for name, size in request_memory(folder):
         print(f"  {name}: {size / 1024:.1f} KiB")
-    print("\nplan slot tables (4 points, float32):")
-    for count, capacity, size in slot_memory(folder):
-        print(f"  {count} plans: capacity {capacity}, {size / 1024:.1f} KiB ({size / count / 1024:.1f} KiB a plan)")
+    from steerc.runtime.vllm.tables import DEFAULT
+
+    print(f"\nplan tables (float32, max_num_batched_tokens 2048; {DEFAULT.plans} plans, rank {DEFAULT.rank}, "
+          f"{DEFAULT.kernels} kernels a point):")
+    for groups, points, size in table_memory(folder):
+        print(f"  {groups}: {points} points, {size / 2**20:.1f} MiB ({size / points / 1024:.0f} KiB a point, "
+              f"{size / points / (DEFAULT.plans + 1) / 1024:.1f} KiB a plan slot a point)")
     return 0
 
 

@@ -115,7 +115,7 @@ def test_no_import_circles():
 # and the serve plugin's request steering and logits guard, its router above them, then serve (which wires
 # them) and its HTTP front end —, the loader, the API.
 VLLM_LAYERS = {"engine": 1, "store": 1, "parallel": 2,
-               "steer": 3, "points": 3, "receipt": 3, "slots": 3, "activations": 3,
+               "steer": 3, "points": 3, "receipt": 3, "tables": 3, "activations": 3,
                "plan": 4, "request": 4, "guard": 4, "router": 5, "serve": 6, "http": 6,
                "loader": 7, "api": 8}
 

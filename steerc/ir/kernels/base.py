@@ -12,6 +12,14 @@ A kind is data and small functions, so that each engine, format and view reads t
 * ``verify(op, width, where, field, v)``: the plan verifier's invariants of the op (``v`` gives
   ``check(cond, message, field)``, ``f32(x)`` and ``unit_rows(vectors, width, where, field)``);
 * ``explain(op)``: what ``steerc explain`` shows;
+* ``batched``: the kernel as one row of the serve plugin's in-graph tables (:mod:`steerc.runtime.vllm.tables`),
+  ``batched(S, o, mode) -> dict`` (``S`` and ``o`` as for ``maths``), or None when the kind has no such form
+  (its requests then take the per-request path). The row computes ``x * scale + factor * bias + g(c) @ B``
+  with ``c = x @ A + a0`` (``A`` [d, r], ``a0`` [r], ``B`` [r, d]) and ``g`` chosen by ``code``: ``LINEAR``
+  (``g(c) = c``), ``JUMP`` (``g_0 = p_1 - relu(c_0) * [c_0 > p_0]``: an SAE feature set to ``p_1``) or
+  ``NORM_TO`` (``g = rho * (p_0, p_1) - (c_0, c_1)``, ``rho = |(c_0, c_1)|``: a rotation to an angle). Keys
+  it leaves out are the identity (``scale`` 1, ``bias`` 0, rank 0). The same maths, one row per plan, so a
+  batch of plans runs as one gather; not bitwise the same sums as ``maths`` (float32 rounding);
 * ``maths``: the torch function ``maths(S, x, o, mode) -> new x`` every runtime runs (the HF hooks, the
   vLLM buffers and serve plugin, receipts and the emitted HF package, which carries its source). ``S`` is
   the support module (:mod:`steerc.runtime.kernels`: ``S.torch``, ``S.math``); ``o`` the operands by
@@ -58,6 +66,8 @@ class Kind:
     modes: tuple[str, ...] = ()  # the variants of the kind (a rotation's "to" and "by"); () when none
     mode_of: Callable = lambda op: None
     bind: Callable = _replace
+    batched: Callable | None = None  # the in-graph table row (see above); None: per-request only
+    rank: Callable = lambda shapes: 0  # the row's rank r, from the operands' shapes by role (pure Python)
     schedulable: bool = False  # whether a schedule may scale it (its "bias" operand)
     note: str = ""  # one line for spec tables and errors
 
@@ -72,6 +82,9 @@ class Kind:
     def bindable(self) -> tuple[str, ...]:
         return tuple(o.role for o in self.operands if o.bindable)
 
+
+# the g of a batched row (see ``batched`` above)
+LINEAR, JUMP, NORM_TO = 0, 1, 2
 
 REF = {"$ref": "#/$defs/ref"}
 NULL_OR_REF = {"oneOf": [{"type": "null"}, REF]}

@@ -37,6 +37,12 @@ def loreft(S, x, o, mode):
     return x + ((x @ o["W"].T + o["b"]) - x @ rotation.T) @ rotation
 
 
+def batched(S, o, mode):
+    """The table row: ``c = x (W - R)^T + b``, ``x + c R``."""
+    rotation = o["R"]
+    return {"A": (o["W"] - rotation).T, "a0": o["b"], "B": rotation}
+
+
 def orthonormal_error(rows) -> float:
     """The largest entry of ``|R Rᵀ - I|`` in float64 (``rows``: an [r, d] array, or r Vecs); inf when
     ``R`` holds a value that is not finite."""
@@ -124,7 +130,7 @@ SERVE_SCHEMA = {
 KIND = Kind(
     name="loreft", op=LoReFT,
     operands=(Operand("R", "k,d"), Operand("W", "k,d"), Operand("b", "k")),
-    operands_of=_operands, maths=loreft, verify=_verify, explain=_explain,
+    operands_of=_operands, maths=loreft, batched=batched, rank=lambda shapes: shapes["R"][0], verify=_verify, explain=_explain,
     to_serve=_to_serve, from_serve=_from_serve, check_serve=_check_serve, serve_schema=SERVE_SCHEMA,
     note="pyreft's LoReFT: h -> h + R^T (W h + b - R h), R's rows orthonormal",
 )

@@ -25,6 +25,15 @@ def project(S, x, o, mode):
     return x - coeff @ basis
 
 
+def batched(S, o, mode):
+    """The table row: ``c = x Q^T - t``, ``x + c (-Q)``."""
+    basis, target = o["basis"], o.get("target")
+    row = {"A": basis.T, "B": -basis}
+    if target is not None:
+        row["a0"] = -target
+    return row
+
+
 def _operands(op: Project):
     import numpy as np
 
@@ -84,7 +93,7 @@ SERVE_SCHEMA = {
 KIND = Kind(
     name="project", op=Project,
     operands=(Operand("basis", "k,d"), Operand("target", "k", optional=True, bindable=True)),
-    operands_of=_operands, maths=project, verify=_verify, explain=_explain, bind=_bind,
+    operands_of=_operands, maths=project, batched=batched, rank=lambda shapes: shapes["basis"][0], verify=_verify, explain=_explain, bind=_bind,
     to_serve=_to_serve, from_serve=_from_serve, check_serve=_check_serve, serve_schema=SERVE_SCHEMA,
     note="h -> h - Q Q^T h + Q t: ablate (no target), clamp (one row, one target)",
 )

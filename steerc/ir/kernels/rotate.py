@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 
 from steerc.core.record import frozen
-from steerc.ir.kernels.base import REF, Kind, Operand
+from steerc.ir.kernels.base import NORM_TO, REF, Kind, Operand
 from steerc.ir.values import Vec
 
 
@@ -37,6 +37,18 @@ def rotate(S, x, o, mode):
     else:
         a2, b2 = a * c - b * s, a * s + b * c
     return x + (a2 - a).unsqueeze(-1) * e1 + (b2 - b).unsqueeze(-1) * e2
+
+
+def batched(S, o, mode):
+    """The table row: ``c = x [e1 e2]``; by an angle, linear (``B = M [e1; e2]``, M the rotation minus the
+    identity, acting on the row vector c); to an angle, ``NORM_TO`` with ``(cos, sin)``."""
+    e = S.torch.stack([o["e1"], o["e2"]])
+    angle = S.torch.as_tensor(o["angle"], dtype=e.dtype, device=e.device)
+    c, s = S.torch.cos(angle), S.torch.sin(angle)
+    if mode == "to":
+        return {"A": e.T, "B": e, "code": NORM_TO, "p": S.torch.stack([c, s])}
+    m = S.torch.stack([S.torch.stack([c - 1, s]), S.torch.stack([-s, c - 1])])
+    return {"A": e.T, "B": m @ e}
 
 
 def _operands(op: Rotate):
@@ -77,7 +89,7 @@ SERVE_SCHEMA = {
 KIND = Kind(
     name="rotate", op=Rotate,
     operands=(Operand("e1", "d"), Operand("e2", "d"), Operand("angle", "1", number=True, bindable=True)),
-    operands_of=_operands, maths=rotate, verify=_verify, explain=_explain,
+    operands_of=_operands, maths=rotate, batched=batched, rank=lambda shapes: 2, verify=_verify, explain=_explain,
     to_serve=_to_serve, from_serve=_from_serve, check_serve=_check_serve, serve_schema=SERVE_SCHEMA,
     modes=("to", "by"), mode_of=lambda op: op.mode,
     note="angular steering in the plane (e1, e2): rotate to or by an angle, the norm kept",

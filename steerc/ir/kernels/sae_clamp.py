@@ -12,7 +12,7 @@ are carried, and ``b_dec``: never the whole SAE.
 from __future__ import annotations
 
 from steerc.core.record import field, frozen
-from steerc.ir.kernels.base import REF, Kind, Operand
+from steerc.ir.kernels.base import JUMP, REF, Kind, Operand
 from steerc.ir.values import Vec
 
 MODES = ("standard", "jumprelu")
@@ -38,6 +38,17 @@ def sae_clamp(S, x, o, mode):
     if mode == "jumprelu":
         f = f * (pre > o["threshold"]).to(f.dtype)
     return x + (o["target"] - f).unsqueeze(-1) * o["dec"]
+
+
+def batched(S, o, mode):
+    """The table row: ``c = x . enc + (b_enc - b_dec . enc)``, ``JUMP`` with ``(threshold, target)`` (a standard
+    encoder's threshold is 0: ``relu(pre) * [pre > 0]`` is ``relu(pre)``), ``B = dec``."""
+    enc = o["enc"]
+    t = S.torch
+    p = t.stack([t.as_tensor(o["threshold"] if mode == "jumprelu" else 0.0, dtype=enc.dtype, device=enc.device),
+                 t.as_tensor(o["target"], dtype=enc.dtype, device=enc.device)])
+    a0 = t.as_tensor(o["b_enc"], dtype=enc.dtype, device=enc.device) - o["b_dec"] @ enc
+    return {"A": enc[:, None], "a0": a0.reshape(1), "B": o["dec"][None, :], "code": JUMP, "p": p}
 
 
 def _operands(op: SaeClamp):
@@ -101,7 +112,7 @@ KIND = Kind(
     name="sae_clamp", op=SaeClamp,
     operands=(Operand("enc", "d"), Operand("b_enc", "1", number=True), Operand("threshold", "1", number=True),
               Operand("b_dec", "d"), Operand("dec", "d"), Operand("target", "1", number=True, bindable=True)),
-    operands_of=_operands, maths=sae_clamp, verify=_verify, explain=_explain,
+    operands_of=_operands, maths=sae_clamp, batched=batched, rank=lambda shapes: 1, verify=_verify, explain=_explain,
     to_serve=_to_serve, from_serve=_from_serve, check_serve=_check_serve, serve_schema=SERVE_SCHEMA,
     modes=MODES, mode_of=lambda op: op.mode,
     note="an SAE feature's activation set to c: h -> h + (c - f_i(h)) W_dec[i] (standard or jumprelu encoder)",

@@ -37,7 +37,7 @@ import sys
 import numpy as np
 
 from steerc.facts import facts_from_config
-from steerc.targets.serve.capacity import check_sites
+from steerc.targets.serve.capacity import check_capacity, check_sites
 from steerc.targets.signing import env_key, read_key
 
 LOAD_FORMAT = "steerc"
@@ -122,6 +122,17 @@ def served_sites(vllm_config) -> tuple[str, ...]:
         raise EngineError(f"additional_config.{CONFIG_KEY}.sites: {exc}") from None
 
 
+def served_capacity(vllm_config):
+    """A serve-mode engine's plan tables (:class:`~steerc.targets.serve.capacity.Capacity`, from its steerc
+    config's ``plans``, ``rank``, ``kernels`` and ``per_request``)."""
+    extra = getattr(vllm_config, "additional_config", None) or {}
+    cfg = (extra.get(CONFIG_KEY) if isinstance(extra, dict) else None) or {}
+    try:
+        return check_capacity(cfg)
+    except ValueError as exc:
+        raise EngineError(f"additional_config.{CONFIG_KEY}: {exc}") from None
+
+
 def pipeline_stages(vllm_config) -> tuple[int, ...] | None:
     """Each pipeline stage's first layer, as vLLM splits the layers (None without pipeline parallelism)."""
     size = int(getattr(vllm_config.parallel_config, "pipeline_parallel_size", 1))
@@ -148,14 +159,16 @@ def check_engine(vllm_config, runner=None, steer_mode: str = "plan") -> None:
     """Refuse engine settings under which steering could silently not apply.
 
     Full CUDA graphs replay without running Python: the vllm target keeps them where steerc writes each
-    step's metadata outside the model's forward (a runner with ``_model_forward``: :func:`attach_step_calls`);
-    the serve plugin's steer points run Python between graph pieces, so it needs PIECEWISE graphs."""
+    step's metadata outside the model's forward (a runner with ``_model_forward``: :func:`attach_step_calls`),
+    and so does the serve plugin with its plan tables alone (``per_request`` off); its per-request path's steer
+    points run Python between graph pieces, so with them it needs PIECEWISE graphs."""
     comp = getattr(vllm_config, "compilation_config", None)
     mode = getattr(comp, "cudagraph_mode", None)
     outside = runner is not None and callable(getattr(runner, "_model_forward", None))
-    if mode is not None and getattr(mode, "has_full_cudagraphs", lambda: False)() and \
-            (steer_mode == "serve" or not outside):
-        why = ("the serve plugin's steer points run per-request Python between graph pieces" if steer_mode == "serve"
+    points = steer_mode == "serve" and served_capacity(vllm_config).per_request
+    if mode is not None and getattr(mode, "has_full_cudagraphs", lambda: False)() and (points or not outside):
+        why = ("the serve plugin's per-request path runs Python between graph pieces (serve it with "
+               "per_request off, --steer-per-request off, to keep full graphs)" if points
                else "this model runner has no _model_forward, so steerc writes each step's token metadata from a "
                     "hook inside the forward, which a replay skips")
         raise EngineError(f"cudagraph_mode={mode.name}: full CUDA graphs replay without running Python, and {why}; "

@@ -45,6 +45,7 @@ from steerc.runtime.vllm.engine import (
     facts_of,
     is_compiled,
     pipeline_stages,
+    served_capacity,
     served_sites,
 )
 from steerc.runtime.vllm.receipt import take
@@ -73,6 +74,7 @@ class SteercAdmission:
         self._store = None
         self._key = None
         self._sites = None
+        self._capacity = None
         self._stages = None
         self._config = None
 
@@ -125,7 +127,7 @@ class SteercAdmission:
             facts, tp_size, prefix_caching = self._engine_facts(scope)
             salt = doc.get("cache_salt")
             admitted = admit(xargs, facts, store=self._artifact_store(), tp_size=tp_size, salt=salt,
-                             key=self._key, sites=self._sites, stages=self._stages)
+                             key=self._key, sites=self._sites, stages=self._stages, capacity=self._capacity)
             if admitted is None:  # admit() refuses every steerc_ field without a plan; never run it unsteered
                 raise RequestError("vllm_xargs", "steerc fields without a plan")
             if salt is None and prefix_caching:
@@ -169,6 +171,7 @@ class SteercAdmission:
             try:
                 self._key = engine_key(config)
                 self._sites = served_sites(config)
+                self._capacity = served_capacity(config)
                 self._stages = pipeline_stages(config)
             except EngineError as exc:
                 raise RequestError("server", str(exc)) from None
@@ -186,7 +189,7 @@ class SteercAdmission:
         doc = capabilities(facts, sites=self._sites, compiled=is_compiled(config), tp_size=tp_size,
                            pp_size=int(config.parallel_config.pipeline_parallel_size),
                            prefix_caching=prefix_caching, signed_only=self._key is not None,
-                           max_num_seqs=int(config.scheduler_config.max_num_seqs))
+                           max_num_seqs=int(config.scheduler_config.max_num_seqs), capacity=self._capacity)
         await _json(send, 200, doc, body=scope.get("method") == "GET")
 
     def _artifact_store(self):

@@ -2,7 +2,10 @@
 
 A compiled vLLM model is traced once, at its first forward, so whatever
 steering the graph will ever run must be in it by then; but the serve plugin's
-plans arrive with requests, each with its own structure. A steer point is an
+plans arrive with requests, each with its own structure. Most plans are held
+by the plan tables (:mod:`.tables`): traced code at each provisioned site,
+reading fixed buffers, no Python per step. The rest (gates, probes, plans
+beyond the tables' bounds) take the per-request path. A steer point is an
 opaque PyTorch custom op, ``steerc::point`` (``steerc::point_pair`` for the
 (hidden, residual) pair of fused layers), called by a hook on every site the
 server provisions (``--steer-sites``), installed before compilation:
@@ -59,30 +62,45 @@ def _(hidden, residual, index):
 SPLITTING_OPS = ("steerc::point", "steerc::point_pair")
 
 
-def install(module, kind: str, tensor: str, body) -> object:
-    """A hook on ``module`` that sends its tensor through a new steer point running ``body``; its handle.
+def install(module, kind: str, tensor: str, body, tables=None) -> object:
+    """A hook on ``module`` for one provisioned site; its handle.
 
-    ``body(x)`` returns the steered tensor or None (untouched); for ``tensor ==
-    "fused_pair"``, ``body(hidden, residual)`` returns the steered pair or None.
+    ``tables(x)`` (``tables(hidden, residual)`` for ``tensor == "fused_pair"``), when given, is traced
+    tensor code run first: the plan tables (:mod:`.tables`), inside the graph. ``body``, when given, runs
+    after it through a new steer point (an opaque op, Python each step): the per-request path. ``body(x)``
+    returns the steered tensor or None (untouched); for a fused pair, ``body(hidden, residual)`` returns the
+    steered pair or None.
     """
-    _POINTS.append(body)
-    index = len(_POINTS) - 1
+    index = None
+    if body is not None:
+        _POINTS.append(body)
+        index = len(_POINTS) - 1
+
+    def one(x):
+        if tables is not None:
+            x = tables(x)
+        return x if index is None else torch.ops.steerc.point(x, index)
+
     if kind == "pre":
         at = 1 if tensor == "input1" else 0
 
         def pre(mod, args, kwargs):
             if len(args) > at:
-                return args[:at] + (torch.ops.steerc.point(args[at], index),) + args[at + 1:], kwargs
-            return args, dict(kwargs, hidden_states=torch.ops.steerc.point(kwargs["hidden_states"], index))
+                return args[:at] + (one(args[at]),) + args[at + 1:], kwargs
+            return args, dict(kwargs, hidden_states=one(kwargs["hidden_states"]))
 
         return module.register_forward_pre_hook(pre, with_kwargs=True, prepend=True)
 
     def post(mod, args, output):
         if tensor == "fused_pair":
-            hidden, residual = torch.ops.steerc.point_pair(output[0], output[1], index)
+            hidden, residual = output[0], output[1]
+            if tables is not None:
+                hidden, residual = tables(hidden, residual)
+            if index is not None:
+                hidden, residual = torch.ops.steerc.point_pair(hidden, residual, index)
             return (hidden, residual) + tuple(output[2:])
         if isinstance(output, tuple):
-            return (torch.ops.steerc.point(output[0], index),) + tuple(output[1:])
-        return torch.ops.steerc.point(output, index)
+            return (one(output[0]),) + tuple(output[1:])
+        return one(output)
 
     return module.register_forward_hook(post, prepend=True)

@@ -3,9 +3,10 @@
 :class:`RequestSteer` is built from a request's admitted plan with the vllm
 target's machinery (:mod:`steerc.runtime.vllm.steer`: the same kernels,
 probes and gates), cut to this worker's share (:mod:`.parallel`: its
-tensor-parallel rank, its pipeline stage). A hook that is one affine kernel
-on full rows is lowered into a plan slot (:mod:`.slots`) instead of running
-per request. The router (:mod:`.router`) decides which rows each request
+tensor-parallel rank, its pipeline stage). A hook whose kernels the plan
+tables hold (:func:`~.tables.tableable`: no probe, no gate, within the boot's
+rank and kernel bounds) is written into a plan slot (:mod:`.tables`) and runs
+in the graph with every other plan; the rest run per request. The router (:mod:`.router`) decides which rows each request
 owns in a step; this module holds only what one request needs.
 """
 
@@ -13,10 +14,12 @@ from __future__ import annotations
 
 import numpy as np
 
+from steerc.ir.kernels import KINDS
+from steerc.runtime import kernels as S
 from steerc.runtime.vllm.parallel import check_gates_on_stage, layer_path, localise, owns
 from steerc.runtime.vllm.receipt import Receipt
-from steerc.runtime.vllm.slots import host_mask, slottable
-from steerc.runtime.vllm.steer import SteerState, site_function
+from steerc.runtime.vllm.steer import SteerState, operands, site_function
+from steerc.runtime.vllm.tables import DEFAULT, stage_masks, tableable
 from steerc.targets.vllm.program import build, prefix_cache_safe
 
 
@@ -29,7 +32,8 @@ class RequestSteer:
     """
 
     def __init__(self, plan, facts, *, max_tokens: int, dtype, device, tp_rank: int, tp_size: int,
-                 slot_id: str = "", receipt: bool = False, model=None, built: tuple[dict, dict] | None = None):
+                 slot_id: str = "", receipt: bool = False, model=None, built: tuple[dict, dict] | None = None,
+                 table_bounds: tuple[int, int] | None = (DEFAULT.rank, DEFAULT.kernels)):
         boot, tensors = built if built is not None else build(plan, facts)
         self.cacheable = prefix_cache_safe(boot)  # may it reuse KV that other requests computed?
         # Pipeline stages: this worker's hooks only (model None: every hook, as in the tests without an engine).
@@ -48,32 +52,34 @@ class RequestSteer:
         self.receipt_here = probes[0] if probes else here(f"{root}.0")
         self.receipt_split = not all(probes)
         receipt = receipt and self.receipt_here
-        kernels = {key: slottable(local, lambda name: np.size(tensors[name]), facts.hidden)
-                   for key, local in hooks.items()}
-        # Only slotted kernels and no receipt: nothing reads this request's own step metadata.
-        self.needs_metadata = receipt or any(k is None for k in kernels.values())
+        # Which hooks the plan tables hold (table_bounds: the boot's (rank, kernels); None: no tables).
+        self.why_not = {key: ("this server has no plan tables" if table_bounds is None else
+                              tableable(local, lambda name: np.shape(tensors[name]), *table_bounds))
+                        for key, local in hooks.items()}
+        self.hooks = hooks
+        self.tabled = {key for key, why in self.why_not.items() if why is None}
+        # Only tabled kernels and no receipt: nothing reads this request's own step metadata.
+        self.needs_metadata = receipt or len(self.tabled) < len(hooks)
         self.state = SteerState(boot, tensors, max_tokens=max_tokens if self.needs_metadata else 1, max_slots=1,
                                 width=max(facts.hidden, facts.head_dim), dtype=dtype, device=device)
         self.fns = {key: site_function(self.state, local["sites"]) for key, local in hooks.items()}
-        self.slotted: dict[tuple, tuple] = {}  # point key -> (scale, bias, scope): lowered into a plan slot
-        for key, kernel in kernels.items():
-            if kernel is not None:
-                scale, bias, scope = kernel
-                self.slotted[key] = (self.state.buffer(scale), None if bias is None else self.state.buffer(bias),
-                                     boot["scopes"][scope])
         self.slot_id, self.slot = slot_id, 0
         self.started = False
         self.receipt: Receipt | None = None
 
-    def masks(self, pos, plen) -> dict:
-        """Each slotted point's scope mask over this step's rows of the request (one per distinct scope)."""
-        by_scope, out = {}, {}
-        for key, (_, _, scope) in self.slotted.items():
-            tag = id(scope)
-            if tag not in by_scope:
-                by_scope[tag] = host_mask(scope, pos, plen)
-            out[key] = by_scope[tag]
+    def table_rows(self) -> dict:
+        """Each tabled hook's stages as plan-table rows, [(row, keep, local columns or None)] in the plan's
+        order: each kernel in its kind's batched form, from the operands the per-request path reads (this
+        request's own buffers, its params bound)."""
+        out = {}
+        for key in sorted(self.tabled):
+            out[key] = [(KINDS[k["kind"]].batched(S, operands(self.state, k), k["mode"]), k["preserve_norm"],
+                         site.get("local_columns")) for site in self.hooks[key]["sites"] for k in site["kernels"]]
         return out
+
+    def stage_masks(self, pos, plen) -> dict:
+        """Each tabled hook's per-stage (scope mask, schedule factor) over this step's rows of the request."""
+        return {key: stage_masks(self.state, self.hooks[key], pos, plen) for key in self.tabled}
 
     def feed(self, pos, plen, restart: bool) -> None:
         if restart and self.started:  # recomputed from its first token (after preemption): pool afresh

@@ -6,10 +6,14 @@ each step it reads each new request's plan from its
 ``SamplingParams.extra_args``, admits it
 (:func:`steerc.targets.serve.admission.admit`), builds its steering
 (:class:`~steerc.runtime.vllm.request.RequestSteer`) and hooks the modules
-its plan touches (:mod:`.points`). A steer point applies every steered
-request's kernels to that request's token rows only; rows of other requests
-stay bit-identical. Pooled probes keep per-request state across
-chunked-prefill steps.
+its plan touches (:mod:`.points`). Plans the plan tables can hold
+(:mod:`.tables`: no probe or gate, within the boot's bounds) take a slot
+there and run inside the graph, all plans of a step in one batched pass; the
+others run per request through the steer points, each request's kernels on
+its own rows. Rows of other requests stay bit-identical. Pooled probes keep
+per-request state across chunked-prefill steps. Each step's metadata is
+written around the runner's model call, outside the forward
+(:func:`~.engine.attach_step_calls`).
 
 Admission here is not a formality: the worker reads what came over the wire
 from the front end (another process on a server), and trusts none of it. A
@@ -37,15 +41,18 @@ import hashlib
 import json
 import logging
 
+import numpy as np
+
 from steerc.runtime.kernels import compute_dtype
 from steerc.runtime.vllm import points
 from steerc.runtime.vllm.engine import (
-    attach_step_hooks,
+    attach_step_calls,
     engine_key,
     facts_of,
     hooks_never_ran,
     is_compiled,
     pipeline_stages,
+    served_capacity,
     served_sites,
     token_metadata,
 )
@@ -53,9 +60,9 @@ from steerc.runtime.vllm.guard import FAILED_KEY
 from steerc.runtime.vllm.parallel import layer_path, owns, tensor_parallel
 from steerc.runtime.vllm.receipt import Receipt
 from steerc.runtime.vllm.request import RequestSteer
-from steerc.runtime.vllm.slots import SlotTables
+from steerc.runtime.vllm.tables import SteerTables, TableFull
 from steerc.targets.serve.admission import RequestError, admit
-from steerc.targets.serve.capacity import point_hooks
+from steerc.targets.serve.capacity import PLANS_FLAG, point_hooks
 from steerc.targets.serve.request import RECEIPT_KEY
 
 log = logging.getLogger("steerc")
@@ -69,16 +76,18 @@ def slot_id(admitted) -> str:
 
 
 def _body(key, router):
-    """A steer point's body: each steered request's function on its own rows (others untouched), or None
-    when no request steers here this step."""
+    """A steer point's body (the per-request path's servers): the plan tables where a tabled plan steers here
+    this step (trimmed to what this step's plans use), then each per-request plan's function on its own
+    rows; None when nothing steers here this step (every row untouched)."""
+    tables = router.tables
     if key[2] == "fused_pair":
         def pair(hidden, residual):
             router.ran.add(key)
-            active = router.rows.get(key, ())
-            if key in router.slots.step:
-                hidden, residual = router.slots.apply_pair(key, hidden, residual)
-            elif not active:
+            active, use = router.rows.get(key, ()), tables.used(key)
+            if not active and use is None:
                 return None
+            if use is not None:
+                hidden, residual = tables.apply_pair(key, hidden, residual, use)
             else:
                 hidden, residual = hidden.clone(), residual.clone()
             for req, a, b in active:
@@ -92,13 +101,26 @@ def _body(key, router):
 
     def one(x):
         router.ran.add(key)
+        active, use = router.rows.get(key, ()), tables.used(key)
+        if not active and use is None:
+            return None
         flat = x.reshape(-1, x.shape[-1])
-        out = router.slots.apply(key, flat) if key in router.slots.step else None
-        for req, a, b in router.rows.get(key, ()):
-            if out is None:
-                out = flat.clone()
+        out = tables.apply(key, flat, use) if use is not None else flat.clone()
+        for req, a, b in active:
             out[a:b] = req.fns[key](flat[a:b])
-        return None if out is None else out.reshape(x.shape)
+        return out.reshape(x.shape)
+
+    return one
+
+
+def _traced(key, tables):
+    """The plan tables at one point as traced code, for servers without the per-request path: every stage at
+    the full rank, inside the graph (:meth:`~.tables.SteerTables.apply`)."""
+    if key[2] == "fused_pair":
+        return lambda hidden, residual: tables.apply_pair(key, hidden, residual)
+
+    def one(x):
+        return tables.apply(key, x.reshape(-1, x.shape[-1])).reshape(x.shape)
 
     return one
 
@@ -120,21 +142,38 @@ class ServeRouter:
         self.requests: dict[str, object] = {}   # req id -> RequestSteer, None (unsteered) or _FAILED
         self.rows: dict[tuple, list] = {}
         self.hooks: dict[tuple, object] = {}
-        self.slots = SlotTables(self.facts.hidden, self.dtype, self.device)
+        self.capacity = served_capacity(vllm_config)
+        self.tables = SteerTables(self._widths(model), plans=self.capacity.plans, rank=self.capacity.rank,
+                                  kernels=self.capacity.kernels, max_tokens=self.max_tokens, dtype=self.dtype,
+                                  device=self.device)
+        model.add_module("steerc_tables", self.tables)  # its buffers are the model's: traced, fixed addresses
         self.ran: set = set()
         self.fresh: list = []
         self.receipts: list = []
         self.failures = 0
-        self.handles = attach_step_hooks(model, self.before, self.after)
+        self.handles, self.outside_forward = attach_step_calls(getattr(view, "runner", None), model, self.before,
+                                                               self.after, self.idle)
         if self.compiled:
-            # Traced once, at the first forward: every provisioned site has its steer point from now on.
-            if self.device.type == "cuda":
+            # Traced once, at the first forward: every provisioned site has its tables (and, with the per-request
+            # path, its steer point) from now on.
+            if self.device.type == "cuda" and self.capacity.per_request:
                 comp = vllm_config.compilation_config
                 comp.splitting_ops = list(comp.splitting_ops or []) + [
                     op for op in points.SPLITTING_OPS if op not in (comp.splitting_ops or [])]
-            for key in point_hooks(self.facts, self.sites):
-                if owns(model, layer_path(key[0])):
-                    self._point(key)
+            for key in self.tables.where:
+                self._point(key)
+
+    def _widths(self, model) -> dict:
+        """Each steer point this worker holds, with the width of its tensor (a head site's: this rank's heads)."""
+        widths = {}
+        for group in self.sites:
+            width = self.facts.hidden
+            if group == "head":
+                width = self.facts.heads // self.tp_size * self.facts.head_dim
+            for key in point_hooks(self.facts, (group,)):
+                if key not in widths and owns(model, layer_path(key[0])):
+                    widths[key] = width
+        return widths
 
     # -- per step ---------------------------------------------------------
     def before(self, positions) -> None:
@@ -142,14 +181,15 @@ class ServeRouter:
         live = self.view.live()
         for gone in [r for r in self.requests if r not in live]:
             steer = self.requests.pop(gone)
-            if isinstance(steer, RequestSteer) and steer.slotted:
-                self.slots.release(steer.slot_id)
-        slotted: dict[tuple, list] = {}
+            if isinstance(steer, RequestSteer) and steer.slot:
+                self.tables.release(steer.slot_id)
         layout = self.view.layout()
         if layout is None:
-            self.slots.write_step(slotted, 0)
+            self.idle()
             return
         pos, plen, _ = token_metadata(layout, positions, "serve")
+        slots = np.zeros(len(pos), dtype=np.int64)
+        tabled: dict[tuple, list] = {}
         for i, rid in enumerate(layout.req_ids):
             if rid not in self.requests:
                 self.requests[rid] = self._admit(rid)
@@ -170,19 +210,27 @@ class ServeRouter:
                 steer.feed(pos[a:b], plen[a:b], restart=bool(layout.first[i] == 0))
             if steer.receipt is not None:
                 self.receipts.append((steer, pos[a:b], plen[a:b]))
-            masks = steer.masks(pos[a:b], plen[a:b]) if steer.slotted else {}
+            if steer.slot:
+                slots[a:b] = steer.slot
+                for key, stages in steer.stage_masks(pos[a:b], plen[a:b]).items():
+                    tabled.setdefault(key, []).extend((k, a, b, m, f) for k, (m, f) in enumerate(stages))
             for key in steer.fns:
-                if key in masks:
-                    slotted.setdefault(key, []).append((steer.slot, a, b, masks[key]))
-                else:
+                if key not in steer.tabled:
                     self.rows.setdefault(key, []).append((steer, a, b))
-        self.slots.write_step(slotted, len(pos))
+        self.tables.write_step(len(pos), slots, tabled)
+
+    def idle(self) -> None:
+        """Ahead of a dummy run (profiling, warm-up, graph capture) and a step with no layout: no row is
+        steered."""
+        self.rows = {}
+        self.tables.write_step(0, np.zeros(0, dtype=np.int64), {})
 
     def after(self) -> None:
         """A request's first step must have run every hook its plan needs on this rank."""
         for rid in self.fresh:
             steer = self.requests.get(rid)
-            missing = [k[0] for k in steer.fns if k not in self.ran and owns(self.model, layer_path(k[0]))]
+            missing = [k[0] for k in steer.fns if k not in steer.tabled and k not in self.ran
+                       and owns(self.model, layer_path(k[0]))]
             if missing:
                 self._fail(rid, hooks_never_ran(missing, self.facts.family))
         for steer, pos, plen in self.receipts:  # after the pass: what its kernels did, before vLLM sees it
@@ -205,29 +253,49 @@ class ServeRouter:
             if admitted is None:
                 return None
             receipt = extra.get(RECEIPT_KEY) is not None and self.tp_rank == 0
-            steer = RequestSteer(admitted.plan, self.facts, max_tokens=self.max_tokens, dtype=self.dtype,
-                                 device=self.device, tp_rank=self.tp_rank, tp_size=self.tp_size,
-                                 slot_id=slot_id(admitted), receipt=receipt, model=self.model,
-                                 built=admitted.built())
+            cap = self.capacity
+            kw = dict(max_tokens=self.max_tokens, dtype=self.dtype, device=self.device, tp_rank=self.tp_rank,
+                      tp_size=self.tp_size, slot_id=slot_id(admitted), receipt=receipt, model=self.model,
+                      built=admitted.built())
+            steer = RequestSteer(admitted.plan, self.facts, table_bounds=(cap.rank, cap.kernels), **kw)
+            if steer.tabled and not self._take_slot(steer):
+                steer = RequestSteer(admitted.plan, self.facts, table_bounds=None, **kw)  # every hook per request
+            untabled = [k for k in steer.fns if k not in steer.tabled]
+            if untabled and not cap.per_request:
+                raise RequestError("steerc_plan", f"at {untabled[0][0]}: {steer.why_not[untabled[0]]}")
             self._hook(steer)
             if receipt and steer.receipt_here:  # one worker writes it: the first rank of the probes' stage
                 steer.receipt = Receipt(extra[RECEIPT_KEY], admitted)
                 if steer.receipt_split:
                     steer.receipt.fail("its probes lie on two pipeline stages, and no one stage holds every "
                                        "gate's values; its steering is unaffected")
-            if steer.slotted:  # last: a request that holds a slot is in self.requests
-                steer.slot = self.slots.acquire(steer.slot_id, {k: v[:2] for k, v in steer.slotted.items()})
             return steer
         except Exception as exc:  # noqa: BLE001 - this request fails; the engine and the others go on
+            held = locals().get("steer")
+            if isinstance(held, RequestSteer) and held.slot:
+                self.tables.release(held.slot_id)
             self._fail(rid, str(exc), params)
             return _FAILED
+
+    def _take_slot(self, steer: RequestSteer) -> bool:
+        """Write the plan into a table slot (shared with its twins); False when every slot is taken and the
+        per-request path may run it instead."""
+        try:
+            steer.slot = self.tables.acquire(steer.slot_id, steer.table_rows())
+            return True
+        except TableFull as exc:
+            if not self.capacity.per_request:
+                raise RequestError("steerc_plan", f"{exc} (this server has no per-request path; {PLANS_FLAG} "
+                                                  f"sets how many)") from None
+            return False
 
     def _fail(self, rid: str, message: str, params=None) -> None:
         """Fail one request closed: it is never steered, and SteercGuard ends it at its next token."""
         self.failures += 1
         held = self.requests.get(rid)
-        if isinstance(held, RequestSteer) and held.slotted:
-            self.slots.release(held.slot_id)
+        if isinstance(held, RequestSteer) and held.slot:
+            self.tables.release(held.slot_id)
+            held.slot = 0
         self.requests[rid] = _FAILED
         params = params if params is not None else self.view.sampling_params(rid)
         extra = getattr(params, "extra_args", None)
@@ -236,8 +304,8 @@ class ServeRouter:
         log.error("steerc: request %s refused in the worker and ended: %s", rid, message)
 
     def _hook(self, steer: RequestSteer) -> None:
-        """Eager: a steer point at each module a plan needs, the first time one does. Compiled: they are all
-        there since boot (admission refused sites without one)."""
+        """Eager: the tables and a steer point at each module a plan needs, the first time one does. Compiled:
+        they are all there since boot (admission refused sites without one)."""
         for key in steer.fns:
             if key in self.hooks or not owns(self.model, layer_path(key[0])):
                 continue
@@ -246,10 +314,19 @@ class ServeRouter:
             self._point(key)
 
     def _point(self, key) -> None:
-        self.hooks[key] = points.install(self.model.get_submodule(key[0]), key[1], key[2], _body(key, self))
+        """The hook at one provisioned site: with the per-request path, a steer point running the tables and the
+        per-request plans (Python each step, PIECEWISE graphs); without it, the tables traced into the graph."""
+        module = self.model.get_submodule(key[0])
+        if self.capacity.per_request:
+            self.hooks[key] = points.install(module, key[1], key[2], _body(key, self))
+        else:
+            self.hooks[key] = points.install(module, key[1], key[2], None, tables=_traced(key, self.tables))
 
     def status(self) -> dict:
         steered = sorted(r for r, s in self.requests.items() if isinstance(s, RequestSteer))
         return {"steered": steered, "hooks": len(self.hooks), "failures": self.failures,
-                "plan_slots": len(self.slots.plans), "slot_capacity": self.slots.capacity,
+                "plan_slots": len(self.tables.held), "slot_capacity": self.tables.plans,
+                "tables": dict(self.capacity.to_json(), free=len(self.tables.free), bytes=self.tables.bytes()),
+                "per_request": sorted({key[0] for key, active in self.rows.items() if active}),
+                "outside_forward": self.outside_forward,
                 "runner": self.view.runner_kind, "compiled": self.compiled, "sites": list(self.sites)}

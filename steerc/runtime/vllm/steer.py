@@ -143,15 +143,22 @@ class SteerState(torch.nn.Module):
         getattr(self, f"held_{name}").scatter_(0, target, value)
 
 
+def operands(state: SteerState, k: dict) -> dict:
+    """A kernel's operands by role, read from the state's buffers (what its kind's maths takes)."""
+    kind = KINDS[k["kind"]]
+    o = {}
+    for role, name in k["tensors"].items():
+        if role != "schedule":  # a one-number operand is a [1] buffer: its value is the buffer's element
+            o[role] = state.buffer(name)[0] if kind.operand(role).shape == "1" else state.buffer(name)
+    return o
+
+
 def _kernel(state: SteerState, k: dict, x, n: int):
     kind = KINDS[k["kind"]]
     mask = state.scope_mask(state.boot["scopes"][k["scope"]], n)
     if k["gate"] is not None:
         mask = mask & state.gate_mask(state.boot["gates"][k["gate"]], n)
-    o = {}
-    for role, name in k["tensors"].items():
-        if role != "schedule":  # a one-number operand is a [1] buffer: its value is the buffer's element
-            o[role] = state.buffer(name)[0] if kind.operand(role).shape == "1" else state.buffer(name)
+    o = operands(state, k)
     if k.get("schedule"):
         o["factor"] = S.schedule_factor(k["schedule"], state.buffer(k["tensors"]["schedule"]), state.pos[:n],
                                         state.plen[:n])

@@ -62,6 +62,7 @@ from steerc.ir.plan import ParamError, check_params, rebind
 from steerc.passes.plan_pipeline import PROBE_ROWS, InvalidPlan, verify
 from steerc.targets import signing
 from steerc.targets.constraints import constraint_from_json
+from steerc.targets.serve.capacity import capacity_refusal
 from steerc.targets.serve.capacity import refusal as site_refusal
 from steerc.targets.serve.format import FORMAT, artifact_id, cache_salt, from_serve, read_artifact, signed_bytes
 from steerc.targets.serve.request import (
@@ -464,7 +465,7 @@ PLANS = PlanCache(MAX_SERVED_PLANS)
 
 
 def admit(extra_args, facts, *, store=None, tp_size: int = 1, salt=None,
-          key: bytes | None = None, sites=None, stages=None) -> Admitted | None:
+          key: bytes | None = None, sites=None, stages=None, capacity=None) -> Admitted | None:
     """A request's steering from its ``extra_args`` (None when it asks for none).
 
     ``store`` (an :class:`~steerc.runtime.vllm.store.ArtifactStore`) supplies
@@ -472,7 +473,9 @@ def admit(extra_args, facts, *, store=None, tp_size: int = 1, salt=None,
     request's ``cache_salt`` where the caller sees it (the HTTP front end):
     it must be the plan's; ``key``: the HMAC key every plan must be signed with; ``sites``: the site
     groups the server has steer points at (all when None); ``stages``: under pipeline parallelism, each
-    stage's first layer (a gate must read probes on its own stage).
+    stage's first layer (a gate must read probes on its own stage); ``capacity``: the server's plan tables
+    (:class:`~steerc.targets.serve.capacity.Capacity`; without a per-request path, a plan they cannot hold
+    is refused, naming the flag that would hold it).
 
     A plan is admitted (:func:`check_document`) and built once per process: :data:`PLANS` keeps it by the
     sha256 of its text and the model's facts, and a request bound to params keeps its bound plan by their
@@ -511,6 +514,10 @@ def admit(extra_args, facts, *, store=None, tp_size: int = 1, salt=None,
         why = split_gates(admitted.built()[0], stages)
         if why is not None:
             raise RequestError(f"{PLAN_KEY}.probes", why)
+    if capacity is not None:
+        why = capacity_refusal(*admitted.built(), capacity)
+        if why is not None:
+            raise RequestError(PLAN_KEY, why)
     return admitted
 
 

@@ -1,0 +1,273 @@
+"""Plan tables (steerc.runtime.vllm.tables): the serve plugin's in-graph kernels against its per-request path.
+
+The per-request path (each request's own buffers and site function, on its own rows) is what the engine
+tests compare with HF. Here the tables, run once over a whole step of many requests, must give every
+request's rows the per-request values (affine rows bit for bit; low-rank rows to float32 rounding: the
+batched form sums in another order), leave every other row untouched bit for bit, and count, share and
+free their slots. Each kind's batched row (the kernel seat) is also held to its own maths directly.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+np = pytest.importorskip("numpy")
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+from steerc.api import check_source  # noqa: E402
+from steerc.facts import ModelFacts  # noqa: E402
+from steerc.ir.kernels import KINDS  # noqa: E402
+from steerc.runtime import kernels as S  # noqa: E402
+from steerc.runtime.vllm.serve import RequestSteer  # noqa: E402
+from steerc.runtime.vllm.tables import SteerTables, TableFull, tableable  # noqa: E402
+
+FACTS = ModelFacts("llama", 4, 8, 2, 1, 4, 16, 32, False, False)
+SCOPES = ["all", "prompt", "generated", "prompt[-2:]", "generated[:3]", "[0, 5, 9]", "prompt[-1:], generated"]
+SITES = ["resid_post[1]", "resid_pre[2]", "mlp_out[1]", "attn_out[2]"]
+
+
+def _vec(seed: int, width: int = FACTS.hidden) -> str:
+    v = np.random.default_rng(seed).normal(size=width).astype(np.float32)
+    return "[" + ", ".join(f"{x:.6f}" for x in v) + "]"
+
+
+def _body(op: str, seed: int) -> str:
+    return {"add": f"add {1 + seed % 5}.5 * v", "scale": f"scale {0.25 + seed % 3}", "set": "set 0.5 * v",
+            "ablate": "ablate v", "ablate2": "ablate v, u", "clamp": f"clamp v to {seed - 1.5}",
+            "rotate by": f"rotate in (v, u) by {10 + seed}deg", "rotate to": f"rotate in (v, u) to {20 * seed}deg",
+            "ramp": "add ramp(3) * v", "norm": "add 3.0 * v\n  preserve norm",
+            "two": "ablate u\n}\nintervention b {\n  at SITE\n  add 2.0 * v"}[op]
+
+
+OPS = ["add", "scale", "set", "ablate", "ablate2", "clamp", "rotate by", "rotate to", "ramp", "norm", "two"]
+
+
+def _request(op: str, site: str, scope: str, seed: int, receipt: bool = True) -> RequestSteer:
+    if op in ("ramp",) and scope not in ("generated", "prompt[-1:], generated", "generated[:3]"):
+        scope = "generated"
+    text = (f"steer 1\nvector v = {_vec(seed)}\nvector u = {_vec(seed + 50)}\nintervention a {{\n  at {site}\n"
+            f"  {_body(op, seed).replace('SITE', site)}\n  tokens {scope}\n}}\n")
+    result = check_source(text, "table.steer", facts=FACTS)
+    assert result.ok, result.render()
+    # receipt=True keeps the request's own step metadata, which the per-request path compared here reads
+    return RequestSteer(result.plan, FACTS, max_tokens=64, dtype=torch.float32, device=torch.device("cpu"),
+                         tp_rank=0, tp_size=1, slot_id=f"{op}-{site}-{scope}-{seed}", receipt=receipt)
+
+
+request = st.builds(_request, st.sampled_from(OPS), st.sampled_from(SITES), st.sampled_from(SCOPES),
+                    st.integers(0, 3))
+
+
+def _step(lengths, prompts, starts):
+    """Rows of a step: each request's tokens one after another, at positions from its start."""
+    pos, plen, spans, a = [], [], [], 0
+    for n, p, s in zip(lengths, prompts, starts):
+        pos += list(range(s, s + n))
+        plen += [p] * n
+        spans.append((a, a + n))
+        a += n
+    return np.array(pos, dtype=np.int64), np.array(plen, dtype=np.int64), spans
+
+
+def _tables(plans: int = 8) -> SteerTables:
+    from steerc.targets.serve.capacity import ALL_SITES, point_hooks
+
+    return SteerTables({key: FACTS.hidden for key in point_hooks(FACTS, ALL_SITES)}, plans=plans, rank=2,
+                       kernels=2, max_tokens=64, dtype=torch.float32, device=torch.device("cpu"))
+
+
+def _write(tables, reqs, spans, pos, plen):
+    n = len(pos)
+    slots = np.zeros(n, dtype=np.int64)
+    rows = {}
+    for r, (a, b) in zip(reqs, spans):
+        r.feed(pos[a:b], plen[a:b], restart=True)  # the per-request path reads its own metadata
+        slots[a:b] = r.slot
+        for key, stages in r.stage_masks(pos[a:b], plen[a:b]).items():
+            for k, (mask, factor) in enumerate(stages):
+                rows.setdefault(key, []).append((k, a, b, mask, factor))
+    tables.write_step(n, slots, rows)
+    return rows
+
+
+def _close(got, want, exact: bool):
+    if exact:
+        return torch.equal(got, want)
+    return torch.allclose(got, want, rtol=1e-5, atol=1e-5 * float(want.abs().max().clamp_min(1.0)))
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(request, st.integers(1, 6), st.integers(1, 8), st.integers(0, 10)), min_size=1,
+                max_size=6),
+       st.integers(0, 3), st.integers(0, 2**31 - 1))
+def test_tables_give_the_per_request_values_on_every_row(cases, unsteered, seed):
+    reqs = [c[0] for c in cases]
+    lengths = [c[1] for c in cases] + [2] * unsteered  # rows of unsteered requests at the end
+    prompts = [c[2] for c in cases] + [4] * unsteered
+    starts = [c[3] for c in cases] + [0] * unsteered
+    pos, plen, spans = _step(lengths, prompts, starts)
+    n = len(pos)
+    tables = _tables()
+    for r in reqs:
+        assert r.tabled and set(r.tabled) == set(r.fns)
+        r.slot = tables.acquire(r.slot_id, r.table_rows())
+    rows = _write(tables, reqs, spans[: len(reqs)], pos, plen)
+    gen = torch.Generator().manual_seed(seed)
+    for key in rows:
+        affine = all(k["kind"] == "affine" and not k["preserve_norm"] for r in reqs if key in r.fns
+                     for s in r.hooks[key]["sites"] for k in s["kernels"])
+        x = torch.randn(n + 3, FACTS.hidden, generator=gen)  # three rows of padding past the step's tokens
+        res = torch.randn(n + 3, FACTS.hidden, generator=gen)
+        if key[2] == "fused_pair":
+            got_h, got_r = tables.apply_pair(key, x, res)
+            trimmed = tables.apply_pair(key, x, res, tables.used(key))
+            assert _close(trimmed[0], got_h, affine) and torch.equal(trimmed[1], got_r)
+            want_h, want_r = x.clone(), res.clone()
+            for r, (a, b) in zip(reqs, spans):
+                if key in r.fns:
+                    want_h[a:b] = r.fns[key](x[a:b] + res[a:b])
+                    want_r[a:b] = 0
+            assert _close(got_h, want_h, affine) and torch.equal(got_r, want_r)
+            untouched = torch.ones(n + 3, dtype=torch.bool)
+            for r, (a, b) in zip(reqs, spans):
+                if key in r.fns:
+                    untouched[a:b] = False
+            assert torch.equal(got_h[untouched], x[untouched]) and torch.equal(got_r[untouched], res[untouched])
+        else:
+            got = tables.apply(key, x)
+            # trimmed to what the step uses: the same rows (a shorter rank sums in another order)
+            assert _close(tables.apply(key, x, tables.used(key)), got, affine)
+            want = x.clone()
+            for r, (a, b) in zip(reqs, spans):
+                if key in r.fns:
+                    want[a:b] = r.fns[key](x[a:b])
+            assert _close(got, want, affine)
+            same = torch.ones(n + 3, dtype=torch.bool)
+            for r, (a, b) in zip(reqs, spans):
+                if key in r.fns:
+                    same[a:b] = False
+            assert torch.equal(got[same], x[same]), "rows no plan steers here are untouched, bit for bit"
+
+
+def _operands(kind: str, d: int, gen) -> tuple[dict, str | None]:
+    def unit(*shape):
+        v = torch.randn(*shape, d, generator=gen)
+        return v / v.norm(dim=-1, keepdim=True)
+
+    if kind == "affine":
+        return {"scale": torch.rand(d, generator=gen) + 0.5, "bias": torch.randn(d, generator=gen)}, None
+    if kind == "project":
+        q, _ = torch.linalg.qr(torch.randn(d, 2, generator=gen))
+        return {"basis": q.T.contiguous(), "target": torch.randn(2, generator=gen)}, None
+    if kind == "rotate":
+        e = torch.linalg.qr(torch.randn(d, 2, generator=gen))[0].T
+        return {"e1": e[0].contiguous(), "e2": e[1].contiguous(), "angle": torch.tensor(0.7)}, None
+    if kind == "loreft":
+        q, _ = torch.linalg.qr(torch.randn(d, 2, generator=gen))
+        return {"R": q.T.contiguous(), "W": torch.randn(2, d, generator=gen), "b": torch.randn(2, generator=gen)}, None
+    return {"enc": unit(), "b_enc": torch.tensor(0.3), "threshold": torch.tensor(0.2), "b_dec": torch.randn(d, generator=gen) * 0.1,
+            "dec": unit(), "target": torch.tensor(2.5)}, None
+
+
+@pytest.mark.parametrize("name,mode", [("affine", None), ("project", None), ("rotate", "by"), ("rotate", "to"),
+                                       ("loreft", None), ("sae_clamp", "standard"), ("sae_clamp", "jumprelu")])
+@pytest.mark.parametrize("keep", [False, True])
+def test_each_kinds_batched_row_is_its_maths(name, mode, keep):
+    """The kernel seat's two forms of a kind: its row in a table, and its maths, on the same operands."""
+    d, gen = 16, torch.Generator().manual_seed(3)
+    kind = KINDS[name]
+    o, _ = _operands(name, d, gen)
+    key = ("m", "post", "output")
+    tables = SteerTables({key: d}, plans=3, rank=2, kernels=1, max_tokens=32, dtype=torch.float32,
+                         device=torch.device("cpu"))
+    slot = tables.acquire("p", {key: [(kind.batched(S, o, mode), keep, None)]})
+    x = torch.randn(20, d, generator=gen) * 3
+    mask = torch.rand(20, generator=gen) > 0.3
+    slots = np.where(np.arange(20) < 15, slot, 0)  # the last five rows hold no plan
+    tables.write_step(20, slots, {key: [(0, 0, 15, mask[:15].numpy(), None)]})
+    got = tables.apply(key, x)
+    want = S.steer(kind.maths, x[:15], o, mode, mask[:15].unsqueeze(0), keep).squeeze(0)
+    assert torch.allclose(got[:15], want, rtol=1e-5, atol=1e-5), (got[:15] - want).abs().max()
+    assert torch.equal(got[15:], x[15:])
+    if name == "affine" and not keep:
+        assert torch.equal(got[:15], want), "an affine row is the per-request kernel, bit for bit"
+
+
+def test_identical_plans_share_a_slot_counted_and_a_freed_slot_is_reused():
+    a1, a2 = _request("add", "resid_post[1]", "all", 1), _request("add", "resid_post[1]", "all", 1)
+    b = _request("ablate", "mlp_out[1]", "generated", 2)
+    tables = _tables()
+    s1 = tables.acquire(a1.slot_id, a1.table_rows())
+    s2 = tables.acquire(a2.slot_id, a2.table_rows())
+    s3 = tables.acquire(b.slot_id, b.table_rows())
+    assert s1 == s2 != s3 and 0 not in (s1, s3)  # slot 0 is the identity, never a plan's
+    key = next(iter(a1.tabled))
+    w, j = tables.where[key]
+    bias = tables._buf("bias", w)
+    tables.release(a1.slot_id)
+    assert a1.slot_id in tables.held and bias[j, 0, s1].abs().sum() > 0  # a2 still holds it
+    tables.release(a2.slot_id)
+    assert a1.slot_id not in tables.held
+    assert torch.equal(bias[j, 0, s1], torch.zeros(FACTS.hidden))  # back to the identity
+    c = _request("add", "resid_post[1]", "all", 3)
+    assert tables.acquire(c.slot_id, c.table_rows()) == s1
+
+
+def test_a_full_table_says_so_and_its_buffers_never_move():
+    tables = _tables(plans=2)
+    addresses = [b.data_ptr() for b in tables.buffers()]
+    for i in range(2):
+        r = _request("add", "resid_post[1]", "all", i)
+        tables.acquire(r.slot_id, r.table_rows())
+    r = _request("add", "resid_post[1]", "all", 9)
+    with pytest.raises(TableFull, match="2 plan slots"):
+        tables.acquire(r.slot_id, r.table_rows())
+    assert [b.data_ptr() for b in tables.buffers()] == addresses, "a compiled graph reads these addresses"
+
+
+@pytest.mark.parametrize("text,why", [
+    ("probe p {\n  at resid_pre[1]\n  read cosine(v)\n  pool prompt.mean\n}\n"
+     "intervention a {\n  at resid_post[2]\n  add 2.0 * v\n  tokens generated\n  when p > 0.1\n}\n", "gated"),
+    ("intervention a {\n  at resid_post[2]\n  ablate v, u, w\n}\n", "rank 3"),
+    ("intervention a {\n  at resid_post[2]\n  add 2.0 * v\n}\nintervention b {\n  at resid_post[2]\n  ablate v\n}\n"
+     "intervention c {\n  at resid_post[2]\n  scale 0.5\n}\n", "3 kernels"),
+])
+def test_what_the_tables_cannot_hold_keeps_the_per_request_path(text, why):
+    head = f"steer 1\nvector v = {_vec(0)}\nvector u = {_vec(1)}\nvector w = {_vec(2)}\n"
+    result = check_source(head + text, "table.steer", facts=FACTS)
+    assert result.ok, result.render()
+    steer = RequestSteer(result.plan, FACTS, max_tokens=16, dtype=torch.float32, device=torch.device("cpu"),
+                          tp_rank=0, tp_size=1, table_bounds=(2, 2))
+    assert steer.fns and steer.needs_metadata
+    untabled = [k for k in steer.fns if k not in steer.tabled]
+    assert untabled and any(why in steer.why_not[k] for k in untabled), steer.why_not
+
+
+def test_a_head_kernel_is_a_row_padded_to_the_point():
+    text = (f"steer 1\nvector v = {_vec(4, FACTS.head_dim)}\nintervention a {{\n  at head[1, 0]\n  ablate v\n}}\n"
+            f"intervention b {{\n  at head[1, 1]\n  add 2.0 * v\n}}\n")
+    result = check_source(text, "table.steer", facts=FACTS)
+    assert result.ok, result.render()
+    r = RequestSteer(result.plan, FACTS, max_tokens=16, dtype=torch.float32, device=torch.device("cpu"),
+                     tp_rank=0, tp_size=1, receipt=True, slot_id="h")
+    (key,) = r.fns
+    assert key in r.tabled
+    tables = SteerTables({key: FACTS.heads * FACTS.head_dim}, plans=2, rank=2, kernels=2, max_tokens=16,
+                         dtype=torch.float32, device=torch.device("cpu"))
+    r.slot = tables.acquire("h", r.table_rows())
+    pos, plen, spans = _step([3, 2], [2, 2], [0, 0])
+    _write(tables, [r], spans[:1], pos, plen)
+    x = torch.randn(5, FACTS.heads * FACTS.head_dim)
+    got = tables.apply(key, x)
+    want = x.clone()
+    want[:3] = r.fns[key](x[:3])
+    assert torch.allclose(got, want, rtol=1e-5, atol=1e-5) and torch.equal(got[3:], x[3:])
+
+
+def test_tableable_reads_only_data():
+    hook = {"sites": [{"site": "resid_post[1]", "head": None, "probes": [], "kernels": [{"kind": "project", "gate": None, "preserve_norm": False,
+                                                  "tensors": {"basis": "q"}}]}]}
+    assert tableable(hook, lambda name: (3, 16), rank=4, kernels=1) is None
+    assert "rank 3" in tableable(hook, lambda name: (3, 16), rank=2, kernels=1)
