@@ -40,7 +40,9 @@ def llm(tmp_path_factory):
     register_loader()
     folder = model_folder("tiny-llama")
     engine = vllm.LLM(model=folder, dtype="float32", max_model_len=256, max_num_seqs=8, skip_tokenizer_init=True,
-                      enforce_eager=True, load_format="steerc", additional_config={"steerc": {"mode": "serve"}},
+                      enforce_eager=True, load_format="steerc",
+                      # one plan slot: a second distinct plan live at once takes the per-request path
+                      additional_config={"steerc": {"mode": "serve", "plans": 1}},
                       logprobs_mode="raw_logits", max_logprobs=5, max_num_batched_tokens=16,
                       logits_processors=["steerc.runtime.serve:SteercGuard"],
                       worker_extension_cls="steerc.runtime.serve.SteercServeExtension")
@@ -105,7 +107,8 @@ def test_front_end_refuses_what_it_can_check(llm):
 def test_plain_rows_are_bit_identical_to_an_engine_without_steerc(llm, tmp_path):
     """Three steered requests (two plans) and a plain one, submitted together so that both engines form
     the same batches (chunked prefill included): the plain request's tokens and raw logits equal, bit for
-    bit, those of the same four prompts on an engine started without steerc."""
+    bit, those of the same four prompts on an engine started without steerc. The engine has one plan slot:
+    the first plan takes it, the second runs per request, and each equals HF alone."""
     import vllm
 
     from steerc.serve_client import offline_request
@@ -113,8 +116,8 @@ def test_plain_rows_are_bit_identical_to_an_engine_without_steerc(llm, tmp_path)
     folder, engine = llm
     a = f"steer 1\nintervention x {{\n  at resid_post[1]\n  add 6.0 * {vec(128, 1)}\n}}\n"
     b = f"steer 1\nintervention y {{\n  at attn_out[*]\n  ablate {vec(128, 4)}\n}}\n"
-    _, out_a = _serve_plan(folder, a, tmp_path / "a")
-    _, out_b = _serve_plan(folder, b, tmp_path / "b")
+    plan_a, out_a = _serve_plan(folder, a, tmp_path / "a")
+    plan_b, out_b = _serve_plan(folder, b, tmp_path / "b")
     steered = [(PROMPTS[0], offline_request(out_a, PROMPTS[0])[1]), (PROMPTS[1], offline_request(out_b, PROMPTS[1])[1]),
                (PROMPTS[2], offline_request(out_a, PROMPTS[2])[1]), (PROMPTS[0] + PROMPTS[2], None)]
     mixed = _outputs(engine, steered)
@@ -127,3 +130,5 @@ def test_plain_rows_are_bit_identical_to_an_engine_without_steerc(llm, tmp_path)
     assert list(mixed[3].token_ids) == list(alone[3].token_ids)
     assert _logits(mixed[3]) == _logits(alone[3]), "raw logits, bit for bit"
     assert _logits(mixed[0]) != _logits(alone[0]), "the steered rows did change"
+    for i, plan in ((0, plan_a), (1, plan_b), (2, plan_a)):  # in the table, per request, in the table
+        assert list(mixed[i].token_ids) == hf_run(folder, plan, [steered[i][0]], NEW)[0][0], i
