@@ -5,8 +5,8 @@
   serve plugin's content-addressed artifact store;
 * :mod:`.parallel` — a worker's share: its tensor-parallel rank, the layers its pipeline stage holds;
 * :mod:`.steer` — steering state: fixed-shape buffers and the site functions (the one kernel dispatch of
-  :mod:`steerc.runtime.kernels`); beside it :mod:`.points` (the serve plugin's steer points), :mod:`.slots`
-  (its batched affine slots), :mod:`.receipt` (a request's receipt) and :mod:`.activations` (the hooks
+  :mod:`steerc.runtime.kernels`); beside it :mod:`.points` (the serve plugin's steer points), :mod:`.tables`
+  (its plan tables: every kernel kind batched), :mod:`.receipt` (a request's receipt) and :mod:`.activations` (the hooks
   that read sites for a capture);
 * the two modes, side by side: :mod:`.plan` (one plan for every request: the vllm target) and the serve
   plugin (each request's own plan): :mod:`.request` (a request's steering) and :mod:`.guard` (the logits
