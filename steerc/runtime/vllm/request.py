@@ -79,7 +79,8 @@ class RequestSteer:
 
     def stage_masks(self, pos, plen) -> dict:
         """Each tabled hook's per-stage (scope mask, schedule factor) over this step's rows of the request."""
-        return {key: stage_masks(self.state, self.hooks[key], pos, plen) for key in self.tabled}
+        memo: dict = {}  # one answer per distinct scope and schedule, whatever the number of hooks sharing it
+        return {key: stage_masks(self.state, self.hooks[key], pos, plen, memo) for key in self.tabled}
 
     def feed(self, pos, plen, restart: bool) -> None:
         if restart and self.started:  # recomputed from its first token (after preemption): pool afresh

@@ -56,13 +56,15 @@ class SteerTables(torch.nn.Module):
         self.dtype = dtype
         self.where: dict[tuple, tuple[int, int]] = {}  # point key -> (width, index among that width's points)
         self.widths = sorted(set(widths.values()))
+        self.counts: dict[int, int] = {}  # width -> its points
         for w in self.widths:
             for key in [k for k, v in widths.items() if v == w]:
-                self.where[key] = (w, sum(1 for v in self.where.values() if v[0] == w))
+                self.where[key] = (w, self.counts.get(w, 0))
+                self.counts[w] = self.counts.get(w, 0) + 1
         kw = dict(dtype=dtype, device=device)
         rows = plans + 1
         for w in self.widths:
-            n = sum(1 for v in self.where.values() if v[0] == w)
+            n = self.counts[w]
             self.register_buffer(f"scale{w}", torch.ones(n, kernels, rows, w, **kw), persistent=False)
             self.register_buffer(f"bias{w}", torch.zeros(n, kernels, rows, w, **kw), persistent=False)
             self.register_buffer(f"A{w}", torch.zeros(n, kernels, rows, w, rank, **kw), persistent=False)
@@ -167,7 +169,7 @@ class SteerTables(torch.nn.Module):
             self.step_use[key] = (max(u[0] for u in uses), max(u[1] for u in uses), any(u[2] for u in uses),
                                   any(u[3] for u in uses))
         for w in self.widths:
-            count = sum(1 for v in self.where.values() if v[0] == w)
+            count = self.counts[w]
             mask = np.zeros((count, n, self.kernels), dtype=bool)
             factor = np.ones((count, n, self.kernels), dtype=np.float32)
             for key, items in rows.items():
@@ -267,22 +269,33 @@ def _as(value, width: int):
 # ------------------------------------------------------------------- plans into rows
 
 
-def stage_masks(state, hook: dict, pos, plen) -> list:
-    """Each stage's (scope mask, schedule factor or None) over a request's rows, on the host."""
-    p, q = torch.from_numpy(np.asarray(pos, dtype=np.int64)), torch.from_numpy(np.asarray(plen, dtype=np.int64))
+def stage_masks(state, hook: dict, pos, plen, memo: dict | None = None) -> list:
+    """Each stage's (scope mask, schedule factor or None) over a request's rows, on the host. ``memo`` (one
+    dict for one request's step) keeps each distinct scope and schedule's answer across its hooks: a plan's
+    kernels at many sites mostly share one."""
+    memo = {} if memo is None else memo
     out = []
     for site in hook["sites"]:
         for k in site["kernels"]:
-            scope = state.boot["scopes"][k["scope"]]
-            if not k.get("schedule") and any(tuple(item) == ("all",) for item in scope):
-                out.append((np.ones(len(pos), dtype=bool), None))  # every row: no torch call per step
-                continue
-            mask = torch.zeros(len(pos), dtype=torch.bool)
-            for item in scope:
-                mask = mask | S.position_mask(tuple(item), p, q)
-            factor = None
-            if k.get("schedule"):
-                factor = S.schedule_factor(k["schedule"], state.buffer(k["tensors"]["schedule"]).float().cpu(), p,
-                                           q).numpy()
-            out.append((mask.numpy(), factor))
+            tag = (k["scope"], k["tensors"].get("schedule") if k.get("schedule") else None)
+            if tag not in memo:
+                memo[tag] = _stage_mask(state, k, pos, plen, memo)
+            out.append(memo[tag])
     return out
+
+
+def _stage_mask(state, k: dict, pos, plen, memo: dict) -> tuple:
+    scope = state.boot["scopes"][k["scope"]]
+    if not k.get("schedule") and any(tuple(item) == ("all",) for item in scope):
+        return np.ones(len(pos), dtype=bool), None  # every row: no torch call per step
+    if "rows" not in memo:
+        memo["rows"] = (torch.from_numpy(np.asarray(pos, dtype=np.int64)),
+                        torch.from_numpy(np.asarray(plen, dtype=np.int64)))
+    p, q = memo["rows"]
+    mask = torch.zeros(len(pos), dtype=torch.bool)
+    for item in scope:
+        mask = mask | S.position_mask(tuple(item), p, q)
+    factor = None
+    if k.get("schedule"):
+        factor = S.schedule_factor(k["schedule"], state.buffer(k["tensors"]["schedule"]).float().cpu(), p, q).numpy()
+    return mask.numpy(), factor
