@@ -217,31 +217,39 @@ def _served(facts, tmp_path, body: str, name: str):
     ("intervention a {\n  at resid_post[1]\n  ablate v\n}\nintervention b {\n  at resid_post[1]\n  add 2.0 * v\n}\n",
      "--max-steer-kernels 2"),
     ("probe p {\n  at resid_pre[1]\n  read dot(v)\n  pool token\n}\n"
-     "intervention a {\n  at resid_post[1]\n  add 2.0 * v\n  when p > 0\n}\n", "--steer-per-request on"),
+     "intervention a {\n  at resid_post[1]\n  add 2.0 * v\n  when p > 0 and p < 9\n}\n", "--max-steer-conditions 2"),
+    ("probe p {\n  at resid_pre[1]\n  read dot(v)\n  pool token\n}\nprobe q {\n  at resid_pre[1]\n  read norm\n"
+     "  pool prompt.mean\n}\nintervention a {\n  at resid_post[1]\n  add 2.0 * v\n  when p > 0\n}\n"
+     "intervention b {\n  at resid_post[2]\n  add 2.0 * u\n  tokens generated\n  when q > 1\n}\n", "--max-steer-probes 2"),
+    ("intervention a {\n  at head[1, 0]\n  scale 0.5\n  preserve norm\n}\n", "--steer-per-request on"),
 ])
 def test_without_the_per_request_path_a_plan_past_the_tables_is_refused_naming_the_flag(facts, tmp_path, body,
                                                                                          flag):
     from steerc.targets.serve.capacity import Capacity
 
     xargs = _served(facts, tmp_path, body, "p")
-    tight = Capacity(rank=1, kernels=1, per_request=False)
+    tight = Capacity(rank=1, kernels=1, probes=1, conditions=1, per_request=False)
     with pytest.raises(RequestError) as err:
         admit(xargs, facts, capacity=tight)
     assert err.value.field == "steerc_plan" and flag in str(err.value), str(err.value)
-    assert admit(xargs, facts, capacity=Capacity(rank=1, kernels=1)) is not None, "the per-request path takes it"
-    if "when" not in body:
-        assert admit(xargs, facts, capacity=Capacity(rank=2, kernels=2, per_request=False)) is not None
+    assert admit(xargs, facts, capacity=Capacity(rank=1, kernels=1, probes=1, conditions=1)) is not None, \
+        "the per-request path takes it"
+    if "head" not in body:  # gates and probes included: the tables hold them within their bounds
+        assert admit(xargs, facts, capacity=Capacity(rank=2, kernels=2, probes=2, conditions=2,
+                                                     per_request=False)) is not None
 
 
 def test_the_tables_flags_reach_the_engine_and_refuse_bad_values():
     from steerc.targets.serve.capacity import Capacity, check_capacity
 
     code, out, err = run_cli(["serve", "/m", "--dry-run", "--max-steer-plans", "8", "--max-steer-rank", "2",
-                              "--max-steer-kernels", "3", "--steer-per-request", "off"])
+                              "--max-steer-kernels", "3", "--max-steer-probes", "1", "--max-steer-conditions", "3",
+                              "--steer-per-request", "off"])
     assert code == 0, err
     config = json.loads(out.split("--additional-config ")[1].split("' ")[0].strip("'"))["steerc"]
-    assert check_capacity(config) == Capacity(plans=8, rank=2, kernels=3, per_request=False)
-    for flag, value in (("--max-steer-plans", "0"), ("--max-steer-rank", "-1"), ("--max-steer-kernels", "99")):
+    assert check_capacity(config) == Capacity(plans=8, rank=2, kernels=3, probes=1, conditions=3, per_request=False)
+    for flag, value in (("--max-steer-plans", "0"), ("--max-steer-rank", "-1"), ("--max-steer-kernels", "99"),
+                        ("--max-steer-probes", "-1"), ("--max-steer-conditions", "9")):
         code, out, err = run_cli(["serve", "/m", "--dry-run", flag, value])
         assert code == 2 and flag in err and "Traceback" not in err, (flag, err)
     for cfg, key in (({"plans": True}, "plans"), ({"rank": "4"}, "rank"), ({"per_request": "no"}, "per_request")):
@@ -255,4 +263,4 @@ def test_capabilities_say_what_the_tables_hold(facts):
 
     doc = capabilities(facts, sites=ALL_SITES, compiled=True, tp_size=1, pp_size=1, prefix_caching=False,
                        signed_only=False, max_num_seqs=8, capacity=Capacity(plans=16, per_request=False))
-    assert doc["tables"] == {"plans": 16, "rank": 4, "kernels": 2, "per_request": False}
+    assert doc["tables"] == {"plans": 16, "rank": 4, "kernels": 2, "probes": 2, "conditions": 4, "per_request": False}

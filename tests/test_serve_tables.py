@@ -22,6 +22,7 @@ from steerc.ir.kernels import KINDS  # noqa: E402
 from steerc.runtime import kernels as S  # noqa: E402
 from steerc.runtime.vllm.serve import RequestSteer  # noqa: E402
 from steerc.runtime.vllm.tables import SteerTables, TableFull, tableable  # noqa: E402
+from steerc.targets.serve.capacity import Capacity  # noqa: E402
 
 FACTS = ModelFacts("llama", 4, 8, 2, 1, 4, 16, 32, False, False)
 SCOPES = ["all", "prompt", "generated", "prompt[-2:]", "generated[:3]", "[0, 5, 9]", "prompt[-1:], generated"]
@@ -71,24 +72,31 @@ def _step(lengths, prompts, starts):
     return np.array(pos, dtype=np.int64), np.array(plen, dtype=np.int64), spans
 
 
-def _tables(plans: int = 8) -> SteerTables:
+def _tables(plans: int = 8, requests: int = 8) -> SteerTables:
     from steerc.targets.serve.capacity import ALL_SITES, point_hooks
 
     return SteerTables({key: FACTS.hidden for key in point_hooks(FACTS, ALL_SITES)}, plans=plans, rank=2,
-                       kernels=2, max_tokens=64, dtype=torch.float32, device=torch.device("cpu"))
+                       kernels=2, requests=requests, hidden=FACTS.hidden, max_tokens=64, dtype=torch.float32,
+                       device=torch.device("cpu"))
 
 
-def _write(tables, reqs, spans, pos, plen):
+def _write(tables, reqs, spans, pos, plen, restart: bool = True):
+    """The router's per-step writes (ServeRouter.before) for requests holding slots, on rows ``spans``."""
     n = len(pos)
     slots = np.zeros(n, dtype=np.int64)
-    rows = {}
+    rslots = np.full(n, tables.requests, dtype=np.int64)
+    rows, reads = {}, {}
     for r, (a, b) in zip(reqs, spans):
-        r.feed(pos[a:b], plen[a:b], restart=True)  # the per-request path reads its own metadata
+        r.feed(pos[a:b], plen[a:b], restart=restart, tables=tables)  # the per-request path reads its own metadata
         slots[a:b] = r.slot
+        if r.rslot is not None:
+            rslots[a:b] = r.rslot
         for key, stages in r.stage_masks(pos[a:b], plen[a:b]).items():
             for k, (mask, factor) in enumerate(stages):
                 rows.setdefault(key, []).append((k, a, b, mask, factor))
-    tables.write_step(n, slots, rows)
+        for key in r.reading:
+            reads.setdefault(key, []).append(a)
+    tables.write_step(n, slots, rows, reads, rslots, pos, plen)
     return rows
 
 
@@ -182,7 +190,7 @@ def test_each_kinds_batched_row_is_its_maths(name, mode, keep):
     key = ("m", "post", "output")
     tables = SteerTables({key: d}, plans=3, rank=2, kernels=1, max_tokens=32, dtype=torch.float32,
                          device=torch.device("cpu"))
-    slot = tables.acquire("p", {key: [(kind.batched(S, o, mode), keep, None)]})
+    slot = tables.acquire("p", {"points": {key: {"stages": [(kind.batched(S, o, mode), keep, None, None)]}}})
     x = torch.randn(20, d, generator=gen) * 3
     mask = torch.rand(20, generator=gen) > 0.3
     slots = np.where(np.arange(20) < 15, slot, 0)  # the last five rows hold no plan
@@ -228,8 +236,17 @@ def test_a_full_table_says_so_and_its_buffers_never_move():
 
 
 @pytest.mark.parametrize("text,why", [
-    ("probe p {\n  at resid_pre[1]\n  read cosine(v)\n  pool prompt.mean\n}\n"
-     "intervention a {\n  at resid_post[2]\n  add 2.0 * v\n  tokens generated\n  when p > 0.1\n}\n", "gated"),
+    ("probe p {\n  at resid_pre[1]\n  read subspace_cosine(v, u, w)\n  pool prompt.mean\n}\n"
+     "intervention a {\n  at resid_post[2]\n  add 2.0 * v\n  tokens generated\n  when p > 0.1\n}\n", "basis of rank 3"),
+    ("probe p {\n  at resid_pre[1]\n  read dot(v)\n  pool token\n}\nprobe q {\n  at resid_pre[1]\n  read dot(u)\n"
+     "  pool token\n}\nprobe r {\n  at resid_pre[1]\n  read norm\n  pool token\n}\n"
+     "intervention a {\n  at resid_post[2]\n  add 2.0 * v\n  when p > 0 and q > 0 and r > 1\n}\n", "3 probes"),
+    ("probe p {\n  at resid_pre[1]\n  read dot(v)\n  pool token\n}\n"
+     "intervention a {\n  at resid_post[2]\n  add 2.0 * v\n  when p > 0 and p < 1 or p > 2 and p < 3 or p > 9\n}\n",
+     "5 comparisons"),
+    ("probe p {\n  at resid_pre[1]\n  read dot(v)\n  pool token\n}\n"
+     "intervention a {\n  at resid_post[2]\n  add 2.0 * v\n  when p > 0\n}\n"
+     "intervention b {\n  at resid_post[3]\n  ablate v, u, w\n}\n", None),
     ("intervention a {\n  at resid_post[2]\n  ablate v, u, w\n}\n", "rank 3"),
     ("intervention a {\n  at resid_post[2]\n  add 2.0 * v\n}\nintervention b {\n  at resid_post[2]\n  ablate v\n}\n"
      "intervention c {\n  at resid_post[2]\n  scale 0.5\n}\n", "3 kernels"),
@@ -239,10 +256,14 @@ def test_what_the_tables_cannot_hold_keeps_the_per_request_path(text, why):
     result = check_source(head + text, "table.steer", facts=FACTS)
     assert result.ok, result.render()
     steer = RequestSteer(result.plan, FACTS, max_tokens=16, dtype=torch.float32, device=torch.device("cpu"),
-                          tp_rank=0, tp_size=1, table_bounds=(2, 2))
+                          tp_rank=0, tp_size=1, table_bounds=Capacity(rank=2, kernels=2))
     assert steer.fns and steer.needs_metadata
     untabled = [k for k in steer.fns if k not in steer.tabled]
+    if why is None:  # an untabled hook without probes or gates leaves the gated one in the tables
+        assert len(untabled) == 1 and "rank 3" in steer.why_not[untabled[0]] and steer.tabled, steer.why_not
+        return
     assert untabled and any(why in steer.why_not[k] for k in untabled), steer.why_not
+    assert not steer.tabled or all(not steer.hooks[k]["sites"][0]["probes"] for k in steer.tabled)
 
 
 def test_a_head_kernel_is_a_row_padded_to_the_point():
@@ -269,5 +290,129 @@ def test_a_head_kernel_is_a_row_padded_to_the_point():
 def test_tableable_reads_only_data():
     hook = {"sites": [{"site": "resid_post[1]", "head": None, "probes": [], "kernels": [{"kind": "project", "gate": None, "preserve_norm": False,
                                                   "tensors": {"basis": "q"}}]}]}
-    assert tableable(hook, lambda name: (3, 16), rank=4, kernels=1) is None
-    assert "rank 3" in tableable(hook, lambda name: (3, 16), rank=2, kernels=1)
+    assert tableable(hook, lambda name: (3, 16), Capacity(rank=4, kernels=1), []) is None
+    assert "rank 3" in tableable(hook, lambda name: (3, 16), Capacity(rank=2, kernels=1), [])
+
+
+# ------------------------------------------------------------------ gates and probes in the tables
+
+READS = {"dot": "dot(v)", "offset": "dot(v) + 0.5", "cosine": "cosine(v)", "norm": "norm",
+         "subspace": "subspace_cosine(v, u)", "projected": "projected_cosine(v, u)"}
+THRESHOLDS = {"dot": 0.0, "offset": 0.5, "cosine": 0.0, "norm": 4.0, "subspace": 0.3, "projected": 0.1}
+GATES = ["p > T", "p < T", "not p >= T", "p > T and q < 0", "p < T or q > 0", "not (p > T and q > 0) or p < -9"]
+# (probe site, intervention site): the probe's point before the kernel's, or the same point (read first)
+PLACES = [("resid_pre[1]", "resid_post[2]"), ("resid_post[1]", "resid_post[1]"), ("mlp_out[1]", "attn_out[2]")]
+
+
+def _gated(read: str, pool: str, gate: str, place: int, seed: int, body: str = "add 2.5 * v") -> RequestSteer:
+    at_probe, at = PLACES[place]
+    text = (f"steer 1\nvector v = {_vec(seed)}\nvector u = {_vec(seed + 50)}\n"
+            f"probe p {{\n  at {at_probe}\n  read {READS[read]}\n  pool {pool}\n}}\n"
+            f"probe q {{\n  at {at_probe}\n  read dot(u)\n  pool token\n}}\n"
+            f"intervention a {{\n  at {at}\n  {body}\n  tokens {'generated' if pool != 'token' else 'all'}\n"
+            f"  when {gate.replace('T', str(THRESHOLDS[read]))}\n}}\n")
+    result = check_source(text, "gated.steer", facts=FACTS)
+    assert result.ok, result.render()
+    return RequestSteer(result.plan, FACTS, max_tokens=64, dtype=torch.float32, device=torch.device("cpu"),
+                        tp_rank=0, tp_size=1, slot_id=f"{read}-{pool}-{gate}-{place}-{seed}", receipt=True)
+
+
+gated = st.builds(_gated, st.sampled_from(sorted(READS)), st.sampled_from(["token", "prompt.mean", "prompt.last"]),
+                  st.sampled_from(GATES), st.integers(0, len(PLACES) - 1), st.integers(0, 3))
+
+
+def _forward(tables, reqs, spans, n: int, gen, full: bool) -> None:
+    """One step's pass over every point in order: the tables on the whole step, each request's own function
+    on its rows; the same rows out, and rows no plan steers untouched."""
+    from steerc.targets.serve.capacity import ALL_SITES, point_hooks
+
+    for key in point_hooks(FACTS, ALL_SITES):
+        use = tables.used(key)
+        mine = [(r, a, b) for r, (a, b) in zip(reqs, spans) if key in r.fns]
+        assert (use is None) == (not mine), key
+        if use is None:
+            continue
+        x = torch.randn(n + 2, FACTS.hidden, generator=gen) * 2
+        got = tables.apply(key, x, None if full else use)
+        want = x.clone()
+        for r, a, b in mine:
+            want[a:b] = r.fns[key](x[a:b])
+        assert torch.allclose(got, want, rtol=1e-5, atol=1e-4), (key, (got - want).abs().max())
+    for r, (a, b) in zip(reqs, spans):  # and the probe values themselves, per token and pooled per request
+        for name in r.state.per_token:
+            mine = getattr(r.state, f"tok_{name}")[:b - a]
+            assert torch.allclose(tables.pv[a:b, r.probe_index[name]], mine, rtol=1e-5, atol=1e-5), name
+        for name in r.state.pooled:
+            held = tables.pheld[r.probe_index[name], r.rslot]
+            mine = getattr(r.state, f"held_{name}")[0]
+            assert torch.allclose(held, mine, rtol=1e-5, atol=1e-5, equal_nan=True), (name, held, mine)
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.tuples(gated, st.integers(2, 7)), min_size=1, max_size=4), st.booleans(),
+       st.integers(0, 2**31 - 1))
+def test_gates_and_probes_in_the_tables_give_the_per_request_values(cases, full, seed):
+    """Per-token and pooled probes of every readout, gates of every form, over three steps: the prompt in two
+    chunks (a pooled probe sums across them and decides at the prompt's last position), then one decode
+    step; the twin of a plan shares its slot and keeps a request row of its own."""
+    reqs = [c[0] for c in cases]
+    prompts = [c[1] for c in cases]
+    tables = _tables(plans=8, requests=6)
+    for r in reqs:
+        assert r.tabled and set(r.tabled) == set(r.fns), r.why_not
+        r.slot = tables.acquire(r.slot_id, r.table_rows())
+        if r.pools:
+            r.rslot = tables.take_request()
+    gen = torch.Generator().manual_seed(seed)
+    half = [p // 2 for p in prompts]
+    for lengths, starts in ((half, [0] * len(reqs)), ([p - h + 1 for p, h in zip(prompts, half)], half),
+                            ([1] * len(reqs), [p + 1 for p in prompts])):
+        pos, plen, spans = _step(lengths, prompts, starts)
+        _write(tables, reqs, spans, pos, plen, restart=starts[0] == 0)
+        _forward(tables, reqs, spans, len(pos), gen, full)
+
+
+def test_a_pooled_gate_decides_per_request_not_per_plan():
+    """Two requests of one plan share its slot; each pools its own prompt into its own request row, so the
+    gate opens for one and stays shut for the other; preempted and recomputed, a request pools afresh."""
+    a, b = (_gated("dot", "prompt.mean", "p > T", 0, 1) for _ in range(2))
+    tables = _tables(requests=2)
+    for r in (a, b):
+        r.slot = tables.acquire(r.slot_id, r.table_rows())
+        r.rslot = tables.take_request()
+    assert a.slot == b.slot and a.rslot != b.rslot
+    probe_key = next(iter(a.reading))
+    kernel_key = next(k for k in a.tabled if k not in a.reading)
+    v = torch.from_numpy(np.array(eval(_vec(1)), dtype=np.float32))  # noqa: S307 - our own literal
+
+    def step(lengths, starts, sign_a, sign_b):
+        pos, plen, spans = _step(lengths, [3, 3], starts)
+        _write(tables, [a, b], spans, pos, plen, restart=starts[0] == 0)
+        n = len(pos)
+        x = torch.zeros(n, FACTS.hidden)
+        (a0, a1), (b0, b1) = spans
+        x[a0:a1], x[b0:b1] = sign_a * v, sign_b * v
+        tables.apply(probe_key, x, tables.used(probe_key))
+        y = torch.zeros(n, FACTS.hidden)
+        return tables.apply(kernel_key, y, tables.used(kernel_key)), spans
+
+    step([3, 3], [0, 0], 1.0, -1.0)  # the prompts: a's mean reads +|v|^2, b's -|v|^2
+    out, ((a0, a1), (b0, b1)) = step([1, 1], [3, 3], -1.0, 1.0)  # decode: the held values decide, not these rows
+    assert out[a0:a1].abs().sum() > 0 and out[b0:b1].abs().sum() == 0
+    assert float(tables.pheld[0, a.rslot]) > 0 > float(tables.pheld[0, b.rslot])
+    pos, plen, spans = _step([3], [3], [0])  # a, recomputed from its first token after preemption
+    _write(tables, [a], spans, pos, plen, restart=True)
+    assert torch.isnan(tables.pheld[0, a.rslot]) and float(tables.cnt[0, a.rslot]) == 0
+
+
+def test_traced_tables_keep_the_token_count_symbolic():
+    """vLLM traces the model once at max_num_batched_tokens rows, the token count marked dynamic: nothing in the
+    tables (gates and pooled probes included) may specialise it. A per-token buffer laid out [.., token] is
+    sliced to a view whose contiguity depends on whether n is the whole buffer, a guard that pins n."""
+    key = ("m", "post", "output")
+    tables = SteerTables({key: 16}, plans=3, rank=2, kernels=2, probes=2, requests=4, hidden=16, max_tokens=32,
+                         dtype=torch.float32, device=torch.device("cpu"))
+    compiled = torch.compile(lambda x: tables.apply(key, x), fullgraph=True, backend="aot_eager")
+    x = torch.randn(32, 16)
+    torch._dynamo.mark_dynamic(x, 0)  # raises ConstraintViolationError where the trace specialises it
+    assert torch.equal(compiled(x), x), "no plan: every row as it was"

@@ -49,14 +49,17 @@ def add_arguments(cmd) -> None:
     default = Capacity()
     helps = {"plans": "distinct plans the in-graph tables hold at once", "rank": "the highest rank of a kernel "
              "they hold (an ablation of k directions is rank k, a rotation 2, a LoReFT its r)",
-             "kernels": "kernels of one plan at one site they hold"}
+             "kernels": "kernels of one plan at one site they hold",
+             "probes": "probes of one plan they hold (a probe basis' rank, too, is at most the kernel rank bound)",
+             "conditions": "comparisons in one gate they hold (a gate is a truth table of 2**N entries)"}
     for name, (flag, lo, hi) in BOUNDS.items():
         cmd.add_argument(flag, metavar="N", type=int, default=getattr(default, name), dest=f"steer_{name}",
                          help=f"{helps[name]} (default: {getattr(default, name)}; {lo} to {hi})")
-    cmd.add_argument(PER_REQUEST_FLAG, choices=("on", "off"), default="on",
-                     help="run a plan the tables cannot hold (gates, probes, past their bounds) per request through "
-                          "steer points (on, the default), or refuse it with HTTP 400 and keep no steerc op in the "
-                          "graph (off: full CUDA graphs)")
+    cmd.add_argument(PER_REQUEST_FLAG, choices=("auto", "on", "off"), default="auto",
+                     help="run a plan the tables cannot hold (past their bounds) per request through steer points, "
+                          "the tables in them too (on), or refuse it with HTTP 400 and trace the tables into the "
+                          "graph with no steerc op there (off: vLLM's own CUDA graphs, full ones included); auto, "
+                          "the default: off on CUDA, on elsewhere (no graphs to keep; the points skip idle sites)")
     cmd.add_argument("--dry-run", action="store_true", help="print the vLLM command instead of running it")
     cmd.epilog = "Options after `--` go to vLLM's server as they are."
 
@@ -119,7 +122,8 @@ def run(args) -> int:
             raise UsageError(f"--hmac-key-file: {exc}") from None
     try:
         capacity = check_capacity({name: getattr(args, f"steer_{name}") for name in BOUNDS} |
-                                  {"per_request": args.steer_per_request == "on"})
+                                  ({"per_request": args.steer_per_request == "on"}
+                                   if args.steer_per_request != "auto" else {}), cuda=has_cuda())
     except ValueError as exc:
         raise UsageError(str(exc)) from None
     argv = command(args.model, args.host, args.port, getattr(args, "passthrough", None) or [], args.hmac_key_file,

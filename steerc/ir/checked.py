@@ -107,6 +107,39 @@ def gate_probes(g) -> list[str]:
     return seen
 
 
+def gate_leaves(g) -> list:
+    """A gate's comparisons as data (``("cmp", probe, op, x)``), each occurrence once, depth first.
+
+    >>> gate_leaves(["or", [["cmp", "p", ">", 0], ["not", ["cmp", "q", "<", 1]], ["cmp", "p", "<", 2]]])
+    [['cmp', 'p', '>', 0], ['cmp', 'q', '<', 1], ['cmp', 'p', '<', 2]]
+    """
+    if g[0] == "cmp":
+        return [g]
+    return [leaf for part in ([g[1]] if g[0] == "not" else g[1]) for leaf in gate_leaves(part)]
+
+
+def gate_truth(g, bits: int) -> bool:
+    """A data gate's value when its i-th comparison (:func:`gate_leaves` order) holds where bit i of ``bits`` is
+    set: a gate as a truth table over its comparisons.
+
+    >>> [gate_truth(["and", [["cmp", "p", ">", 0], ["not", ["cmp", "q", "<", 1]]]], b) for b in range(4)]
+    [False, True, False, False]
+    """
+    def walk(node, i: int) -> tuple[bool, int]:
+        if node[0] == "cmp":
+            return bool(bits >> i & 1), i + 1
+        if node[0] == "not":
+            value, i = walk(node[1], i)
+            return not value, i
+        values = []
+        for part in node[1]:
+            value, i = walk(part, i)
+            values.append(value)
+        return (all(values) if node[0] == "and" else any(values)), i
+
+    return walk(g, 0)[0]
+
+
 # ----------------------------------------------------------------- readouts
 
 

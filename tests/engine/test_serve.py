@@ -508,6 +508,8 @@ def test_the_server_runs_compiled_and_says_what_it_steers(server, folder, compil
     assert caps["model"]["fingerprint"] == facts_from_model(hf_model(folder)).fingerprint
     assert caps["compiled"] is True and caps["sites"] == list(ALL_SITES) and caps["format"] == "steerc.serve/1"
     assert {"site:head", "op:rotate", "gate:token", "param:per-request"} <= set(caps["features"])
+    tables = caps["tables"]  # the capacity, and what is free now (asked of the workers)
+    assert tables["plans"] == 32 and isinstance(tables["free"], int) and 0 <= tables["free"] <= tables["plans"]
     fields = request_fields(compiled["a"][1], server=server.base + "/v1")
     code, reply = completion(server, [1, 2, 3], fields, new=2)
     assert code == 200, reply

@@ -124,11 +124,13 @@ def served_sites(vllm_config) -> tuple[str, ...]:
 
 def served_capacity(vllm_config):
     """A serve-mode engine's plan tables (:class:`~steerc.targets.serve.capacity.Capacity`, from its steerc
-    config's ``plans``, ``rank``, ``kernels`` and ``per_request``)."""
+    config's ``plans``, ``rank``, ``kernels``, ``probes``, ``conditions`` and ``per_request``; without
+    ``per_request``, off on a CUDA engine and on elsewhere)."""
     extra = getattr(vllm_config, "additional_config", None) or {}
     cfg = (extra.get(CONFIG_KEY) if isinstance(extra, dict) else None) or {}
+    device = getattr(getattr(vllm_config, "device_config", None), "device_type", None)
     try:
-        return check_capacity(cfg)
+        return check_capacity(cfg, cuda=device == "cuda")
     except ValueError as exc:
         raise EngineError(f"additional_config.{CONFIG_KEY}: {exc}") from None
 

@@ -190,12 +190,26 @@ class SteercAdmission:
                            pp_size=int(config.parallel_config.pipeline_parallel_size),
                            prefix_caching=prefix_caching, signed_only=self._key is not None,
                            max_num_seqs=int(config.scheduler_config.max_num_seqs), capacity=self._capacity)
+        doc["tables"]["free"] = await _free_slots(getattr(getattr(scope.get("app"), "state", None), "engine_client",
+                                                          None))
         await _json(send, 200, doc, body=scope.get("method") == "GET")
 
     def _artifact_store(self):
         if self._store is None:
             self._store = ArtifactStore()
         return self._store
+
+
+async def _free_slots(client) -> int | None:
+    """How many plan slots the workers' tables have free now (the fewest over the workers; a slot a finished
+    request held is freed at the next step), asked over ``collective_rpc``; None when they cannot answer."""
+    import asyncio
+
+    try:
+        statuses = await asyncio.wait_for(client.collective_rpc("steerc_requests"), timeout=5)
+        return min(int(s["tables"]["free"]) for s in statuses)
+    except Exception:  # noqa: BLE001 - an answer without the count beats no answer
+        return None
 
 
 def _with_receipt(send, rid: str, *, stream: bool):

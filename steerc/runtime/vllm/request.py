@@ -4,9 +4,10 @@
 target's machinery (:mod:`steerc.runtime.vllm.steer`: the same kernels,
 probes and gates), cut to this worker's share (:mod:`.parallel`: its
 tensor-parallel rank, its pipeline stage). A hook whose kernels the plan
-tables hold (:func:`~.tables.tableable`: no probe, no gate, within the boot's
-rank and kernel bounds) is written into a plan slot (:mod:`.tables`) and runs
-in the graph with every other plan; the rest run per request. The router (:mod:`.router`) decides which rows each request
+tables hold (:func:`~steerc.targets.serve.capacity.table_refusals`: within
+the boot's bounds; a plan's probes and gates all or none) is written into a
+plan slot (:mod:`.tables`) and runs in the graph with every other plan; the
+rest run per request. The router (:mod:`.router`) decides which rows each request
 owns in a step; this module holds only what one request needs.
 """
 
@@ -19,7 +20,8 @@ from steerc.runtime import kernels as S
 from steerc.runtime.vllm.parallel import check_gates_on_stage, layer_path, localise, owns
 from steerc.runtime.vllm.receipt import Receipt
 from steerc.runtime.vllm.steer import SteerState, operands, site_function
-from steerc.runtime.vllm.tables import DEFAULT, stage_masks, tableable
+from steerc.runtime.vllm.tables import DEFAULT, POOLS, gate_row, probe_row, stage_masks
+from steerc.targets.serve.capacity import Capacity, table_refusals
 from steerc.targets.vllm.program import build, prefix_cache_safe
 
 
@@ -33,7 +35,7 @@ class RequestSteer:
 
     def __init__(self, plan, facts, *, max_tokens: int, dtype, device, tp_rank: int, tp_size: int,
                  slot_id: str = "", receipt: bool = False, model=None, built: tuple[dict, dict] | None = None,
-                 table_bounds: tuple[int, int] | None = (DEFAULT.rank, DEFAULT.kernels)):
+                 table_bounds: Capacity | None = DEFAULT):
         boot, tensors = built if built is not None else build(plan, facts)
         self.cacheable = prefix_cache_safe(boot)  # may it reuse KV that other requests computed?
         # Pipeline stages: this worker's hooks only (model None: every hook, as in the tests without an engine).
@@ -52,12 +54,18 @@ class RequestSteer:
         self.receipt_here = probes[0] if probes else here(f"{root}.0")
         self.receipt_split = not all(probes)
         receipt = receipt and self.receipt_here
-        # Which hooks the plan tables hold (table_bounds: the boot's (rank, kernels); None: no tables).
-        self.why_not = {key: ("this server has no plan tables" if table_bounds is None else
-                              tableable(local, lambda name: np.shape(tensors[name]), *table_bounds))
-                        for key, local in hooks.items()}
+        # Which hooks the plan tables hold (table_bounds: the boot's capacity; None: no tables).
+        if table_bounds is None:
+            self.why_not = {key: "this server has no plan tables" for key in hooks}
+        else:
+            self.why_not = table_refusals(hooks, lambda name: np.shape(tensors[name]), table_bounds, boot)
         self.hooks = hooks
         self.tabled = {key for key, why in self.why_not.items() if why is None}
+        self.probe_index = {p["name"]: q for q, p in enumerate(boot["probes"])}
+        tabled_probes = [p for key in self.tabled for site in hooks[key]["sites"] for p in site["probes"]]
+        self.reading = sorted(key for key in self.tabled if any(site["probes"] for site in hooks[key]["sites"]))
+        self.pools = any(p["pool"] != "token" for p in tabled_probes)  # needs a request row in the tables
+        self.rslot: int | None = None
         # Only tabled kernels and no receipt: nothing reads this request's own step metadata.
         self.needs_metadata = receipt or len(self.tabled) < len(hooks)
         self.state = SteerState(boot, tensors, max_tokens=max_tokens if self.needs_metadata else 1, max_slots=1,
@@ -68,25 +76,58 @@ class RequestSteer:
         self.receipt: Receipt | None = None
 
     def table_rows(self) -> dict:
-        """Each tabled hook's stages as plan-table rows, [(row, keep, local columns or None)] in the plan's
-        order: each kernel in its kind's batched form, from the operands the per-request path reads (this
-        request's own buffers, its params bound)."""
-        out = {}
+        """The plan as plan-table rows (:meth:`steerc.runtime.vllm.tables.SteerTables.acquire`), from the
+        operands the per-request path reads (this request's own buffers, its params bound): per tabled hook
+        its stages, [(row, keep, local columns or None, gate row or None)] in the plan's order, each kernel
+        in its kind's batched form, and the probes it reads; and each probe's row, by its index."""
+        state, gates = self.state, self.state.boot["gates"]
+        thresholds = state.buffer("gates.thresholds").float().cpu()
+        probes: list = [None] * len(self.probe_index)
+        points = {}
         for key in sorted(self.tabled):
-            out[key] = [(KINDS[k["kind"]].batched(S, operands(self.state, k), k["mode"]), k["preserve_norm"],
-                         site.get("local_columns")) for site in self.hooks[key]["sites"] for k in site["kernels"]]
-        return out
+            stages, reads = [], []
+            for site in self.hooks[key]["sites"]:
+                for p in site["probes"]:
+                    q = self.probe_index[p["name"]]
+                    reads.append(q)
+                    vector = state.buffer(p["tensor"]).float().cpu() if p["tensor"] is not None else None
+                    threshold = float(state.buffer(p["threshold"])[0]) if "threshold" in p else 0.0
+                    probes[q] = dict(probe_row(p["kind"], vector, float(state.buffer(p["bias"])[0]), threshold),
+                                     pool=POOLS[p["pool"]])
+                for k in site["kernels"]:
+                    gate = gate_row(gates[k["gate"]], self.probe_index, thresholds) if k["gate"] is not None else None
+                    stages.append((KINDS[k["kind"]].batched(S, operands(state, k), k["mode"]), k["preserve_norm"],
+                                   site.get("local_columns"), gate))
+            points[key] = {"stages": stages, "probes": reads}
+        return {"points": points, "probes": probes}
+
+    def pull_probes(self, tables, a: int, b: int) -> None:
+        """Copy the values the tables hold for this request's probes (rows ``a:b`` of the step) into its own
+        state, where its receipt reads them."""
+        if not self.reading:
+            return
+        for name in self.state.per_token:
+            getattr(self.state, f"tok_{name}")[:b - a].copy_(tables.pv[a:b, self.probe_index[name]])
+        for name in self.state.pooled:
+            if self.rslot is not None:
+                getattr(self.state, f"held_{name}")[0] = tables.pheld[self.probe_index[name], self.rslot]
 
     def stage_masks(self, pos, plen) -> dict:
         """Each tabled hook's per-stage (scope mask, schedule factor) over this step's rows of the request."""
         memo: dict = {}  # one answer per distinct scope and schedule, whatever the number of hooks sharing it
         return {key: stage_masks(self.state, self.hooks[key], pos, plen, memo) for key in self.tabled}
 
-    def feed(self, pos, plen, restart: bool) -> None:
-        if restart and self.started:  # recomputed from its first token (after preemption): pool afresh
+    def feed(self, pos, plen, restart: bool, tables=None) -> None:
+        """A step's rows of this request: its own metadata where something reads it; ``restart``: the step
+        starts at its first token, so a request that ran before was recomputed (after preemption) and pools
+        afresh, in its own state and in its request row of the ``tables``."""
+        if restart and self.started:
             self.state.reset_slots([0])
+            if self.rslot is not None and tables is not None:
+                tables.reset_request(self.rslot)
             if self.receipt is not None:
                 self.receipt.restart()
         self.started = True
-        n = len(pos)
-        self.state.write_metadata(pos, plen, np.zeros(n, dtype=np.int64), np.ones(n, dtype=bool))
+        if self.needs_metadata:
+            n = len(pos)
+            self.state.write_metadata(pos, plen, np.zeros(n, dtype=np.int64), np.ones(n, dtype=bool))

@@ -7,11 +7,12 @@ each step it reads each new request's plan from its
 (:func:`steerc.targets.serve.admission.admit`), builds its steering
 (:class:`~steerc.runtime.vllm.request.RequestSteer`) and hooks the modules
 its plan touches (:mod:`.points`). Plans the plan tables can hold
-(:mod:`.tables`: no probe or gate, within the boot's bounds) take a slot
-there and run inside the graph, all plans of a step in one batched pass; the
-others run per request through the steer points, each request's kernels on
-its own rows. Rows of other requests stay bit-identical. Pooled probes keep
-per-request state across chunked-prefill steps. Each step's metadata is
+(:mod:`.tables`: within the boot's bounds, gates and probes included) take a
+slot there and run inside the graph, all plans of a step in one batched
+pass; the others run per request through the steer points, each request's
+kernels on its own rows. Rows of other requests stay bit-identical. Pooled
+probes keep per-request state across chunked-prefill steps (in the tables, a
+request row each). Each step's metadata is
 written around the runner's model call, outside the forward
 (:func:`~.engine.attach_step_calls`).
 
@@ -142,10 +143,12 @@ class ServeRouter:
         self.requests: dict[str, object] = {}   # req id -> RequestSteer, None (unsteered) or _FAILED
         self.rows: dict[tuple, list] = {}
         self.hooks: dict[tuple, object] = {}
-        self.capacity = served_capacity(vllm_config)
-        self.tables = SteerTables(self._widths(model), plans=self.capacity.plans, rank=self.capacity.rank,
-                                  kernels=self.capacity.kernels, max_tokens=self.max_tokens, dtype=self.dtype,
-                                  device=self.device)
+        self.capacity = cap = served_capacity(vllm_config)
+        self.tables = SteerTables(self._widths(model), plans=cap.plans, rank=cap.rank, kernels=cap.kernels,
+                                  probes=cap.probes, conditions=cap.conditions, hidden=self.facts.hidden,
+                                  requests=int(getattr(vllm_config.scheduler_config, "max_num_seqs", 0) or
+                                               self.max_tokens),  # live requests: one request row each
+                                  max_tokens=self.max_tokens, dtype=self.dtype, device=self.device)
         model.add_module("steerc_tables", self.tables)  # its buffers are the model's: traced, fixed addresses
         self.ran: set = set()
         self.fresh: list = []
@@ -180,16 +183,16 @@ class ServeRouter:
         self.rows, self.ran, self.fresh, self.receipts = {}, set(), [], []
         live = self.view.live()
         for gone in [r for r in self.requests if r not in live]:
-            steer = self.requests.pop(gone)
-            if isinstance(steer, RequestSteer) and steer.slot:
-                self.tables.release(steer.slot_id)
+            self._release(self.requests.pop(gone))
         layout = self.view.layout()
         if layout is None:
             self.idle()
             return
         pos, plen, _ = token_metadata(layout, positions, "serve")
         slots = np.zeros(len(pos), dtype=np.int64)
+        rslots = np.full(len(pos), self.tables.requests, dtype=np.int64)
         tabled: dict[tuple, list] = {}
+        reads: dict[tuple, list] = {}
         for i, rid in enumerate(layout.req_ids):
             if rid not in self.requests:
                 self.requests[rid] = self._admit(rid)
@@ -206,18 +209,21 @@ class ServeRouter:
             if not isinstance(steer, RequestSteer):
                 continue
             a, b = int(layout.starts[i]), int(layout.starts[i + 1])
-            if steer.needs_metadata:
-                steer.feed(pos[a:b], plen[a:b], restart=bool(layout.first[i] == 0))
+            steer.feed(pos[a:b], plen[a:b], restart=bool(layout.first[i] == 0), tables=self.tables)
             if steer.receipt is not None:
-                self.receipts.append((steer, pos[a:b], plen[a:b]))
+                self.receipts.append((steer, a, b, pos[a:b], plen[a:b]))
             if steer.slot:
                 slots[a:b] = steer.slot
+                if steer.rslot is not None:
+                    rslots[a:b] = steer.rslot
                 for key, stages in steer.stage_masks(pos[a:b], plen[a:b]).items():
                     tabled.setdefault(key, []).extend((k, a, b, m, f) for k, (m, f) in enumerate(stages))
+                for key in steer.reading:
+                    reads.setdefault(key, []).append(a)
             for key in steer.fns:
                 if key not in steer.tabled:
                     self.rows.setdefault(key, []).append((steer, a, b))
-        self.tables.write_step(len(pos), slots, tabled)
+        self.tables.write_step(len(pos), slots, tabled, reads, rslots, pos, plen)
 
     def idle(self) -> None:
         """Ahead of a dummy run (profiling, warm-up, graph capture) and a step with no layout: no row is
@@ -233,7 +239,8 @@ class ServeRouter:
                        and owns(self.model, layer_path(k[0]))]
             if missing:
                 self._fail(rid, hooks_never_ran(missing, self.facts.family))
-        for steer, pos, plen in self.receipts:  # after the pass: what its kernels did, before vLLM sees it
+        for steer, a, b, pos, plen in self.receipts:  # after the pass: what its kernels did, before vLLM sees it
+            steer.pull_probes(self.tables, a, b)
             steer.receipt.record(steer.state, pos, plen)
 
     # -- requests -----------------------------------------------------------
@@ -257,7 +264,7 @@ class ServeRouter:
             kw = dict(max_tokens=self.max_tokens, dtype=self.dtype, device=self.device, tp_rank=self.tp_rank,
                       tp_size=self.tp_size, slot_id=slot_id(admitted), receipt=receipt, model=self.model,
                       built=admitted.built())
-            steer = RequestSteer(admitted.plan, self.facts, table_bounds=(cap.rank, cap.kernels), **kw)
+            steer = RequestSteer(admitted.plan, self.facts, table_bounds=cap, **kw)
             if steer.tabled and not self._take_slot(steer):
                 steer = RequestSteer(admitted.plan, self.facts, table_bounds=None, **kw)  # every hook per request
             untabled = [k for k in steer.fns if k not in steer.tabled]
@@ -271,9 +278,7 @@ class ServeRouter:
                                        "gate's values; its steering is unaffected")
             return steer
         except Exception as exc:  # noqa: BLE001 - this request fails; the engine and the others go on
-            held = locals().get("steer")
-            if isinstance(held, RequestSteer) and held.slot:
-                self.tables.release(held.slot_id)
+            self._release(locals().get("steer"))
             self._fail(rid, str(exc), params)
             return _FAILED
 
@@ -282,8 +287,11 @@ class ServeRouter:
         per-request path may run it instead."""
         try:
             steer.slot = self.tables.acquire(steer.slot_id, steer.table_rows())
+            if steer.pools:
+                steer.rslot = self.tables.take_request()
             return True
         except TableFull as exc:
+            self._release(steer)
             if not self.capacity.per_request:
                 raise RequestError("steerc_plan", f"{exc} (this server has no per-request path; {PLANS_FLAG} "
                                                   f"sets how many)") from None
@@ -292,16 +300,25 @@ class ServeRouter:
     def _fail(self, rid: str, message: str, params=None) -> None:
         """Fail one request closed: it is never steered, and SteercGuard ends it at its next token."""
         self.failures += 1
-        held = self.requests.get(rid)
-        if isinstance(held, RequestSteer) and held.slot:
-            self.tables.release(held.slot_id)
-            held.slot = 0
+        self._release(self.requests.get(rid))
         self.requests[rid] = _FAILED
         params = params if params is not None else self.view.sampling_params(rid)
         extra = getattr(params, "extra_args", None)
         if isinstance(extra, dict):
             extra[FAILED_KEY] = message[:500]
         log.error("steerc: request %s refused in the worker and ended: %s", rid, message)
+
+    def _release(self, steer) -> None:
+        """Give back what a request held in the tables: its plan slot (when its twins are gone too), its
+        request row."""
+        if not isinstance(steer, RequestSteer):
+            return
+        if steer.slot:
+            self.tables.release(steer.slot_id)
+            steer.slot = 0
+        if steer.rslot is not None:
+            self.tables.drop_request(steer.rslot)
+            steer.rslot = None
 
     def _hook(self, steer: RequestSteer) -> None:
         """Eager: the tables and a steer point at each module a plan needs, the first time one does. Compiled:

@@ -31,15 +31,39 @@ Sizes: the tables of one point hold ``kernels * (plans + 1) * width * (2 +
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import numpy as np
 import torch
 
+from steerc.ir.checked import gate_leaves, gate_truth
 from steerc.ir.kernels.base import JUMP, NORM_TO
 from steerc.runtime import kernels as S
 from steerc.targets.serve.capacity import Capacity, tableable
 
-__all__ = ["SteerTables", "TableFull", "stage_masks", "tableable"]
+__all__ = ["SteerTables", "TableFull", "Use", "gate_row", "probe_row", "stage_masks", "tableable"]
 DEFAULT = Capacity()
+# A probe row's readout (:func:`steerc.runtime.kernels.readout`, batched: :func:`_readout`) and pool.
+READOUTS = {"dot": 0, "cosine": 1, "norm": 2, "sae_feature": 3, "subspace_cosine": 4, "projected_cosine": 5}
+POOLS = {"token": 0, "prompt.mean": 1, "prompt.last": 2}
+OPS = {"<": 0, "<=": 1, ">": 2, ">=": 3}
+
+
+class Use(NamedTuple):
+    """What a step's plans use of the tables at one point: kernel stages, rank, ``preserve norm``, a nonlinear
+    ``g``, probes read there (pooled ones among them), gated stages."""
+
+    stages: int
+    rank: int
+    keep: bool = False
+    nonlinear: bool = False
+    probes: bool = False
+    pooled: bool = False
+    gated: bool = False
+
+    def join(self, other: "Use") -> "Use":
+        return Use(max(self.stages, other.stages), max(self.rank, other.rank),
+                   *(a or b for a, b in zip(self[2:], other[2:])))
 
 
 class TableFull(Exception):
@@ -50,9 +74,12 @@ class SteerTables(torch.nn.Module):
     """Every steer point's plan tables and this step's per-token arrays (registered buffers)."""
 
     def __init__(self, widths: dict, *, plans: int = DEFAULT.plans, rank: int = DEFAULT.rank,
-                 kernels: int = DEFAULT.kernels, max_tokens: int, dtype, device):
+                 kernels: int = DEFAULT.kernels, probes: int = DEFAULT.probes, conditions: int = DEFAULT.conditions,
+                 requests: int = 1, hidden: int | None = None, max_tokens: int, dtype, device):
         super().__init__()
         self.plans, self.rank, self.kernels, self.max_tokens = plans, rank, kernels, max_tokens
+        self.probes, self.conditions, self.requests = probes, conditions, requests
+        self.hidden = hidden if hidden is not None else max(widths.values(), default=0)
         self.dtype = dtype
         self.where: dict[tuple, tuple[int, int]] = {}  # point key -> (width, index among that width's points)
         self.widths = sorted(set(widths.values()))
@@ -81,17 +108,52 @@ class SteerTables(torch.nn.Module):
             self.register_buffer(f"mask{w}", torch.zeros(n, max_tokens, kernels, dtype=torch.bool, device=device),
                                  persistent=False)
             self.register_buffer(f"factor{w}", torch.ones(n, max_tokens, kernels, **kw), persistent=False)
-        self.register_buffer("slot", torch.zeros(max_tokens, dtype=torch.long, device=device), persistent=False)
-        self._full = _region(kernels, rank)  # what a graph runs at each point
+            if probes:  # each stage's gate: its comparisons (probe, op, threshold) and truth table
+                c = conditions
+                self.register_buffer(f"gq{w}", torch.zeros(n, kernels, rows, c, dtype=torch.long, device=device),
+                                     persistent=False)
+                self.register_buffer(f"gop{w}", torch.zeros(n, kernels, rows, c, dtype=torch.long, device=device),
+                                     persistent=False)
+                self.register_buffer(f"gthr{w}", torch.zeros(n, kernels, rows, c, **kw), persistent=False)
+                self.register_buffer(f"truth{w}", torch.ones(n, kernels, rows, 2 ** c, dtype=torch.bool,
+                                                             device=device), persistent=False)
+        long = dict(dtype=torch.long, device=device)
+        self.register_buffer("slot", torch.zeros(max_tokens, **long), persistent=False)
+        if probes:
+            # Probes: a row per (probe of a plan, slot), read at the points `reads` marks; per-token values (`pv`)
+            # and, per request row (`rslot`; row `requests` takes the others' writes), pooled state.
+            pr, h = max(rank, 1), self.hidden
+            self.register_buffer("pU", torch.zeros(probes, rows, h, pr, **kw), persistent=False)
+            self.register_buffer("poff", torch.zeros(probes, rows, **kw), persistent=False)
+            self.register_buffer("pp", torch.zeros(probes, rows, **kw), persistent=False)
+            self.register_buffer("pcode", torch.zeros(probes, rows, **long), persistent=False)
+            self.register_buffer("ppool", torch.zeros(probes, rows, **long), persistent=False)
+            self.register_buffer("reads", torch.zeros(self.counts.get(h, 0), probes, rows, dtype=torch.bool,
+                                                      device=device), persistent=False)
+            # [token, probe]: a step's rows [:n] are a contiguous view whatever n is (no guard on n in a graph)
+            self.register_buffer("pv", torch.zeros(max_tokens, probes, **kw), persistent=False)
+            self.register_buffer("pheld", torch.full((probes, requests + 1), float("nan"), **kw), persistent=False)
+            self.register_buffer("acc", torch.zeros(probes, requests + 1, h, **kw), persistent=False)
+            self.register_buffer("cnt", torch.zeros(probes, requests + 1, **kw), persistent=False)
+            self.register_buffer("rslot", torch.full((max_tokens,), requests, **long), persistent=False)
+            self.register_buffer("pos", torch.zeros(max_tokens, **long), persistent=False)
+            self.register_buffer("plen", torch.zeros(max_tokens, **long), persistent=False)
+        self.full = Use(kernels, rank, True, True, bool(probes), bool(probes), bool(probes))
+        self._full = _region(self.full)  # what a graph runs at each point
+        self._pooled_rows = lambda *tensors: _pooled(*tensors, dump=requests)  # noqa: E731 - a region is a function
+        self._probe_rows, self._pooled = _compile_region(_probe_rows), _compile_region(self._pooled_rows)
         self.held: dict[str, list] = {}  # plan id -> [slot, requests holding it]
-        self.row_use: dict[tuple, dict] = {}  # point key -> {slot: (stages, rank, keeps norm, nonlinear g)}
-        self.step_use: dict[tuple, tuple] = {}  # point key -> what this step's plans use there
+        self.row_use: dict[tuple, dict] = {}  # point key -> {slot: Use}
+        self.step_use: dict[tuple, Use] = {}  # point key -> what this step's plans use there
         self.free = list(range(1, rows))
+        self.free_requests = list(range(requests))
 
     # -------------------------------------------------------------- plans
     def acquire(self, plan_id: str, rows: dict) -> int:
-        """The slot of a plan, its rows written on first use. ``rows``: point key -> [(row, keep, columns)] in
-        order (:meth:`steerc.runtime.vllm.request.RequestSteer.table_rows`). Raises :class:`TableFull` when no slot is free."""
+        """The slot of a plan, its rows written on first use. ``rows``: ``{"points": point key -> {"stages":
+        [(row, keep, columns, gate row or None)] in order, "probes": [probe index read there]}, "probes":
+        [probe row]}`` (:meth:`steerc.runtime.vllm.request.RequestSteer.table_rows`). Raises
+        :class:`TableFull` when no slot is free."""
         held = self.held.get(plan_id)
         if held is not None:
             held[1] += 1
@@ -100,8 +162,11 @@ class SteerTables(torch.nn.Module):
             raise TableFull(f"all {self.plans} plan slots hold live plans")
         slot = self.free.pop(0)
         self.held[plan_id] = [slot, 1]
-        for key, stages in rows.items():
-            self._write(key, slot, stages)
+        for q, row in enumerate(rows.get("probes", ())):
+            self._write_probe(q, slot, row)
+        pooled = {q for q, row in enumerate(rows.get("probes", ())) if row["pool"]}
+        for key, point in rows["points"].items():
+            self._write(key, slot, point["stages"], point.get("probes", ()), pooled)
         return slot
 
     def release(self, plan_id: str) -> None:
@@ -116,14 +181,32 @@ class SteerTables(torch.nn.Module):
             self.free.sort()
 
     @torch.no_grad()
-    def _write(self, key, slot: int, stages: list) -> None:
+    def _write_probe(self, q: int, slot: int, row: dict) -> None:
+        r = row["U"].shape[1]
+        self.pU[q, slot, :, :r] = row["U"]
+        self.poff[q, slot], self.pp[q, slot] = row["off"], row["p"]
+        self.pcode[q, slot], self.ppool[q, slot] = row["code"], row["pool"]
+
+    @torch.no_grad()
+    def _write(self, key, slot: int, stages: list, probes=(), pooled=frozenset()) -> None:
         w, j = self.where[key]
-        self._buf("member", w)[j, slot] = True
-        ranks = [row["A"].shape[1] for row, _, _ in stages if "A" in row]
-        self.row_use.setdefault(key, {})[slot] = (len(stages), max(ranks, default=0),
-                                                  any(keep for _, keep, _ in stages),
-                                                  any(int(row.get("code", 0)) for row, _, _ in stages))
-        for k, (row, keep, cols) in enumerate(stages):
+        if stages:
+            self._buf("member", w)[j, slot] = True
+        for q in probes:
+            self.reads[j, q, slot] = True
+        ranks = [row["A"].shape[1] for row, _, _, _ in stages if "A" in row]
+        self.row_use.setdefault(key, {})[slot] = Use(
+            len(stages), max(ranks, default=0), any(keep for _, keep, _, _ in stages),
+            any(int(row.get("code", 0)) for row, _, _, _ in stages), bool(probes),
+            any(q in pooled for q in probes), any(gate is not None for _, _, _, gate in stages))
+        for k, (row, keep, cols, gate) in enumerate(stages):
+            if gate is not None:
+                c = len(gate["q"])
+                self._buf("gq", w)[j, k, slot, :c] = torch.tensor(gate["q"])
+                self._buf("gop", w)[j, k, slot, :c] = torch.tensor(gate["op"])
+                self._buf("gthr", w)[j, k, slot, :c] = torch.tensor(gate["threshold"])
+                self._buf("truth", w)[j, k, slot] = torch.tensor(
+                    [gate_truth(gate["gate"], bits) for bits in range(2 ** self.conditions)])
             a, b = cols if cols else (0, w)
             self._buf("scale", w)[j, k, slot, a:b] = _as(row.get("scale", 1.0), b - a)
             self._buf("bias", w)[j, k, slot, a:b] = _as(row.get("bias", 0.0), b - a)
@@ -147,6 +230,35 @@ class SteerTables(torch.nn.Module):
             self._buf("member", w)[:, slot] = False
             for name in ("bias", "A", "a0", "B", "code", "p", "keep"):
                 self._buf(name, w)[:, :, slot] = 0
+            if self.probes:
+                for name in ("gq", "gop", "gthr"):
+                    self._buf(name, w)[:, :, slot] = 0
+                self._buf("truth", w)[:, :, slot] = True
+        if self.probes:
+            self.reads[:, :, slot] = False
+            for name in ("pU", "poff", "pp", "pcode", "ppool"):
+                getattr(self, name)[:, slot] = 0
+
+    # -------------------------------------------------------------- requests (pooled probes)
+    def take_request(self) -> int:
+        """A request row for a request whose plan pools a probe, its state fresh (NaN: not decided)."""
+        if not self.free_requests:
+            raise TableFull(f"all {self.requests} request rows hold live requests")
+        r = self.free_requests.pop(0)
+        self.reset_request(r)
+        return r
+
+    def drop_request(self, r: int) -> None:
+        if r not in self.free_requests:
+            self.free_requests.append(r)
+            self.free_requests.sort()
+
+    @torch.no_grad()
+    def reset_request(self, r: int) -> None:
+        """Forget a request row's pooled state (a new request, or one recomputed after preemption)."""
+        self.pheld[:, r] = float("nan")
+        self.acc[:, r] = 0
+        self.cnt[:, r] = 0
 
     def _buf(self, name: str, w: int):
         return getattr(self, f"{name}{w}")
@@ -156,18 +268,31 @@ class SteerTables(torch.nn.Module):
 
     # -------------------------------------------------------------- steps
     @torch.no_grad()
-    def write_step(self, n: int, slots: np.ndarray, rows: dict) -> None:
+    def write_step(self, n: int, slots: np.ndarray, rows: dict, reads: dict | None = None, rslots=None, pos=None,
+                   plen=None) -> None:
         """This step's per-token arrays: ``slots`` ([n]) each token's plan slot, ``rows`` point key ->
-        [(stage, a, b, mask over a:b, factor over a:b or None)]."""
+        [(stage, a, b, mask over a:b, factor over a:b or None)], ``reads`` point key -> [a] (the first row of
+        each request of a plan reading a probe there, no kernel); for pooled probes ``rslots`` ([n]) each
+        token's request row, ``pos`` and ``plen`` its position and prompt length."""
         if n > self.max_tokens:
             raise ValueError(f"{n} tokens in one step is over the {self.max_tokens} steerc was sized for")
         self.slot[:n].copy_(torch.from_numpy(np.asarray(slots, dtype=np.int64)), non_blocking=True)
         self.slot[n:].fill_(0)
         self.step_use = {}
-        for key, items in rows.items():
-            uses = [self.row_use[key][int(slots[a])] for _, a, _, _, _ in items]
-            self.step_use[key] = (max(u[0] for u in uses), max(u[1] for u in uses), any(u[2] for u in uses),
-                                  any(u[3] for u in uses))
+        for key, starts in [(key, [a for _, a, _, _, _ in items]) for key, items in rows.items()] + \
+                list((reads or {}).items()):
+            for a in starts:
+                use = self.row_use[key][int(slots[a])]
+                old = self.step_use.get(key)
+                self.step_use[key] = use if old is None else old.join(use)
+        if self.probes:
+            for name, values, fill in (("rslot", rslots, self.requests), ("pos", pos, 0), ("plen", plen, 0)):
+                buf = getattr(self, name)
+                if values is None:
+                    buf[:n].fill_(fill)
+                else:
+                    buf[:n].copy_(torch.from_numpy(np.asarray(values, dtype=np.int64)), non_blocking=True)
+                buf[n:].fill_(fill)
         for w in self.widths:
             count = self.counts[w]
             mask = np.zeros((count, n, self.kernels), dtype=bool)
@@ -185,19 +310,19 @@ class SteerTables(torch.nn.Module):
             self._buf("factor", w)[:, :n].copy_(torch.from_numpy(factor), non_blocking=True)
 
     # ------------------------------------------------------- applying them
-    def used(self, key) -> tuple | None:
-        """What this step's plans use of the tables at point ``key`` (None: no tabled plan steers there):
-        ``(stages, rank, keeps norm, a nonlinear g)``, known on the host from the rows they wrote."""
+    def used(self, key) -> Use | None:
+        """What this step's plans use of the tables at point ``key`` (None: no tabled plan steers or reads a
+        probe there), known on the host from the rows they wrote."""
         return self.step_use.get(key)
 
-    def apply(self, key, x, use: tuple | None = None):
+    def apply(self, key, x, use: Use | None = None):
         """Every plan's kernels at point ``key`` on ``x`` ([tokens, width], the model's dtype): a new tensor.
 
         ``use`` (:meth:`used`) trims the work to what this step's plans use (the steer point's body, in
         Python, knows it); None runs every stage at the full rank (traced into a graph, which must serve any
         step)."""
         w, j = self.where[key]
-        out, member = self._stages(w, j, x.to(self.dtype), x.shape[0], use)
+        out, member = self._stages(w, j, x.to(self.dtype), x.shape[0], use or self.full)
         return torch.where(member.unsqueeze(-1), out.to(x.dtype), x)
 
     def apply_pair(self, key, hidden, residual, use: tuple | None = None):
@@ -205,24 +330,75 @@ class SteerTables(torch.nn.Module):
         sum, 0), as on the per-request path; the others stay as they are."""
         w, j = self.where[key]
         total = hidden.to(self.dtype) + residual.to(self.dtype)
-        out, member = self._stages(w, j, total, hidden.shape[0], use)
+        out, member = self._stages(w, j, total, hidden.shape[0], use or self.full)
         rows = member.unsqueeze(-1)
         return torch.where(rows, out.to(hidden.dtype), hidden), torch.where(rows, torch.zeros_like(residual), residual)
 
-    def _stages(self, w: int, j: int, x, n: int, use):
+    def _stages(self, w: int, j: int, x, n: int, use: Use):
+        slot = self.slot[:n]
+        if use.probes and w == self.hidden:
+            self._read_probes(j, x, slot, n, use)
         b = [self._buf(name, w)[j] for name in ("scale", "bias", "A", "a0", "B", "code", "p", "keep")]
-        tensors = (x, self.slot[:n], self._buf("mask", w)[j, :n], self._buf("factor", w)[j, :n],
-                   self._buf("member", w)[j], *b)
-        if use is None:
+        tensors = [x, slot, self._buf("mask", w)[j, :n], self._buf("factor", w)[j, :n], self._buf("member", w)[j],
+                   *b]
+        if use.gated:  # every probe's value for every row: per token, or its request's pooled value
+            values = torch.where(self.ppool[:, slot].T != 0, self.pheld[:, self.rslot[:n]].T, self.pv[:n])
+            tensors += [values, *(self._buf(name, w)[j] for name in ("gq", "gop", "gthr", "truth"))]
+        if use == self.full:
             return self._full(*tensors)
-        stages, rank, keep, nonlinear = use
-        return _stages(*tensors, stages=stages, rank=rank, keep=keep, nonlinear=nonlinear)
+        return _stages(*tensors, use=use)
+
+    def _read_probes(self, j: int, x, slot, n: int, use: Use) -> None:
+        """Every probe the rows' plans read at this point, in place: a per-token probe's values into ``pv``; a
+        pooled one's prompt sum into its request row, and its value, once the prompt's last position passes,
+        into ``pheld`` (as :meth:`steerc.runtime.vllm.steer.SteerState.record_probe`, per request row). The
+        readouts are pure functions (one nested compile region each, traced); here only the few writes."""
+        traced = use == self.full
+        rows = (self.ppool, self.pU, self.poff, self.pp, self.pcode)
+        pos, plen, rslot = self.pos[:n], self.plen[:n], self.rslot[:n]
+        values, weights = (self._probe_rows if traced else _probe_rows)(x, slot, self.reads[j], *rows, pos, plen,
+                                                                         self.pv[:n])
+        self.pv[:n].copy_(values)
+        if not use.pooled:
+            return
+        q, r = self.probes, self.requests + 1
+        index = (torch.arange(q, device=x.device).unsqueeze(1) * r + rslot).reshape(-1)  # [q * n] into [q * r]
+        self.acc.view(q * r, -1).index_add_(0, index, (weights.T.unsqueeze(-1) * x).reshape(q * n, -1))
+        self.cnt.view(-1).index_add_(0, index, weights.T.reshape(-1))
+        held, target = (self._pooled if traced else self._pooled_rows)(x, slot, *rows, self.acc[:, rslot],
+                                                                       self.cnt[:, rslot], weights, pos, plen, rslot)
+        self.pheld.scatter_(1, target, held)
 
 
-def _stages(x, slot, masks, factors, member, scale, bias, A, a0, B, code, p, keeps, *, stages: int, rank: int,
-            keep: bool, nonlinear: bool):
-    """The tables' maths at one point: ``stages`` stages, coefficients up to ``rank``, ``preserve norm`` and
-    the nonlinear ``g`` only where asked (the host knows what a step uses; a graph asks for everything)."""
+def _probe_rows(x, slot, reads, ppool, pU, poff, pp, pcode, pos, plen, pv):
+    """Every probe's per-token value where a row's plan reads it here (``pv`` elsewhere), and each row's weight
+    in its request's prompt sum of each pooled probe read here: ([n, probes], [n, probes])."""
+    read, pool = reads[:, slot].T, ppool[:, slot].T
+    values = torch.stack([_readout(x, pU[q][slot], poff[q][slot], pp[q][slot], pcode[q][slot])
+                          for q in range(pU.shape[0])], 1)
+    weights = (read & (pool != 0) & (pos < plen).unsqueeze(1)).to(x.dtype)
+    return torch.where(read & (pool == 0), values, pv), weights
+
+
+def _pooled(x, slot, ppool, pU, poff, pp, pcode, acc, cnt, weights, pos, plen, rslot, *, dump: int):
+    """Each pooled probe's value per row from its request's prompt sum so far (``acc``, ``cnt``: [probes, n, ..]
+    gathered by request row; the mean's readout for ``prompt.mean``, the row's own for ``prompt.last``), and
+    where it goes: its request row at the prompt's last position, row ``dump`` elsewhere ([probes, n] each)."""
+    held = []
+    for q in range(pU.shape[0]):
+        mean = acc[q] / cnt[q].clamp_min(1.0).unsqueeze(-1)
+        pooled = torch.where((ppool[q][slot] == 1).unsqueeze(-1), mean, x)
+        held.append(_readout(pooled, pU[q][slot], poff[q][slot], pp[q][slot], pcode[q][slot]))
+    last = (weights > 0) & (pos == plen - 1).unsqueeze(1)
+    return torch.stack(held), torch.where(last, rslot.unsqueeze(1), torch.full_like(last, dump, dtype=rslot.dtype)).T
+
+
+def _stages(x, slot, masks, factors, member, scale, bias, A, a0, B, code, p, keeps, values=None, gq=None, gop=None,
+            gthr=None, truth=None, *, use: Use):
+    """The tables' maths at one point: ``use.stages`` stages, coefficients up to ``use.rank``, ``preserve norm``,
+    the nonlinear ``g`` and gates only where asked (the host knows what a step uses; a graph asks for
+    everything). ``values``: [n, probes] each row's probe values, for the gates."""
+    stages, rank, keep, nonlinear = use.stages, use.rank, use.keep, use.nonlinear
     for k in range(stages):
         new = x * scale[k][slot] + factors[:, k].unsqueeze(-1) * bias[k][slot]
         if rank:
@@ -232,18 +408,81 @@ def _stages(x, slot, masks, factors, member, scale, bias, A, a0, B, code, p, kee
             new = new + (c.unsqueeze(-1) * B[k, :, :rank][slot]).sum(1)
         if keep:
             new = torch.where(keeps[k][slot].unsqueeze(-1), S.preserve_norm(x, new), new)
-        x = torch.where(masks[:, k].unsqueeze(-1), new, x)
+        mask = masks[:, k]
+        if use.gated:
+            mask = mask & _gate(values, gq[k][slot], gop[k][slot], gthr[k][slot], truth[k][slot])
+        x = torch.where(mask.unsqueeze(-1), new, x)
     return x, member[slot]  # member: the rows of plans that steer at this point
 
 
-def _region(stages: int, rank: int):
-    """The tables' full maths as one nested compile region: compiled once, called at every point of a graph
-    (without it, compile time grows with every provisioned point). Made before tracing, never during."""
-    def run(*tensors):
-        return _stages(*tensors, stages=stages, rank=rank, keep=True, nonlinear=True)
+def _gate(values, q, op, threshold, truth):
+    """Each row's gate: its comparisons (probe ``q``, ``op``, ``threshold``, [n, c]) on the probe values
+    ([n, probes]; NaN, a pooled probe not decided yet, compares false as in
+    :func:`steerc.runtime.kernels.compare`), then the truth table ([n, 2 ** c]) at the bits they make."""
+    v = values.gather(1, q)
+    held = torch.where(op == 0, v < threshold, torch.where(op == 1, v <= threshold,
+                       torch.where(op == 2, v > threshold, v >= threshold))) & ~torch.isnan(v)
+    weights = torch.pow(2, torch.arange(q.shape[1], device=q.device))
+    return truth.gather(1, (held.long() * weights).sum(1, keepdim=True)).squeeze(1)
 
+
+def _readout(x, U, off, p, code):
+    """Every row's probe value, each by its own readout (:func:`steerc.runtime.kernels.readout`, batched):
+    ``c = x @ U`` ([n, r]); dot ``c0 + off``; cosine ``c0 / (|x| p)`` (``p`` = ``|v|``); norm ``|x|``; SAE
+    feature ``relu(c0 + off) [c0 + off > p]``; subspace / projected cosine ``cos(x, Pₕ)`` with ``Pₕ = c Uᵀ``
+    (``tanh`` of it for projected)."""
+    c = (x.unsqueeze(-1) * U).sum(1)
+    norm = x.norm(dim=-1)
+    pre = c[:, 0] + off
+    cosine = c[:, 0] / (norm * p).clamp_min(1e-30)
+    sae = torch.relu(pre) * (pre > p).to(pre.dtype)
+    ph = (c.unsqueeze(1) * U).sum(-1)
+    ph = torch.where((code == READOUTS["projected_cosine"]).unsqueeze(-1), torch.tanh(ph), ph)
+    subspace = (x * ph).sum(-1) / (norm * ph.norm(dim=-1)).clamp_min(1e-30)
+    return torch.where(code == 0, pre, torch.where(code == 1, cosine, torch.where(
+        code == 2, norm, torch.where(code == 3, sae, subspace))))
+
+
+def probe_row(kind: str, vector, bias: float, threshold: float) -> dict:
+    """A probe as a table row for :func:`_readout` (``vector``: the probe's tensor as
+    :func:`~steerc.runtime.kernels.readout` takes it, None for ``norm``)."""
+    row = {"code": READOUTS[kind], "off": float(bias), "p": 0.0}
+    if kind == "norm":
+        row["U"] = torch.zeros(1, 1)
+    elif kind in ("dot", "cosine"):
+        row["U"] = vector.reshape(-1, 1)
+        row["p"] = float(vector.norm()) if kind == "cosine" else 0.0
+    elif kind == "sae_feature":
+        row["U"] = vector[0].reshape(-1, 1)
+        row["off"], row["p"] = float(bias) - float(vector[1] @ vector[0]), float(threshold)
+    else:
+        row["U"] = vector.T
+    return row
+
+
+def gate_row(gate, probes: dict, thresholds) -> dict:
+    """A data gate (``("cmp", probe, op, threshold index)`` leaves: a vLLM boot gate) as a table row: its
+    comparisons' probe indices (``probes``: name -> index), ops and thresholds (from ``thresholds``), and
+    the gate, whose truth table (:func:`steerc.ir.checked.gate_truth`) the tables write at their size."""
+    leaves = gate_leaves(gate)
+    return {"q": [probes[leaf[1]] for leaf in leaves], "op": [OPS.get(leaf[2], 3) for leaf in leaves],
+            "threshold": [float(thresholds[leaf[3]]) for leaf in leaves], "gate": gate}
+
+
+def _region(use: Use):
+    """The tables' full maths as one nested compile region (:func:`_compile_region`)."""
+    def run(*tensors):
+        return _stages(*tensors, use=use)
+
+    return _compile_region(run)
+
+
+def _compile_region(fn):
+    """``fn`` as a nested compile region: compiled once, called at every point of a graph (without it, compile
+    time grows with every provisioned point: the tables' maths inlined at 121 points took minutes). A region
+    must be pure, so the tables' writes stay outside. Made before tracing, never during."""
     region = getattr(getattr(torch, "compiler", None), "nested_compile_region", None)
-    return region(run) if region is not None else run
+    return region(fn) if region is not None else fn
 
 
 def _g(c, code, p):

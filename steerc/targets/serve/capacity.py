@@ -81,29 +81,39 @@ def point_hooks(facts, sites: tuple[str, ...]) -> list[tuple[str, str, str]]:
 
 
 # The plan tables a serve-mode engine provisions at boot (steerc.runtime.vllm.tables), and their flags.
-PLANS_FLAG, RANK_FLAG, KERNELS_FLAG, PER_REQUEST_FLAG = (
-    "--max-steer-plans", "--max-steer-rank", "--max-steer-kernels", "--steer-per-request")
-BOUNDS = {"plans": (PLANS_FLAG, 1, 4096), "rank": (RANK_FLAG, 0, 256), "kernels": (KERNELS_FLAG, 1, 16)}
+PLANS_FLAG, RANK_FLAG, KERNELS_FLAG, PROBES_FLAG, CONDITIONS_FLAG, PER_REQUEST_FLAG = (
+    "--max-steer-plans", "--max-steer-rank", "--max-steer-kernels", "--max-steer-probes", "--max-steer-conditions",
+    "--steer-per-request")
+BOUNDS = {"plans": (PLANS_FLAG, 1, 4096), "rank": (RANK_FLAG, 0, 256), "kernels": (KERNELS_FLAG, 1, 16),
+          "probes": (PROBES_FLAG, 0, 16), "conditions": (CONDITIONS_FLAG, 1, 8)}
 
 
 @frozen
 class Capacity:
     """A server's plan tables: ``plans`` slots (distinct live plans in the graph at once), kernels of rank at
-    most ``rank``, at most ``kernels`` kernels of a plan at one steer point; ``per_request``: whether a plan the
-    tables cannot hold runs on the per-request path (steer points in the graph) or is refused."""
+    most ``rank``, at most ``kernels`` kernels of a plan at one steer point, at most ``probes`` probes per plan
+    (a probe's basis, too, of rank at most ``rank``) and at most ``conditions`` comparisons in one gate (a gate
+    is a truth table over its comparisons: ``2 ** conditions`` entries); ``per_request``: whether a plan the
+    tables cannot hold runs on the per-request path (steer points in the graph) or is refused. A server's
+    config may leave it out: :func:`check_capacity` then takes it off on CUDA (no steerc op in the graph, vLLM's
+    own full CUDA graphs) and on elsewhere (no graphs to keep, and the steer points skip idle sites)."""
 
     plans: int = 32
     rank: int = 4
     kernels: int = 2
+    probes: int = 2
+    conditions: int = 4
     per_request: bool = True
 
     def to_json(self) -> dict:
-        return {"plans": self.plans, "rank": self.rank, "kernels": self.kernels, "per_request": self.per_request}
+        return {"plans": self.plans, "rank": self.rank, "kernels": self.kernels, "probes": self.probes,
+                "conditions": self.conditions, "per_request": self.per_request}
 
 
-def check_capacity(cfg: dict) -> Capacity:
-    """The capacity of a server's steerc config (``plans``, ``rank``, ``kernels``, ``per_request``; defaults
-    where absent); ValueError naming the key when malformed."""
+def check_capacity(cfg: dict, cuda: bool = False) -> Capacity:
+    """The capacity of a server's steerc config (``plans``, ``rank``, ``kernels``, ``probes``, ``conditions``,
+    ``per_request``; defaults where absent, ``per_request`` off on ``cuda``); ValueError naming the key when
+    malformed."""
     values = {}
     for name, (flag, lo, hi) in BOUNDS.items():
         value = cfg.get(name)
@@ -112,39 +122,73 @@ def check_capacity(cfg: dict) -> Capacity:
         if isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= hi:
             raise ValueError(f"`{name}` ({flag}) must be an integer from {lo} to {hi}, got {value!r}")
         values[name] = value
-    per_request = cfg.get("per_request", True)
+    per_request = cfg.get("per_request", not cuda)
     if not isinstance(per_request, bool):
         raise ValueError(f"`per_request` ({PER_REQUEST_FLAG}) must be true or false, got {per_request!r}")
     return Capacity(**values, per_request=per_request)
 
 
-def tableable(hook: dict, shapes, rank: int, kernels: int) -> str | None:
+def tableable(hook: dict, shapes, capacity: Capacity, gates: list) -> str | None:
     """Why the plan tables cannot hold a hook of a built plan (None: they can), naming the flag that would.
 
-    ``shapes(name)``: a plan tensor's shape. Probes, gates and kinds without a batched form
-    (:attr:`steerc.ir.kernels.base.Kind.batched`) run per request; a kernel's rank and the number of
-    kernels at one point are bounded by the boot's ``rank`` and ``kernels``."""
+    ``shapes(name)``: a plan tensor's shape; ``gates``: the plan's boot gates. Kinds without a batched form
+    (:attr:`steerc.ir.kernels.base.Kind.batched`) run per request; a kernel's (and a probe basis') rank, the
+    number of kernels at one point and of comparisons in one gate are bounded by the boot's ``capacity``. A
+    probe is read before the point's kernels, so one after a kernel of the same point, or on one head's
+    columns, runs per request. The probes per plan are bounded by :func:`table_refusals`, which sees the plan."""
+    from steerc.ir.checked import gate_leaves
     from steerc.ir.kernels import KINDS
 
     count = 0
     for site in hook["sites"]:
-        if site["probes"]:
-            return f"it reads a probe at {site['site']} (probes run per request: {PER_REQUEST_FLAG} on)"
+        for probe in site["probes"]:
+            if count:
+                return f"it reads a probe at {site['site']} after a kernel at the same steer point ({PER_REQUEST_FLAG} on)"
+            if site.get("head") is not None or site.get("local_columns"):
+                return f"it reads a probe on one head's columns at {site['site']} ({PER_REQUEST_FLAG} on)"
+            shape = tuple(shapes(probe["tensor"])) if probe.get("tensor") else ()
+            r = shape[0] if len(shape) == 2 and probe["kind"] != "sae_feature" else 1
+            if r > max(capacity.rank, 1):
+                return f"a probe basis of rank {r} at {site['site']}, over the tables' {capacity.rank} ({RANK_FLAG} {r})"
         for k in site["kernels"]:
             kind = KINDS[k["kind"]]
             if kind.batched is None:
                 return f"{k['kind']} has no batched form ({PER_REQUEST_FLAG} on)"
-            if k["gate"] is not None:
-                return f"its kernel at {site['site']} is gated (gates run per request: {PER_REQUEST_FLAG} on)"
             if k["preserve_norm"] and site.get("head") is not None:
                 return f"it keeps the norm of one head's columns at {site['site']} ({PER_REQUEST_FLAG} on)"
             r = kind.rank({role: tuple(shapes(name)) for role, name in k["tensors"].items() if role != "schedule"})
-            if r > rank:
-                return f"a kernel of rank {r} at {site['site']}, over the tables' {rank} ({RANK_FLAG} {r})"
+            if r > capacity.rank:
+                return f"a kernel of rank {r} at {site['site']}, over the tables' {capacity.rank} ({RANK_FLAG} {r})"
+            if k["gate"] is not None and capacity.probes == 0:
+                return f"its kernel at {site['site']} is gated, and the tables hold no probes ({PROBES_FLAG} 1)"
+            leaves = len(gate_leaves(gates[k["gate"]])) if k["gate"] is not None else 0
+            if leaves > capacity.conditions:
+                return (f"a gate of {leaves} comparisons at {site['site']}, over the tables' {capacity.conditions} "
+                        f"({CONDITIONS_FLAG} {leaves})")
             count += 1
-    if count > kernels:
-        return f"{count} kernels at one steer point, over the tables' {kernels} ({KERNELS_FLAG} {count})"
+    if count > capacity.kernels:
+        return f"{count} kernels at one steer point, over the tables' {capacity.kernels} ({KERNELS_FLAG} {count})"
     return None
+
+
+def table_refusals(hooks: dict, shapes, capacity: Capacity, boot: dict) -> dict:
+    """Why the plan tables cannot hold each of a plan's hooks (key -> reason, None: they can), of its
+    ``boot`` section. A plan's probes and gated kernels go together: a gate reads its probes' values where
+    the path that recorded them keeps them, so where one hook that reads or gates cannot be tabled, none is."""
+    why = {key: tableable(hook, shapes, capacity, boot["gates"]) for key, hook in hooks.items()}
+    probes = len(boot["probes"])
+    linked = [key for key, hook in hooks.items() if _reads_or_gates(hook)]
+    first = next((why[key] for key in linked if why[key] is not None), None)
+    if first is None and linked and probes > capacity.probes:
+        first = f"{probes} probes, over the tables' {capacity.probes} ({PROBES_FLAG} {probes})"
+    if first is not None:
+        for key in linked:
+            why[key] = why[key] or f"{first} (a plan's probes and gated kernels are tabled together or not at all)"
+    return why
+
+
+def _reads_or_gates(hook: dict) -> bool:
+    return any(site["probes"] or any(k["gate"] is not None for k in site["kernels"]) for site in hook["sites"])
 
 
 def capacity_refusal(boot: dict, tensors: dict, capacity: Capacity) -> str | None:
@@ -153,11 +197,12 @@ def capacity_refusal(boot: dict, tensors: dict, capacity: Capacity) -> str | Non
         return None
     import numpy as np
 
-    for hook in boot["hooks"]:
-        why = tableable(hook, lambda name: np.shape(tensors[name]), capacity.rank, capacity.kernels)
-        if why is not None:
+    hooks = dict(enumerate(boot["hooks"]))
+    why = table_refusals(hooks, lambda name: np.shape(tensors[name]), capacity, boot)
+    for i in hooks:
+        if why[i] is not None:
             return (f"this server runs every plan from its in-graph tables ({PER_REQUEST_FLAG} off), and they "
-                    f"cannot hold this one: {why}")
+                    f"cannot hold this one: {why[i]}")
     return None
 
 
