@@ -10,7 +10,7 @@ generated tokens/s, and its ratio to the unsteered engine of the same mode.
   all 30 layers, a gated ``add`` (a prompt-pooled probe);
 * serve plugin: 32 requests in one batch with 0, 1, 8 and 32 distinct plans among them (adds at 4
   layers; and 32 distinct plans of mixed kernels: adds, ablations, clamps, a schedule, heads, two kernels at
-  a site, and one gated plan where the per-request path runs), compiled (as ``steerc serve`` runs: the plan
+  a site, gates on a per-token and on a prompt-pooled probe), compiled (as ``steerc serve`` runs: the plan
   tables in the graph, with the per-request path's steer points and without them, ``--steer-per-request
   off``; every site group provisioned, and ``--steer-sites resid``) and eager, against plain compiled vLLM
   (no steerc) in the same run.
@@ -140,15 +140,12 @@ def _head_vec(seed: int) -> np.ndarray:
     return v / np.linalg.norm(v)
 
 
-def mixed_plan(i: int, gate: bool = False) -> str:
+def mixed_plan(i: int) -> str:
     """Plan ``i`` of the mixed set: an add at 4 layers, an ablation at 16, a clamp, a scheduled add over the
-    generated tokens, an add at one head, an ablation and an add at one site, and (``gate``) a gated add."""
+    generated tokens, an add at one head, an ablation and an add at one site, an add gated by a per-token
+    probe, and one gated by a prompt-pooled probe (CAST's condition)."""
     v, u, h = _lit(direction(100 + i)), _lit(direction(300 + i)), _lit(_head_vec(500 + i))
     head = f"steer 1\nvector v = {v}\nvector u = {u}\nvector h = {h}\n"
-    if gate:
-        return head + ("probe topic {\n  at resid_pre[6]\n  read cosine(v)\n  pool prompt.mean\n}\n"
-                       "intervention a {\n  at resid_post[8:12]\n  add 4.0 * v\n  tokens generated\n"
-                       "  when topic > -2.0\n}\n")
     body = [
         "intervention a {\n  at resid_post[8:12]\n  add 4.0 * v\n}\n",
         "intervention a {\n  at resid_post[4:20]\n  ablate u\n}\n",
@@ -157,7 +154,11 @@ def mixed_plan(i: int, gate: bool = False) -> str:
         "intervention a {\n  at head[6, 2]\n  add 3.0 * h\n}\n",
         "intervention a {\n  at resid_post[9]\n  ablate u\n}\nintervention b {\n  at resid_post[9]\n"
         "  add 4.0 * v\n}\n",
-    ][i % 6]
+        "probe p {\n  at resid_pre[6]\n  read dot(u)\n  pool token\n}\n"
+        "intervention a {\n  at resid_post[8:12]\n  add 4.0 * v\n  when p > 0\n}\n",
+        "probe topic {\n  at resid_pre[6]\n  read projected_cosine(v)\n  pool prompt.mean\n}\n"
+        "intervention a {\n  at resid_post[8:12]\n  add 4.0 * v\n  tokens generated\n  when topic > 0.0\n}\n",
+    ][i % 8]
     return head + body
 
 
@@ -165,8 +166,7 @@ def serve_plugin(folder: str, args) -> list[tuple[str, str, float]]:
     """32 requests in one batch on: plain compiled vLLM (what a user runs without steerc), then the serve
     plugin compiled (the plan tables in the graph, with and without the per-request path's steer points, every
     site group provisioned, then resid only) and eager, with 0, 1, 8 and 32 distinct plans among the 32
-    requests: adds at 4 layers, and the mixed set (:func:`mixed_plan`; with the per-request path, one of the
-    32 is gated and runs per request)."""
+    requests: adds at 4 layers, and the mixed set (:func:`mixed_plan`, gates included: the tables hold them)."""
     import vllm
 
     from steerc.runtime.vllm.loader import register_loader
@@ -178,12 +178,12 @@ def serve_plugin(folder: str, args) -> list[tuple[str, str, float]]:
     prompt = _prompt_ids(folder)
     facts = _facts(folder)
     lo, hi = LAYERS
-    sets: dict[str, list] = {"add": [], "mixed": [], "mixed+gate": []}
+    sets: dict[str, list] = {"add": [], "mixed": []}
     with tempfile.TemporaryDirectory() as tmp:
         for i in range(32):
             texts = {"add": (f"steer 1\nvector v = {_lit(direction(100 + i))}\n"
                              f"intervention a {{\n  at resid_post[{lo}:{hi}]\n  add 4.0 * v\n}}\n"),
-                     "mixed": mixed_plan(i), "mixed+gate": mixed_plan(i, gate=i == 31)}
+                     "mixed": mixed_plan(i)}
             for name, text in texts.items():
                 out = os.path.join(tmp, f"{name}{i}")
                 emit(_plan(folder, text), facts, out)
@@ -194,8 +194,7 @@ def serve_plugin(folder: str, args) -> list[tuple[str, str, float]]:
              ("32 distinct plans", "add", 32), ("32 distinct mixed plans", "mixed", 32)]
     engines = [("plain vLLM, compiled", None, False, True, [("plain requests", "add", 0)]),
                ("serve, compiled, tables only", ALL_SITES, False, False, every),
-               ("serve, compiled", ALL_SITES, False, True,
-                every + [("32 distinct mixed plans, one gated", "mixed+gate", 32)]),
+               ("serve, compiled", ALL_SITES, False, True, every),
                ("serve, compiled, --steer-sites resid, tables only", ("resid",), False, False,
                 [("plain requests", "add", 0), ("32 distinct plans", "add", 32)]),
                ("serve, eager", ALL_SITES, True, True, every)]

@@ -240,7 +240,8 @@ def test_a_full_table_says_so_and_its_buffers_never_move():
      "intervention a {\n  at resid_post[2]\n  add 2.0 * v\n  tokens generated\n  when p > 0.1\n}\n", "basis of rank 3"),
     ("probe p {\n  at resid_pre[1]\n  read dot(v)\n  pool token\n}\nprobe q {\n  at resid_pre[1]\n  read dot(u)\n"
      "  pool token\n}\nprobe r {\n  at resid_pre[1]\n  read norm\n  pool token\n}\n"
-     "intervention a {\n  at resid_post[2]\n  add 2.0 * v\n  when p > 0 and q > 0 and r > 1\n}\n", "3 probes"),
+     "intervention a {\n  at resid_post[2]\n  add 2.0 * v\n  when p > 0 and q > 0 and r > 1\n}\n"
+     "intervention b {\n  at resid_post[3]\n  add 1.0 * u\n}\n", "3 probes"),
     ("probe p {\n  at resid_pre[1]\n  read dot(v)\n  pool token\n}\n"
      "intervention a {\n  at resid_post[2]\n  add 2.0 * v\n  when p > 0 and p < 1 or p > 2 and p < 3 or p > 9\n}\n",
      "5 comparisons"),
@@ -264,6 +265,8 @@ def test_what_the_tables_cannot_hold_keeps_the_per_request_path(text, why):
         return
     assert untabled and any(why in steer.why_not[k] for k in untabled), steer.why_not
     assert not steer.tabled or all(not steer.hooks[k]["sites"][0]["probes"] for k in steer.tabled)
+    if steer.tabled:  # the rest of the plan takes a slot; its probes stay per request, with no row here
+        assert _tables().acquire("p", steer.table_rows()) == 1
 
 
 def test_a_head_kernel_is_a_row_padded_to_the_point():

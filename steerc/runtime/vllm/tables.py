@@ -162,9 +162,10 @@ class SteerTables(torch.nn.Module):
             raise TableFull(f"all {self.plans} plan slots hold live plans")
         slot = self.free.pop(0)
         self.held[plan_id] = [slot, 1]
-        for q, row in enumerate(rows.get("probes", ())):
+        probes = {q: row for q, row in enumerate(rows.get("probes", ())) if row is not None}  # None: not tabled
+        for q, row in probes.items():
             self._write_probe(q, slot, row)
-        pooled = {q for q, row in enumerate(rows.get("probes", ())) if row["pool"]}
+        pooled = {q for q, row in probes.items() if row["pool"]}
         for key, point in rows["points"].items():
             self._write(key, slot, point["stages"], point.get("probes", ()), pooled)
         return slot
