@@ -77,8 +77,17 @@ def mixed_rows(width: int, k: int, gen):
                                      "jumprelu"), False, None)],
         [(KINDS["project"].batched(S, {"basis": unit()}, None), False, None),
          (KINDS["affine"].batched(S, {"scale": 1.0, "bias": unit()[0] * 2.0}, None), True, None)],
+        # an add gated by a per-token probe read at the same point (its probe row: GATED_PROBE)
+        [(KINDS["affine"].batched(S, {"scale": 1.0, "bias": unit()[0] * 3.0}, None), False, None, GATE)],
     ]
-    return rows[k % len(rows)]
+    return [row if len(row) == 4 else (*row, None) for row in rows[k % len(rows)]]
+
+
+GATE = {"q": [0], "op": [2], "threshold": [0.0], "gate": ["cmp", "p", ">", 0]}  # p > 0
+
+
+def gated(stages) -> bool:
+    return any(gate is not None for *_, gate in stages)
 
 
 class Steering:
@@ -93,15 +102,26 @@ class Steering:
 
         width = model.config.hidden_size
         self.keys = [(f"model.layers.{i}", "post", "output") for i in range(model.config.num_hidden_layers)]
-        self.tables = SteerTables({k: width for k in self.keys}, plans=plans, rank=2, kernels=2,
-                                  max_tokens=max(batch, 64) * 64, dtype=compute_dtype(model.dtype), device=device)
+        from steerc.runtime.vllm.tables import probe_row
+
+        width = model.config.hidden_size
+        self.keys = [(f"model.layers.{i}", "post", "output") for i in range(model.config.num_hidden_layers)]
+        self.tables = SteerTables({k: width for k in self.keys}, plans=plans, rank=2, kernels=2, probes=1,
+                                  conditions=1, requests=batch, hidden=width, max_tokens=max(batch, 64) * 64,
+                                  dtype=compute_dtype(model.dtype), device=device)
         gen = torch.Generator().manual_seed(35)
-        self.slots = []
+        self.slots, self.reading = [], set()
         for k in range(plans):
             rows = {key: mixed_rows(width, k, gen) for key in self.keys}
-            self.slots.append(self.tables.acquire(f"plan{k}", {key: [(_on(r, device), keep, cols)
-                                                                      for r, keep, cols in stages]
-                                                               for key, stages in rows.items()}))
+            probes = []
+            if gated(next(iter(rows.values()))):
+                v = torch.randn(width, generator=gen)
+                probes = [dict(probe_row("dot", _on({"v": v / v.norm()}, device)["v"], 0.0, 0.0), pool=0)]
+            points = {key: {"stages": [(_on(r, device), keep, cols, gate) for r, keep, cols, gate in stages],
+                            "probes": [0] if probes else []} for key, stages in rows.items()}
+            self.slots.append(self.tables.acquire(f"plan{k}", {"points": points, "probes": probes}))
+            if probes:
+                self.reading.add(self.slots[-1])
         self.batch, self.np = batch, np
 
     def write(self, k: int) -> None:
@@ -110,7 +130,8 @@ class Steering:
         slots = np.array([self.slots[b % k] if k else 0 for b in range(self.batch)], dtype=np.int64)
         rows = {key: [(s, 0, self.batch, np.ones(self.batch, dtype=bool), None) for s in range(2)]
                 for key in self.keys} if k else {}
-        self.tables.write_step(self.batch, slots, rows)
+        reads = {key: [b for b in range(self.batch) if slots[b] in self.reading] for key in self.keys} if k else {}
+        self.tables.write_step(self.batch, slots, rows, {key: r for key, r in reads.items() if r})
 
     def hooks(self, model, opaque: bool):
         import torch
@@ -146,7 +167,7 @@ def _eager(tables, key, x):
 
     @torch._dynamo.disable
     def run(x):
-        return tables.apply(key, x, tables.used(key) or (tables.kernels, tables.rank, True, True))
+        return tables.apply(key, x, tables.used(key) or tables.full)
 
     return run(x)
 

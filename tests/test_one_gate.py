@@ -132,8 +132,10 @@ def test_no_module_but_the_shared_one_evaluates_a_gate_or_reads_a_probe():
                 evaluators.append(f"{path}:{fn.lineno} {fn.name}")
             if is_probe_reader(fn):
                 readers.append(f"{path}:{fn.lineno} {fn.name}")
-    assert evaluators == [f"{SHARED}:{_line('evaluate_gate')} evaluate_gate"]
-    assert readers == [f"{SHARED}:{_line('readout')} readout"]
+    # and, in the same module, their batched forms for tables (the serve plugin's: an operator per row)
+    assert evaluators == [f"{SHARED}:{_line('compare_rows')} compare_rows",
+                          f"{SHARED}:{_line('evaluate_gate')} evaluate_gate"]
+    assert readers == [f"{SHARED}:{_line('readout')} readout", f"{SHARED}:{_line('readout_row')} readout_row"]
 
 
 def _line(name: str) -> int:

@@ -419,3 +419,24 @@ def test_traced_tables_keep_the_token_count_symbolic():
     x = torch.randn(32, 16)
     torch._dynamo.mark_dynamic(x, 0)  # raises ConstraintViolationError where the trace specialises it
     assert torch.equal(compiled(x), x), "no plan: every row as it was"
+
+
+@pytest.mark.parametrize("kind", sorted(S.READOUT_CODES))
+def test_each_readouts_row_is_its_readout(kind):
+    """The shared module's two forms of a readout: a probe row read in a batch, and the readout itself."""
+    gen = torch.Generator().manual_seed(7)
+    d, n = 16, 12
+    h = torch.randn(n, d, generator=gen) * 2
+    vector = {"dot": torch.randn(d, generator=gen), "cosine": torch.randn(d, generator=gen), "norm": None,
+              "sae_feature": torch.stack([torch.randn(d, generator=gen) / 4, torch.randn(d, generator=gen) / 10]),
+              "subspace_cosine": torch.linalg.qr(torch.randn(d, 3, generator=gen))[0].T.contiguous(),
+              "projected_cosine": torch.linalg.qr(torch.randn(d, 2, generator=gen))[0].T.contiguous()}[kind]
+    row = S.readout_row(kind, vector, 0.25, 0.1)
+    U = torch.zeros(n, d, 3)
+    U[:, :, :row["U"].shape[1]] = row["U"]
+    got = S.readout_rows(h, U, torch.full((n,), row["off"]), torch.full((n,), row["p"]),
+                         torch.full((n,), row["code"]))
+    want = S.readout(kind, h, vector, 0.25, 0.1)
+    assert torch.allclose(got, want, rtol=1e-5, atol=1e-5), (got - want).abs().max()
+    if kind == "sae_feature":
+        assert (want == 0).any() and (want > 0).any(), "the JumpReLU both fires and stays shut here"

@@ -160,6 +160,46 @@ def readout(kind: str, h, vector, bias: float, threshold: float = 0.0):
     return (h * ph).sum(-1) / (h.norm(dim=-1) * ph.norm(dim=-1)).clamp_min(1e-30)
 
 
+# The readouts in one batched form, for tables holding a probe per row (the vLLM serve plugin's plan tables):
+# a row is (U [d, r], off, p, code), and every row of a batch may read another kind.
+READOUT_CODES = {"dot": 0, "cosine": 1, "norm": 2, "sae_feature": 3, "subspace_cosine": 4, "projected_cosine": 5}
+
+
+def readout_row(kind: str, vector, bias: float, threshold: float = 0.0) -> dict:
+    """A probe as a row for :func:`readout_rows` (``vector`` as :func:`readout` takes it, None for ``norm``):
+    dot ``U = v``, value ``c0 + off``; cosine ``U = v``, ``p = |v|``; SAE feature ``U = W_enc[:, i]``, ``off =
+    b_enc[i] - b_dec . W_enc[:, i]``, ``p`` its threshold; subspace and projected cosine ``U = Qᵀ``."""
+    row = {"code": READOUT_CODES[kind], "off": float(bias), "p": 0.0}
+    if kind == "norm":
+        row["U"] = torch.zeros(1, 1)
+    elif kind in ("dot", "cosine"):
+        row["U"] = vector.reshape(-1, 1)
+        row["p"] = float(vector.norm()) if kind == "cosine" else 0.0
+    elif kind == "sae_feature":
+        row["U"] = vector[0].reshape(-1, 1)
+        row["off"], row["p"] = float(bias) - float(vector[1] @ vector[0]), float(threshold)
+    else:
+        row["U"] = vector.T
+    return row
+
+
+def readout_rows(h, U, off, p, code):
+    """Each row of ``h`` ([n, d]) read by its own probe row (``U`` [n, d, r], ``off``, ``p``, ``code`` [n]):
+    :func:`readout`'s values, batched. ``c = h U``; dot ``c0 + off``; cosine ``c0 / (|h| p)``; norm ``|h|``;
+    SAE feature ``relu(c0 + off) [c0 + off > p]``; subspace / projected cosine ``cos(h, c Uᵀ)``, ``tanh`` of
+    ``c Uᵀ`` for projected."""
+    c = (h.unsqueeze(-1) * U).sum(1)
+    norm = h.norm(dim=-1)
+    pre = c[:, 0] + off
+    cosine = c[:, 0] / (norm * p).clamp_min(1e-30)
+    sae = torch.relu(pre) * (pre > p).to(pre.dtype)
+    ph = (c.unsqueeze(1) * U).sum(-1)
+    ph = torch.where((code == READOUT_CODES["projected_cosine"]).unsqueeze(-1), torch.tanh(ph), ph)
+    subspace = (h * ph).sum(-1) / (norm * ph.norm(dim=-1)).clamp_min(1e-30)
+    return torch.where(code == 0, pre, torch.where(code == 1, cosine, torch.where(
+        code == 2, norm, torch.where(code == 3, sae, subspace))))
+
+
 # ------------------------------------------------------------------ positions
 
 
@@ -212,6 +252,27 @@ def compare(values, op: str, threshold):
     else:
         out = values >= threshold
     return out & ~torch.isnan(values)
+
+
+COMPARE_OPS = ("<", "<=", ">", ">=")
+
+
+def compare_rows(values, op, threshold):
+    """:func:`compare` with an operator per element (``op``: an index into :data:`COMPARE_OPS`)."""
+    out = torch.zeros_like(values, dtype=torch.bool)
+    for code, name in enumerate(COMPARE_OPS):
+        out = torch.where(op == code, compare(values, name, threshold), out)
+    return out
+
+
+def gate_rows(values, q, op, threshold, truth):
+    """Each row's gate from a table (the vLLM serve plugin's): its comparisons (probe ``q``, ``op``,
+    ``threshold``, [n, c]) on the probe values ([n, probes]), then its truth table ([n, 2 ** c], the gate's
+    value for each pattern of its comparisons, written by the host from the gate's expression) at the pattern
+    they make. Any ``and``/``or``/``not`` costs one lookup."""
+    held = compare_rows(values.gather(1, q), op, threshold)
+    weights = torch.pow(2, torch.arange(q.shape[1], device=q.device))
+    return truth.gather(1, (held.long() * weights).sum(1, keepdim=True)).squeeze(1)
 
 
 def evaluate_gate(gate, value, threshold=None):

@@ -43,10 +43,9 @@ from steerc.targets.serve.capacity import Capacity, tableable
 
 __all__ = ["SteerTables", "TableFull", "Use", "gate_row", "probe_row", "stage_masks", "tableable"]
 DEFAULT = Capacity()
-# A probe row's readout (:func:`steerc.runtime.kernels.readout`, batched: :func:`_readout`) and pool.
-READOUTS = {"dot": 0, "cosine": 1, "norm": 2, "sae_feature": 3, "subspace_cosine": 4, "projected_cosine": 5}
+# A probe row's pool (its readout: steerc.runtime.kernels.readout_row, the one seat of the readouts).
 POOLS = {"token": 0, "prompt.mean": 1, "prompt.last": 2}
-OPS = {"<": 0, "<=": 1, ">": 2, ">=": 3}
+probe_row = S.readout_row
 
 
 class Use(NamedTuple):
@@ -375,7 +374,7 @@ def _probe_rows(x, slot, reads, ppool, pU, poff, pp, pcode, pos, plen, pv):
     """Every probe's per-token value where a row's plan reads it here (``pv`` elsewhere), and each row's weight
     in its request's prompt sum of each pooled probe read here: ([n, probes], [n, probes])."""
     read, pool = reads[:, slot].T, ppool[:, slot].T
-    values = torch.stack([_readout(x, pU[q][slot], poff[q][slot], pp[q][slot], pcode[q][slot])
+    values = torch.stack([S.readout_rows(x, pU[q][slot], poff[q][slot], pp[q][slot], pcode[q][slot])
                           for q in range(pU.shape[0])], 1)
     weights = (read & (pool != 0) & (pos < plen).unsqueeze(1)).to(x.dtype)
     return torch.where(read & (pool == 0), values, pv), weights
@@ -389,7 +388,7 @@ def _pooled(x, slot, ppool, pU, poff, pp, pcode, acc, cnt, weights, pos, plen, r
     for q in range(pU.shape[0]):
         mean = acc[q] / cnt[q].clamp_min(1.0).unsqueeze(-1)
         pooled = torch.where((ppool[q][slot] == 1).unsqueeze(-1), mean, x)
-        held.append(_readout(pooled, pU[q][slot], poff[q][slot], pp[q][slot], pcode[q][slot]))
+        held.append(S.readout_rows(pooled, pU[q][slot], poff[q][slot], pp[q][slot], pcode[q][slot]))
     last = (weights > 0) & (pos == plen - 1).unsqueeze(1)
     return torch.stack(held), torch.where(last, rslot.unsqueeze(1), torch.full_like(last, dump, dtype=rslot.dtype)).T
 
@@ -411,54 +410,9 @@ def _stages(x, slot, masks, factors, member, scale, bias, A, a0, B, code, p, kee
             new = torch.where(keeps[k][slot].unsqueeze(-1), S.preserve_norm(x, new), new)
         mask = masks[:, k]
         if use.gated:
-            mask = mask & _gate(values, gq[k][slot], gop[k][slot], gthr[k][slot], truth[k][slot])
+            mask = mask & S.gate_rows(values, gq[k][slot], gop[k][slot], gthr[k][slot], truth[k][slot])
         x = torch.where(mask.unsqueeze(-1), new, x)
     return x, member[slot]  # member: the rows of plans that steer at this point
-
-
-def _gate(values, q, op, threshold, truth):
-    """Each row's gate: its comparisons (probe ``q``, ``op``, ``threshold``, [n, c]) on the probe values
-    ([n, probes]; NaN, a pooled probe not decided yet, compares false as in
-    :func:`steerc.runtime.kernels.compare`), then the truth table ([n, 2 ** c]) at the bits they make."""
-    v = values.gather(1, q)
-    held = torch.where(op == 0, v < threshold, torch.where(op == 1, v <= threshold,
-                       torch.where(op == 2, v > threshold, v >= threshold))) & ~torch.isnan(v)
-    weights = torch.pow(2, torch.arange(q.shape[1], device=q.device))
-    return truth.gather(1, (held.long() * weights).sum(1, keepdim=True)).squeeze(1)
-
-
-def _readout(x, U, off, p, code):
-    """Every row's probe value, each by its own readout (:func:`steerc.runtime.kernels.readout`, batched):
-    ``c = x @ U`` ([n, r]); dot ``c0 + off``; cosine ``c0 / (|x| p)`` (``p`` = ``|v|``); norm ``|x|``; SAE
-    feature ``relu(c0 + off) [c0 + off > p]``; subspace / projected cosine ``cos(x, Pₕ)`` with ``Pₕ = c Uᵀ``
-    (``tanh`` of it for projected)."""
-    c = (x.unsqueeze(-1) * U).sum(1)
-    norm = x.norm(dim=-1)
-    pre = c[:, 0] + off
-    cosine = c[:, 0] / (norm * p).clamp_min(1e-30)
-    sae = torch.relu(pre) * (pre > p).to(pre.dtype)
-    ph = (c.unsqueeze(1) * U).sum(-1)
-    ph = torch.where((code == READOUTS["projected_cosine"]).unsqueeze(-1), torch.tanh(ph), ph)
-    subspace = (x * ph).sum(-1) / (norm * ph.norm(dim=-1)).clamp_min(1e-30)
-    return torch.where(code == 0, pre, torch.where(code == 1, cosine, torch.where(
-        code == 2, norm, torch.where(code == 3, sae, subspace))))
-
-
-def probe_row(kind: str, vector, bias: float, threshold: float) -> dict:
-    """A probe as a table row for :func:`_readout` (``vector``: the probe's tensor as
-    :func:`~steerc.runtime.kernels.readout` takes it, None for ``norm``)."""
-    row = {"code": READOUTS[kind], "off": float(bias), "p": 0.0}
-    if kind == "norm":
-        row["U"] = torch.zeros(1, 1)
-    elif kind in ("dot", "cosine"):
-        row["U"] = vector.reshape(-1, 1)
-        row["p"] = float(vector.norm()) if kind == "cosine" else 0.0
-    elif kind == "sae_feature":
-        row["U"] = vector[0].reshape(-1, 1)
-        row["off"], row["p"] = float(bias) - float(vector[1] @ vector[0]), float(threshold)
-    else:
-        row["U"] = vector.T
-    return row
 
 
 def gate_row(gate, probes: dict, thresholds) -> dict:
@@ -466,7 +420,8 @@ def gate_row(gate, probes: dict, thresholds) -> dict:
     comparisons' probe indices (``probes``: name -> index), ops and thresholds (from ``thresholds``), and
     the gate, whose truth table (:func:`steerc.ir.checked.gate_truth`) the tables write at their size."""
     leaves = gate_leaves(gate)
-    return {"q": [probes[leaf[1]] for leaf in leaves], "op": [OPS.get(leaf[2], 3) for leaf in leaves],
+    ops = {name: code for code, name in enumerate(S.COMPARE_OPS)}
+    return {"q": [probes[leaf[1]] for leaf in leaves], "op": [ops.get(leaf[2], ops[">="]) for leaf in leaves],
             "threshold": [float(thresholds[leaf[3]]) for leaf in leaves], "gate": gate}
 
 
