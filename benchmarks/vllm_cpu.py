@@ -204,8 +204,9 @@ def serve_plugin(folder: str, args) -> list[tuple[str, str, float]]:
             continue
         kw = dict(base, enforce_eager=eager)
         if sites is not None:
+            # probes asked for: the mixed set has gates (without the per-request path the default is none)
             kw.update(load_format="steerc", additional_config={"steerc": {"mode": "serve", "sites": list(sites),
-                                                                          "per_request": per_request}},
+                                                                          "per_request": per_request, "probes": 2}},
                       logits_processors=["steerc.runtime.serve:SteercGuard"])
         llm = vllm.LLM(**kw)
         try:

@@ -256,6 +256,9 @@ def test_the_tables_flags_reach_the_engine_and_refuse_bad_values():
         with pytest.raises(ValueError, match=key):
             check_capacity(cfg)
     assert check_capacity({}) == Capacity()
+    # traced, probe rows cost every point every step: asked for, not given, without the per-request path
+    assert check_capacity({}, cuda=True) == Capacity(probes=0, per_request=False)
+    assert check_capacity({"probes": 2}, cuda=True).probes == 2 and check_capacity({"per_request": True}).probes == 2
 
 
 def test_capabilities_say_what_the_tables_hold(facts):

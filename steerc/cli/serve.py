@@ -7,11 +7,13 @@ in serve mode, its admission middleware and logits processor, and compact
 JSON for JSON-schema constraints (vLLM's xgrammar backend reads that per
 server). The model runs compiled, as vLLM runs it by default, with the plan
 tables (:mod:`steerc.runtime.vllm.tables`, sized by ``--max-steer-plans``,
-``--max-steer-rank`` and ``--max-steer-kernels``) at every site of
-``--steer-sites`` from boot: run by a steer point
-(:mod:`steerc.runtime.vllm.points`) with the per-request path
-(``--steer-per-request on``, the default; on CUDA, PIECEWISE graphs), or
-traced into the graph without it (``off``: vLLM's own cudagraph mode). Options after ``--`` go to vLLM unchanged (``--enforce-eager`` among
+``--max-steer-rank``, ``--max-steer-kernels``, ``--max-steer-probes`` and
+``--max-steer-conditions``) at every site of ``--steer-sites`` from boot:
+traced into the graph with no steerc op there (``--steer-per-request off``:
+vLLM's own cudagraph mode, full graphs included; the default on CUDA), or
+run by a steer point (:mod:`steerc.runtime.vllm.points`) that also carries
+the per-request path for what the tables cannot hold (``on``: the default
+elsewhere; on CUDA, PIECEWISE graphs). Options after ``--`` go to vLLM unchanged (``--enforce-eager`` among
 them runs it eager); a ``--load-format`` among them is the loader steerc's
 delegates to.
 """
@@ -50,11 +52,14 @@ def add_arguments(cmd) -> None:
     helps = {"plans": "distinct plans the in-graph tables hold at once", "rank": "the highest rank of a kernel "
              "they hold (an ablation of k directions is rank k, a rotation 2, a LoReFT its r)",
              "kernels": "kernels of one plan at one site they hold",
-             "probes": "probes of one plan they hold (a probe basis' rank, too, is at most the kernel rank bound)",
+             "probes": "probes of one plan they hold (a probe basis' rank, too, is at most the kernel rank bound; "
+                       "traced, probe rows and gates cost every site every step, so without the per-request path "
+                       "the default is 0)",
              "conditions": "comparisons in one gate they hold (a gate is a truth table of 2**N entries)"}
     for name, (flag, lo, hi) in BOUNDS.items():
-        cmd.add_argument(flag, metavar="N", type=int, default=getattr(default, name), dest=f"steer_{name}",
-                         help=f"{helps[name]} (default: {getattr(default, name)}; {lo} to {hi})")
+        shown = f"{default.probes} with the per-request path, else 0" if name == "probes" else getattr(default, name)
+        cmd.add_argument(flag, metavar="N", type=int, default=None if name == "probes" else getattr(default, name),
+                         dest=f"steer_{name}", help=f"{helps[name]} (default: {shown}; {lo} to {hi})")
     cmd.add_argument(PER_REQUEST_FLAG, choices=("auto", "on", "off"), default="auto",
                      help="run a plan the tables cannot hold (past their bounds) per request through steer points, "
                           "the tables in them too (on), or refuse it with HTTP 400 and trace the tables into the "
