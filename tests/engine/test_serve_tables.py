@@ -89,7 +89,7 @@ def runs(tmp_path_factory):
     os.environ["VLLM_ALLOW_INSECURE_SERIALIZATION"] = "1"  # the profiler below is a callable sent to the worker
     engine = vllm.LLM(model=folder, dtype="float32", max_model_len=256, max_num_seqs=16, skip_tokenizer_init=True,
                       load_format="steerc", logprobs_mode="raw_logits", max_logprobs=5, max_num_batched_tokens=32,
-                      additional_config={"steerc": {"mode": "serve", "per_request": False}},
+                      additional_config={"steerc": {"mode": "serve", "per_request": False, "probes": 2}},
                       logits_processors=["steerc.runtime.serve:SteercGuard"],
                       worker_extension_cls="steerc.runtime.serve.SteercServeExtension")
     try:
