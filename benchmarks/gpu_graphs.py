@@ -110,7 +110,7 @@ class Steering:
                                   conditions=1, requests=batch, hidden=width, max_tokens=max(batch, 64) * 64,
                                   dtype=compute_dtype(model.dtype), device=device)
         gen = torch.Generator().manual_seed(35)
-        self.slots, self.reading = [], set()
+        self.slots = []
         for k in range(plans):
             rows = {key: mixed_rows(width, k, gen) for key in self.keys}
             probes = []
@@ -120,8 +120,6 @@ class Steering:
             points = {key: {"stages": [(_on(r, device), keep, cols, gate) for r, keep, cols, gate in stages],
                             "probes": [0] if probes else []} for key, stages in rows.items()}
             self.slots.append(self.tables.acquire(f"plan{k}", {"points": points, "probes": probes}))
-            if probes:
-                self.reading.add(self.slots[-1])
         self.batch, self.np = batch, np
 
     def write(self, k: int) -> None:
@@ -130,8 +128,7 @@ class Steering:
         slots = np.array([self.slots[b % k] if k else 0 for b in range(self.batch)], dtype=np.int64)
         rows = {key: [(s, 0, self.batch, np.ones(self.batch, dtype=bool), None) for s in range(2)]
                 for key in self.keys} if k else {}
-        reads = {key: [b for b in range(self.batch) if slots[b] in self.reading] for key in self.keys} if k else {}
-        self.tables.write_step(self.batch, slots, rows, {key: r for key, r in reads.items() if r})
+        self.tables.write_step(self.batch, slots, rows)
 
     def hooks(self, model, opaque: bool):
         import torch

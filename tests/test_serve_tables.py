@@ -85,7 +85,7 @@ def _write(tables, reqs, spans, pos, plen, restart: bool = True):
     n = len(pos)
     slots = np.zeros(n, dtype=np.int64)
     rslots = np.full(n, tables.requests, dtype=np.int64)
-    rows, reads = {}, {}
+    rows = {}
     for r, (a, b) in zip(reqs, spans):
         r.feed(pos[a:b], plen[a:b], restart=restart, tables=tables)  # the per-request path reads its own metadata
         slots[a:b] = r.slot
@@ -94,9 +94,7 @@ def _write(tables, reqs, spans, pos, plen, restart: bool = True):
         for key, stages in r.stage_masks(pos[a:b], plen[a:b]).items():
             for k, (mask, factor) in enumerate(stages):
                 rows.setdefault(key, []).append((k, a, b, mask, factor))
-        for key in r.reading:
-            reads.setdefault(key, []).append(a)
-    tables.write_step(n, slots, rows, reads, rslots, pos, plen)
+    tables.write_step(n, slots, rows, rslots, pos, plen)
     return rows
 
 

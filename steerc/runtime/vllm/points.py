@@ -4,8 +4,8 @@ A compiled vLLM model is traced once, at its first forward, so whatever
 steering the graph will ever run must be in it by then; but the serve plugin's
 plans arrive with requests, each with its own structure. Most plans are held
 by the plan tables (:mod:`.tables`): traced code at each provisioned site,
-reading fixed buffers, no Python per step. The rest (gates, probes, plans
-beyond the tables' bounds) take the per-request path. A steer point is an
+reading fixed buffers, no Python per step. The rest (plans beyond the
+tables' bounds) take the per-request path. A steer point is an
 opaque PyTorch custom op, ``steerc::point`` (``steerc::point_pair`` for the
 (hidden, residual) pair of fused layers), called by a hook on every site the
 server provisions (``--steer-sites``), installed before compilation:

@@ -192,7 +192,6 @@ class ServeRouter:
         slots = np.zeros(len(pos), dtype=np.int64)
         rslots = np.full(len(pos), self.tables.requests, dtype=np.int64)
         tabled: dict[tuple, list] = {}
-        reads: dict[tuple, list] = {}
         for i, rid in enumerate(layout.req_ids):
             if rid not in self.requests:
                 self.requests[rid] = self._admit(rid)
@@ -218,12 +217,10 @@ class ServeRouter:
                     rslots[a:b] = steer.rslot
                 for key, stages in steer.stage_masks(pos[a:b], plen[a:b]).items():
                     tabled.setdefault(key, []).extend((k, a, b, m, f) for k, (m, f) in enumerate(stages))
-                for key in steer.reading:
-                    reads.setdefault(key, []).append(a)
             for key in steer.fns:
                 if key not in steer.tabled:
                     self.rows.setdefault(key, []).append((steer, a, b))
-        self.tables.write_step(len(pos), slots, tabled, reads, rslots, pos, plen)
+        self.tables.write_step(len(pos), slots, tabled, rslots, pos, plen)
 
     def idle(self) -> None:
         """Ahead of a dummy run (profiling, warm-up, graph capture) and a step with no layout: no row is

@@ -142,7 +142,7 @@ class SteerTables(torch.nn.Module):
         self._pooled_rows = lambda *tensors: _pooled(*tensors, dump=requests)  # noqa: E731 - a region is a function
         self._probe_rows, self._pooled = _compile_region(_probe_rows), _compile_region(self._pooled_rows)
         self.held: dict[str, list] = {}  # plan id -> [slot, requests holding it]
-        self.row_use: dict[tuple, dict] = {}  # point key -> {slot: Use}
+        self.row_use: dict[int, dict] = {}  # slot -> {point key: Use}, what its plan uses at each point
         self.step_use: dict[tuple, Use] = {}  # point key -> what this step's plans use there
         self.free = list(range(1, rows))
         self.free_requests = list(range(requests))
@@ -195,7 +195,7 @@ class SteerTables(torch.nn.Module):
         for q in probes:
             self.reads[j, q, slot] = True
         ranks = [row["A"].shape[1] for row, _, _, _ in stages if "A" in row]
-        self.row_use.setdefault(key, {})[slot] = Use(
+        self.row_use.setdefault(slot, {})[key] = Use(
             len(stages), max(ranks, default=0), any(keep for _, keep, _, _ in stages),
             any(int(row.get("code", 0)) for row, _, _, _ in stages), bool(probes),
             any(q in pooled for q in probes), any(gate is not None for _, _, _, gate in stages))
@@ -223,8 +223,7 @@ class SteerTables(torch.nn.Module):
 
     @torch.no_grad()
     def _clear(self, slot: int) -> None:
-        for uses in self.row_use.values():
-            uses.pop(slot, None)
+        self.row_use.pop(slot, None)
         for w in self.widths:
             self._buf("scale", w)[:, :, slot] = 1
             self._buf("member", w)[:, slot] = False
@@ -268,21 +267,18 @@ class SteerTables(torch.nn.Module):
 
     # -------------------------------------------------------------- steps
     @torch.no_grad()
-    def write_step(self, n: int, slots: np.ndarray, rows: dict, reads: dict | None = None, rslots=None, pos=None,
-                   plen=None) -> None:
+    def write_step(self, n: int, slots: np.ndarray, rows: dict, rslots=None, pos=None, plen=None) -> None:
         """This step's per-token arrays: ``slots`` ([n]) each token's plan slot, ``rows`` point key ->
-        [(stage, a, b, mask over a:b, factor over a:b or None)], ``reads`` point key -> [a] (the first row of
-        each request of a plan reading a probe there, no kernel); for pooled probes ``rslots`` ([n]) each
-        token's request row, ``pos`` and ``plen`` its position and prompt length."""
+        [(stage, a, b, mask over a:b, factor over a:b or None)]; for pooled probes ``rslots`` ([n]) each
+        token's request row, ``pos`` and ``plen`` its position and prompt length. What the step uses at each
+        point (:meth:`used`) is what the rows of its slots wrote there."""
         if n > self.max_tokens:
             raise ValueError(f"{n} tokens in one step is over the {self.max_tokens} steerc was sized for")
         self.slot[:n].copy_(torch.from_numpy(np.asarray(slots, dtype=np.int64)), non_blocking=True)
         self.slot[n:].fill_(0)
         self.step_use = {}
-        for key, starts in [(key, [a for _, a, _, _, _ in items]) for key, items in rows.items()] + \
-                list((reads or {}).items()):
-            for a in starts:
-                use = self.row_use[key][int(slots[a])]
+        for slot in np.unique(np.asarray(slots)[:n]):
+            for key, use in self.row_use.get(int(slot), {}).items():
                 old = self.step_use.get(key)
                 self.step_use[key] = use if old is None else old.join(use)
         if self.probes:
@@ -325,7 +321,7 @@ class SteerTables(torch.nn.Module):
         out, member = self._stages(w, j, x.to(self.dtype), x.shape[0], use or self.full)
         return torch.where(member.unsqueeze(-1), out.to(x.dtype), x)
 
-    def apply_pair(self, key, hidden, residual, use: tuple | None = None):
+    def apply_pair(self, key, hidden, residual, use: Use | None = None):
         """The same on a fused layer's (hidden, residual) pair: the rows of plans that steer here become (steered
         sum, 0), as on the per-request path; the others stay as they are."""
         w, j = self.where[key]
