@@ -322,7 +322,7 @@ gated = st.builds(_gated, st.sampled_from(sorted(READS)), st.sampled_from(["toke
                   st.sampled_from(GATES), st.integers(0, len(PLACES) - 1), st.integers(0, 3))
 
 
-def _forward(tables, reqs, spans, n: int, gen, full: bool) -> None:
+def _forward(tables, reqs, spans, n: int, gen, full: bool, pos, plen) -> None:
     """One step's pass over every point in order: the tables on the whole step, each request's own function
     on its rows; the same rows out, and rows no plan steers untouched."""
     from steerc.targets.serve.capacity import ALL_SITES, point_hooks
@@ -330,8 +330,10 @@ def _forward(tables, reqs, spans, n: int, gen, full: bool) -> None:
     for key in point_hooks(FACTS, ALL_SITES):
         use = tables.used(key)
         mine = [(r, a, b) for r, (a, b) in zip(reqs, spans) if key in r.fns]
-        assert (use is None) == (not mine), key
-        if use is None:
+        if use is None:  # no plan steers here, or its plans only pool a probe here and no prompt token passes
+            for r, a, b in mine:
+                x = torch.randn(b - a, FACTS.hidden, generator=gen)
+                assert r.state.pooled and bool((pos >= plen)[a:b].all()) and torch.equal(r.fns[key](x), x), key
             continue
         x = torch.randn(n + 2, FACTS.hidden, generator=gen) * 2
         got = tables.apply(key, x, None if full else use)
@@ -370,7 +372,7 @@ def test_gates_and_probes_in_the_tables_give_the_per_request_values(cases, full,
                             ([1] * len(reqs), [p + 1 for p in prompts])):
         pos, plen, spans = _step(lengths, prompts, starts)
         _write(tables, reqs, spans, pos, plen, restart=starts[0] == 0)
-        _forward(tables, reqs, spans, len(pos), gen, full)
+        _forward(tables, reqs, spans, len(pos), gen, full, pos, plen)
 
 
 def test_a_pooled_gate_decides_per_request_not_per_plan():
@@ -404,6 +406,31 @@ def test_a_pooled_gate_decides_per_request_not_per_plan():
     pos, plen, spans = _step([3], [3], [0])  # a, recomputed from its first token after preemption
     _write(tables, [a], spans, pos, plen, restart=True)
     assert torch.isnan(tables.pheld[0, a.rslot]) and float(tables.cnt[0, a.rslot]) == 0
+
+
+def test_a_decode_step_skips_a_point_that_only_pools_a_probe():
+    """A point where a plan only pools a probe does nothing once no prompt token passes: the host leaves it out
+    of the step (no readout per site per decode step), and the gate still decides from the held value."""
+    text = (f"steer 1\nvector v = {_vec(3)}\nprobe p {{\n  at resid_pre[1]\n  read cosine(v)\n  pool prompt.mean\n}}\n"
+            "intervention a {\n  at resid_post[2]\n  add 2.0 * v\n  tokens generated\n  when p > 0\n}\n")
+    result = check_source(text, "pooled.steer", facts=FACTS)
+    assert result.ok, result.render()
+    r = RequestSteer(result.plan, FACTS, max_tokens=64, dtype=torch.float32, device=torch.device("cpu"),
+                     tp_rank=0, tp_size=1, slot_id="pooled-only", receipt=True)
+    tables = _tables(requests=2)
+    r.slot, r.rslot = tables.acquire(r.slot_id, r.table_rows()), tables.take_request()
+    probe_key, kernel_key = next(iter(r.reading)), next(k for k in r.tabled if k not in r.reading)
+    v = torch.from_numpy(np.array(eval(_vec(3)), dtype=np.float32))  # noqa: S307 - our own literal
+    pos, plen, spans = _step([4], [4], [0])
+    _write(tables, [r], spans, pos, plen, restart=True)
+    assert tables.used(probe_key).pooled == {(0, 1)}  # (probe 0, cosine)
+    tables.apply(probe_key, v.expand(4, -1).clone(), tables.used(probe_key))
+    assert float(tables.pheld[0, r.rslot]) == pytest.approx(1.0, abs=1e-5)
+    pos, plen, spans = _step([1], [4], [4])
+    _write(tables, [r], spans, pos, plen, restart=False)
+    assert tables.used(probe_key) is None and tables.used(kernel_key).gated
+    out = tables.apply(kernel_key, torch.zeros(1, FACTS.hidden), tables.used(kernel_key))
+    assert torch.allclose(out[0], 2.0 * v)
 
 
 def test_traced_tables_keep_the_token_count_symbolic():

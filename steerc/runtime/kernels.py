@@ -183,21 +183,30 @@ def readout_row(kind: str, vector, bias: float, threshold: float = 0.0) -> dict:
     return row
 
 
-def readout_rows(h, U, off, p, code):
+def readout_rows(h, U, off, p, code, codes=None):
     """Each row of ``h`` ([n, d]) read by its own probe row (``U`` [n, d, r], ``off``, ``p``, ``code`` [n]):
     :func:`readout`'s values, batched. ``c = h U``; dot ``c0 + off``; cosine ``c0 / (|h| p)``; norm ``|h|``;
     SAE feature ``relu(c0 + off) [c0 + off > p]``; subspace / projected cosine ``cos(h, c Uᵀ)``, ``tanh`` of
-    ``c Uᵀ`` for projected."""
-    c = (h.unsqueeze(-1) * U).sum(1)
-    norm = h.norm(dim=-1)
+    ``c Uᵀ`` for projected. ``codes`` (a set of :data:`READOUT_CODES` values; None: every one) the host knows
+    the rows hold: only those readouts are computed (a row with another code gets some other readout)."""
+    def need(*which):
+        return codes is None or any(k in codes for k in which)
+
+    subspace = need(4, 5)
+    c = (h.unsqueeze(-1) * (U if subspace else U[:, :, :1])).sum(1)  # the others read the first column only
+    norm = h.norm(dim=-1) if need(1, 2, 4, 5) else None
     pre = c[:, 0] + off
-    cosine = c[:, 0] / (norm * p).clamp_min(1e-30)
-    sae = torch.relu(pre) * (pre > p).to(pre.dtype)
-    ph = (c.unsqueeze(1) * U).sum(-1)
-    ph = torch.where((code == READOUT_CODES["projected_cosine"]).unsqueeze(-1), torch.tanh(ph), ph)
-    subspace = (h * ph).sum(-1) / (norm * ph.norm(dim=-1)).clamp_min(1e-30)
-    return torch.where(code == 0, pre, torch.where(code == 1, cosine, torch.where(
-        code == 2, norm, torch.where(code == 3, sae, subspace))))
+    out = None
+    if subspace:
+        ph = (c.unsqueeze(1) * U).sum(-1)
+        ph = torch.where((code == READOUT_CODES["projected_cosine"]).unsqueeze(-1), torch.tanh(ph), ph)
+        out = (h * ph).sum(-1) / (norm * ph.norm(dim=-1)).clamp_min(1e-30)
+    for k in (3, 2, 1, 0):  # innermost first: where(code == 0, dot, where(code == 1, cosine, ...))
+        if need(k):
+            value = (torch.relu(pre) * (pre > p).to(pre.dtype) if k == 3 else norm if k == 2 else
+                     c[:, 0] / (norm * p).clamp_min(1e-30) if k == 1 else pre)
+            out = value if out is None else torch.where(code == k, value, out)
+    return out
 
 
 # ------------------------------------------------------------------ positions
@@ -257,20 +266,24 @@ def compare(values, op: str, threshold):
 COMPARE_OPS = ("<", "<=", ">", ">=")
 
 
-def compare_rows(values, op, threshold):
-    """:func:`compare` with an operator per element (``op``: an index into :data:`COMPARE_OPS`)."""
-    out = torch.zeros_like(values, dtype=torch.bool)
-    for code, name in enumerate(COMPARE_OPS):
-        out = torch.where(op == code, compare(values, name, threshold), out)
+def compare_rows(values, op, threshold, ops=None):
+    """:func:`compare` with an operator per element (``op``: an index into :data:`COMPARE_OPS`); ``ops``, the
+    codes the host knows ``op`` holds where it matters (None: any; an element with another code gets one of
+    ``ops``'s, as a gate's unused comparisons do: its truth table ignores them)."""
+    codes = range(len(COMPARE_OPS)) if ops is None else sorted(ops)
+    out = None
+    for code in codes:
+        held = compare(values, COMPARE_OPS[code], threshold)
+        out = held if out is None else torch.where(op == code, held, out)
     return out
 
 
-def gate_rows(values, q, op, threshold, truth):
+def gate_rows(values, q, op, threshold, truth, ops=None):
     """Each row's gate from a table (the vLLM serve plugin's): its comparisons (probe ``q``, ``op``,
     ``threshold``, [n, c]) on the probe values ([n, probes]), then its truth table ([n, 2 ** c], the gate's
     value for each pattern of its comparisons, written by the host from the gate's expression) at the pattern
-    they make. Any ``and``/``or``/``not`` costs one lookup."""
-    held = compare_rows(values.gather(1, q), op, threshold)
+    they make. Any ``and``/``or``/``not`` costs one lookup. ``ops``: as :func:`compare_rows`'s."""
+    held = compare_rows(values.gather(1, q), op, threshold, ops)
     weights = torch.pow(2, torch.arange(q.shape[1], device=q.device))
     return truth.gather(1, (held.long() * weights).sum(1, keepdim=True)).squeeze(1)
 

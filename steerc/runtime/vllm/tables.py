@@ -49,20 +49,30 @@ probe_row = S.readout_row
 
 
 class Use(NamedTuple):
-    """What a step's plans use of the tables at one point: kernel stages, rank, ``preserve norm``, a nonlinear
-    ``g``, probes read there (pooled ones among them), gated stages."""
+    """What a step's plans use of the tables at one point: kernel stages, rank, ``preserve norm``, the nonlinear
+    ``g`` codes, the probes read there (``probes``: per token, ``pooled``: prompt-pooled, each a set of (probe
+    index, readout code)), the comparisons of gated stages (their operator codes), a scale other than 1, a bias
+    other than 0. The host trims the eager maths to it; a graph asks for all of it (:attr:`SteerTables.full`)."""
 
     stages: int
     rank: int
     keep: bool = False
-    nonlinear: bool = False
-    probes: bool = False
-    pooled: bool = False
-    gated: bool = False
+    nonlinear: frozenset = frozenset()
+    probes: frozenset = frozenset()
+    pooled: frozenset = frozenset()
+    gated: frozenset = frozenset()
+    scaled: bool = False
+    biased: bool = False
 
     def join(self, other: "Use") -> "Use":
         return Use(max(self.stages, other.stages), max(self.rank, other.rank),
-                   *(a or b for a, b in zip(self[2:], other[2:])))
+                   *(a | b for a, b in zip(self[2:], other[2:])))
+
+
+_IDLE = Use(0, 0)
+_EVERY_OP = frozenset(range(len(S.COMPARE_OPS)))
+# A point's operands in the order _stages takes them, then its per-token mask and factor.
+_OPERANDS = ("member", "scale", "bias", "A", "a0", "B", "code", "p", "keep", "mask", "factor")
 
 
 class TableFull(Exception):
@@ -137,15 +147,18 @@ class SteerTables(torch.nn.Module):
             self.register_buffer("rslot", torch.full((max_tokens,), requests, **long), persistent=False)
             self.register_buffer("pos", torch.zeros(max_tokens, **long), persistent=False)
             self.register_buffer("plen", torch.zeros(max_tokens, **long), persistent=False)
-        self.full = Use(kernels, rank, True, True, bool(probes), bool(probes), bool(probes))
+        every = frozenset((q, code) for q in range(probes) for code in S.READOUT_CODES.values())
+        self.full = Use(kernels, rank, True, frozenset((JUMP, NORM_TO)), every, every,
+                        _EVERY_OP if probes else frozenset(), True, True)
         self._full = _region(self.full)  # what a graph runs at each point
-        self._pooled_rows = lambda *tensors: _pooled(*tensors, dump=requests)  # noqa: E731 - a region is a function
-        self._probe_rows, self._pooled = _compile_region(_probe_rows), _compile_region(self._pooled_rows)
+        self._probe_rows = _compile_region(_probe_rows)
+        self._pooled = _compile_region(lambda *tensors: _pooled(*tensors, dump=requests))
         self.held: dict[str, list] = {}  # plan id -> [slot, requests holding it]
         self.row_use: dict[int, dict] = {}  # slot -> {point key: Use}, what its plan uses at each point
         self.step_use: dict[tuple, Use] = {}  # point key -> what this step's plans use there
         self.free = list(range(1, rows))
         self.free_requests = list(range(requests))
+        self._views: dict[tuple, list] = {}  # (width, point index) -> its buffers' views (eager)
 
     # -------------------------------------------------------------- plans
     def acquire(self, plan_id: str, rows: dict) -> int:
@@ -195,10 +208,14 @@ class SteerTables(torch.nn.Module):
         for q in probes:
             self.reads[j, q, slot] = True
         ranks = [row["A"].shape[1] for row, _, _, _ in stages if "A" in row]
+        read = {(q, int(self.pcode[q, slot])) for q in probes}
         self.row_use.setdefault(slot, {})[key] = Use(
             len(stages), max(ranks, default=0), any(keep for _, keep, _, _ in stages),
-            any(int(row.get("code", 0)) for row, _, _, _ in stages), bool(probes),
-            any(q in pooled for q in probes), any(gate is not None for _, _, _, gate in stages))
+            frozenset(int(row.get("code", 0)) for row, _, _, _ in stages) - {0},
+            frozenset(r for r in read if r[0] not in pooled), frozenset(r for r in read if r[0] in pooled),
+            frozenset(op for _, _, _, gate in stages if gate is not None for op in gate["op"]),
+            any(bool(torch.as_tensor(row.get("scale", 1.0)).ne(1).any()) for row, _, _, _ in stages),
+            any(bool(torch.as_tensor(row.get("bias", 0.0)).ne(0).any()) for row, _, _, _ in stages))
         for k, (row, keep, cols, gate) in enumerate(stages):
             if gate is not None:
                 c = len(gate["q"])
@@ -281,6 +298,13 @@ class SteerTables(torch.nn.Module):
             for key, use in self.row_use.get(int(slot), {}).items():
                 old = self.step_use.get(key)
                 self.step_use[key] = use if old is None else old.join(use)
+        if pos is None or not (np.asarray(pos)[:n] < np.asarray(plen)[:n]).any():
+            # no prompt token this step: a pooled probe neither sums nor decides (decode steps read what it holds)
+            for key, use in list(self.step_use.items()):
+                if use.pooled:
+                    use = self.step_use[key] = use._replace(pooled=frozenset())
+                    if use == _IDLE:
+                        del self.step_use[key]
         if self.probes:
             for name, values, fill in (("rslot", rslots, self.requests), ("pos", pos, 0), ("plen", plen, 0)):
                 buf = getattr(self, name)
@@ -332,11 +356,17 @@ class SteerTables(torch.nn.Module):
 
     def _stages(self, w: int, j: int, x, n: int, use: Use):
         slot = self.slot[:n]
-        if use.probes and w == self.hidden:
+        if (use.probes or use.pooled) and w == self.hidden:
             self._read_probes(j, x, slot, n, use)
-        b = [self._buf(name, w)[j] for name in ("scale", "bias", "A", "a0", "B", "code", "p", "keep")]
-        tensors = [x, slot, self._buf("mask", w)[j, :n], self._buf("factor", w)[j, :n], self._buf("member", w)[j],
-                   *b]
+        if use == self.full:  # traced: read from the buffers themselves
+            b = [self._buf(name, w)[j] for name in _OPERANDS]
+            mask, factor = self._buf("mask", w)[j, :n], self._buf("factor", w)[j, :n]
+        else:  # eager, every step: the point's views, made once
+            b = self._views.get((w, j))
+            if b is None:
+                b = self._views[(w, j)] = [self._buf(name, w)[j] for name in _OPERANDS]
+            mask, factor = b[-2][:n], b[-1][:n]
+        tensors = [x, slot, mask, factor, *b[:9]]
         if use.gated:  # every probe's value for every row: per token, or its request's pooled value
             values = torch.where(self.ppool[:, slot].T != 0, self.pheld[:, self.rslot[:n]].T, self.pv[:n])
             tensors += [values, *(self._buf(name, w)[j] for name in ("gq", "gop", "gthr", "truth"))]
@@ -348,43 +378,64 @@ class SteerTables(torch.nn.Module):
         """Every probe the rows' plans read at this point, in place: a per-token probe's values into ``pv``; a
         pooled one's prompt sum into its request row, and its value, once the prompt's last position passes,
         into ``pheld`` (as :meth:`steerc.runtime.vllm.steer.SteerState.record_probe`, per request row). The
-        readouts are pure functions (one nested compile region each, traced); here only the few writes."""
+        readouts are pure functions (one nested compile region each, traced); here only the few writes. Eager,
+        only the readouts ``use`` names are computed."""
         traced = use == self.full
         rows = (self.ppool, self.pU, self.poff, self.pp, self.pcode)
         pos, plen, rslot = self.pos[:n], self.plen[:n], self.rslot[:n]
-        values, weights = (self._probe_rows if traced else _probe_rows)(x, slot, self.reads[j], *rows, pos, plen,
-                                                                         self.pv[:n])
-        self.pv[:n].copy_(values)
+        if traced:
+            values, weights = self._probe_rows(x, slot, self.reads[j], *rows, pos, plen, self.pv[:n])
+        else:
+            values, weights = _probe_rows(x, slot, self.reads[j], *rows, pos, plen, self.pv[:n],
+                                          codes=_codes(use.probes, self.probes))
+        if use.probes:
+            self.pv[:n].copy_(values)
         if not use.pooled:
             return
         q, r = self.probes, self.requests + 1
         index = (torch.arange(q, device=x.device).unsqueeze(1) * r + rslot).reshape(-1)  # [q * n] into [q * r]
         self.acc.view(q * r, -1).index_add_(0, index, (weights.T.unsqueeze(-1) * x).reshape(q * n, -1))
         self.cnt.view(-1).index_add_(0, index, weights.T.reshape(-1))
-        held, target = (self._pooled if traced else self._pooled_rows)(x, slot, *rows, self.acc[:, rslot],
-                                                                       self.cnt[:, rslot], weights, pos, plen, rslot)
+        tensors = (x, slot, *rows, self.acc[:, rslot], self.cnt[:, rslot], weights, pos, plen, rslot)
+        if traced:
+            held, target = self._pooled(*tensors)
+        else:
+            held, target = _pooled(*tensors, dump=self.requests, codes=_codes(use.pooled, self.probes))
         self.pheld.scatter_(1, target, held)
 
 
-def _probe_rows(x, slot, reads, ppool, pU, poff, pp, pcode, pos, plen, pv):
+def _codes(read: frozenset, probes: int) -> list:
+    """Per probe index, the readout codes ``read`` ((probe, code) pairs) names."""
+    return [frozenset(code for p, code in read if p == q) for q in range(probes)]
+
+
+def _probe_rows(x, slot, reads, ppool, pU, poff, pp, pcode, pos, plen, pv, codes=None):
     """Every probe's per-token value where a row's plan reads it here (``pv`` elsewhere), and each row's weight
-    in its request's prompt sum of each pooled probe read here: ([n, probes], [n, probes])."""
+    in its request's prompt sum of each pooled probe read here: ([n, probes], [n, probes]). ``codes``: per
+    probe, the readouts its per-token rows use (None: any; an empty set: none is read per token here)."""
     read, pool = reads[:, slot].T, ppool[:, slot].T
-    values = torch.stack([S.readout_rows(x, pU[q][slot], poff[q][slot], pp[q][slot], pcode[q][slot])
+    values = torch.stack([pv[:, q] if codes is not None and not codes[q] else
+                          S.readout_rows(x, pU[q][slot], poff[q][slot], pp[q][slot], pcode[q][slot],
+                                         None if codes is None else codes[q])
                           for q in range(pU.shape[0])], 1)
     weights = (read & (pool != 0) & (pos < plen).unsqueeze(1)).to(x.dtype)
     return torch.where(read & (pool == 0), values, pv), weights
 
 
-def _pooled(x, slot, ppool, pU, poff, pp, pcode, acc, cnt, weights, pos, plen, rslot, *, dump: int):
+def _pooled(x, slot, ppool, pU, poff, pp, pcode, acc, cnt, weights, pos, plen, rslot, *, dump: int, codes=None):
     """Each pooled probe's value per row from its request's prompt sum so far (``acc``, ``cnt``: [probes, n, ..]
     gathered by request row; the mean's readout for ``prompt.mean``, the row's own for ``prompt.last``), and
-    where it goes: its request row at the prompt's last position, row ``dump`` elsewhere ([probes, n] each)."""
+    where it goes: its request row at the prompt's last position, row ``dump`` elsewhere ([probes, n] each).
+    ``codes`` as :func:`_probe_rows`'s, for the pooled rows."""
     held = []
     for q in range(pU.shape[0]):
+        if codes is not None and not codes[q]:  # not pooled here: its weights are 0, its values go to the dump
+            held.append(torch.zeros_like(x[:, 0]))
+            continue
         mean = acc[q] / cnt[q].clamp_min(1.0).unsqueeze(-1)
         pooled = torch.where((ppool[q][slot] == 1).unsqueeze(-1), mean, x)
-        held.append(S.readout_rows(pooled, pU[q][slot], poff[q][slot], pp[q][slot], pcode[q][slot]))
+        held.append(S.readout_rows(pooled, pU[q][slot], poff[q][slot], pp[q][slot], pcode[q][slot],
+                                   None if codes is None else codes[q]))
     last = (weights > 0) & (pos == plen - 1).unsqueeze(1)
     return torch.stack(held), torch.where(last, rslot.unsqueeze(1), torch.full_like(last, dump, dtype=rslot.dtype)).T
 
@@ -396,17 +447,20 @@ def _stages(x, slot, masks, factors, member, scale, bias, A, a0, B, code, p, kee
     everything). ``values``: [n, probes] each row's probe values, for the gates."""
     stages, rank, keep, nonlinear = use.stages, use.rank, use.keep, use.nonlinear
     for k in range(stages):
-        new = x * scale[k][slot] + factors[:, k].unsqueeze(-1) * bias[k][slot]
+        new = x * scale[k][slot] if use.scaled else x  # (exact: x * 1 is x, and x + 0 is x)
+        if use.biased:
+            new = new + factors[:, k].unsqueeze(-1) * bias[k][slot]
         if rank:
             c = (x.unsqueeze(-1) * A[k, :, :, :rank][slot]).sum(1) + a0[k, :, :rank][slot]
             if nonlinear:
-                c = _g(c, code[k][slot], p[k][slot])
+                c = _g(c, code[k][slot], p[k][slot], nonlinear)
             new = new + (c.unsqueeze(-1) * B[k, :, :rank][slot]).sum(1)
         if keep:
             new = torch.where(keeps[k][slot].unsqueeze(-1), S.preserve_norm(x, new), new)
         mask = masks[:, k]
         if use.gated:
-            mask = mask & S.gate_rows(values, gq[k][slot], gop[k][slot], gthr[k][slot], truth[k][slot])
+            mask = mask & S.gate_rows(values, gq[k][slot], gop[k][slot], gthr[k][slot], truth[k][slot],
+                                      None if use.gated == _EVERY_OP else use.gated)
         x = torch.where(mask.unsqueeze(-1), new, x)
     return x, member[slot]  # member: the rows of plans that steer at this point
 
@@ -437,18 +491,19 @@ def _compile_region(fn):
     return region(fn) if region is not None else fn
 
 
-def _g(c, code, p):
-    """A row's ``g`` on its coefficients ([n, r]): LINEAR, JUMP or NORM_TO (``steerc.ir.kernels.base``)."""
-    c0 = c[:, :1]
-    jump = p[:, 1:2] - torch.relu(c0) * (c0 > p[:, :1]).to(c.dtype)
-    jumped = torch.cat([jump, torch.zeros_like(c[:, 1:])], 1)
-    if c.shape[1] >= 2:
+def _g(c, code, p, codes=frozenset((JUMP, NORM_TO))):
+    """A row's ``g`` on its coefficients ([n, r]): LINEAR, JUMP or NORM_TO (``steerc.ir.kernels.base``); only
+    the ``codes`` the rows hold besides LINEAR."""
+    code = code.unsqueeze(-1)
+    if NORM_TO in codes and c.shape[1] >= 2:
         rho = torch.sqrt(c[:, :1] * c[:, :1] + c[:, 1:2] * c[:, 1:2])
         turned = torch.cat([rho * p[:, :1] - c[:, :1], rho * p[:, 1:2] - c[:, 1:2], torch.zeros_like(c[:, 2:])], 1)
-    else:
-        turned = c
-    code = code.unsqueeze(-1)
-    return torch.where(code == JUMP, jumped, torch.where(code == NORM_TO, turned, c))
+        c = torch.where(code == NORM_TO, turned, c)
+    if JUMP in codes:
+        c0 = c[:, :1]
+        jump = p[:, 1:2] - torch.relu(c0) * (c0 > p[:, :1]).to(c.dtype)
+        c = torch.where(code == JUMP, torch.cat([jump, torch.zeros_like(c[:, 1:])], 1), c)
+    return c
 
 
 def _as(value, width: int):
