@@ -20,7 +20,7 @@ from steerc.runtime import kernels as S
 from steerc.runtime.vllm.parallel import check_gates_on_stage, layer_path, localise, owns
 from steerc.runtime.vllm.receipt import Receipt
 from steerc.runtime.vllm.steer import SteerState, operands, site_function
-from steerc.runtime.vllm.tables import DEFAULT, POOLS, gate_row, probe_row, stage_masks
+from steerc.runtime.vllm.tables import DEFAULT, POOLS, every_row, gate_row, probe_row, stage_masks
 from steerc.targets.serve.capacity import Capacity, table_refusals
 from steerc.targets.vllm.program import build, prefix_cache_safe
 
@@ -71,6 +71,8 @@ class RequestSteer:
         self.state = SteerState(boot, tensors, max_tokens=max_tokens if self.needs_metadata else 1, max_slots=1,
                                 width=max(facts.hidden, facts.head_dim), dtype=dtype, device=device)
         self.fns = {key: site_function(self.state, local["sites"]) for key, local in hooks.items()}
+        # Row counts -> stage masks, when every tabled stage steers every row (decode steps repeat one count).
+        self._every_row = {} if all(every_row(self.state, hooks[key]) for key in self.tabled) else None
         self.slot_id, self.slot = slot_id, 0
         self.started = False
         self.receipt: Receipt | None = None
@@ -113,7 +115,18 @@ class RequestSteer:
                 getattr(self.state, f"held_{name}")[0] = tables.pheld[self.probe_index[name], self.rslot]
 
     def stage_masks(self, pos, plen) -> dict:
-        """Each tabled hook's per-stage (scope mask, schedule factor) over this step's rows of the request."""
+        """Each tabled hook's per-stage (scope mask, schedule factor) over this step's rows of the request (the
+        same arrays each step of as many rows, when every stage steers every row: read, never written)."""
+        if self._every_row is not None:
+            masks = self._every_row.get(len(pos))
+            if masks is None:
+                if len(self._every_row) >= 4:
+                    self._every_row.clear()
+                masks = self._every_row[len(pos)] = self._stage_masks(pos, plen)
+            return masks
+        return self._stage_masks(pos, plen)
+
+    def _stage_masks(self, pos, plen) -> dict:
         memo: dict = {}  # one answer per distinct scope and schedule, whatever the number of hooks sharing it
         return {key: stage_masks(self.state, self.hooks[key], pos, plen, memo) for key in self.tabled}
 

@@ -41,7 +41,7 @@ from steerc.ir.kernels.base import JUMP, NORM_TO
 from steerc.runtime import kernels as S
 from steerc.targets.serve.capacity import Capacity, tableable
 
-__all__ = ["SteerTables", "TableFull", "Use", "gate_row", "probe_row", "stage_masks", "tableable"]
+__all__ = ["SteerTables", "TableFull", "Use", "every_row", "gate_row", "probe_row", "stage_masks", "tableable"]
 DEFAULT = Capacity()
 # A probe row's pool (its readout: steerc.runtime.kernels.readout_row, the one seat of the readouts).
 POOLS = {"token": 0, "prompt.mean": 1, "prompt.last": 2}
@@ -159,6 +159,7 @@ class SteerTables(torch.nn.Module):
         self.free = list(range(1, rows))
         self.free_requests = list(range(requests))
         self._views: dict[tuple, list] = {}  # (width, point index) -> its buffers' views (eager)
+        self._use_memo: dict[tuple, dict] = {}  # (a step's slots, prompt tokens or not) -> its use per point
 
     # -------------------------------------------------------------- plans
     def acquire(self, plan_id: str, rows: dict) -> int:
@@ -174,6 +175,7 @@ class SteerTables(torch.nn.Module):
             raise TableFull(f"all {self.plans} plan slots hold live plans")
         slot = self.free.pop(0)
         self.held[plan_id] = [slot, 1]
+        self._use_memo.clear()
         probes = {q: row for q, row in enumerate(rows.get("probes", ())) if row is not None}  # None: not tabled
         for q, row in probes.items():
             self._write_probe(q, slot, row)
@@ -241,6 +243,7 @@ class SteerTables(torch.nn.Module):
     @torch.no_grad()
     def _clear(self, slot: int) -> None:
         self.row_use.pop(slot, None)
+        self._use_memo.clear()
         for w in self.widths:
             self._buf("scale", w)[:, :, slot] = 1
             self._buf("member", w)[:, slot] = False
@@ -293,18 +296,8 @@ class SteerTables(torch.nn.Module):
             raise ValueError(f"{n} tokens in one step is over the {self.max_tokens} steerc was sized for")
         self.slot[:n].copy_(torch.from_numpy(np.asarray(slots, dtype=np.int64)), non_blocking=True)
         self.slot[n:].fill_(0)
-        self.step_use = {}
-        for slot in np.unique(np.asarray(slots)[:n]):
-            for key, use in self.row_use.get(int(slot), {}).items():
-                old = self.step_use.get(key)
-                self.step_use[key] = use if old is None else old.join(use)
-        if pos is None or not (np.asarray(pos)[:n] < np.asarray(plen)[:n]).any():
-            # no prompt token this step: a pooled probe neither sums nor decides (decode steps read what it holds)
-            for key, use in list(self.step_use.items()):
-                if use.pooled:
-                    use = self.step_use[key] = use._replace(pooled=frozenset())
-                    if use == _IDLE:
-                        del self.step_use[key]
+        prompt = pos is not None and bool((np.asarray(pos)[:n] < np.asarray(plen)[:n]).any())
+        self.step_use = self._step_use(tuple(np.unique(np.asarray(slots)[:n]).tolist()), prompt)
         if self.probes:
             for name, values, fill in (("rslot", rslots, self.requests), ("pos", pos, 0), ("plen", plen, 0)):
                 buf = getattr(self, name)
@@ -329,6 +322,29 @@ class SteerTables(torch.nn.Module):
             self._buf("mask", w)[:, n:].fill_(False)
             self._buf("factor", w)[:, :n].copy_(torch.from_numpy(factor), non_blocking=True)
 
+    def _step_use(self, slots: tuple, prompt: bool) -> dict:
+        """What a step whose tokens hold ``slots`` uses at each point; ``prompt``: some token is in its prompt
+        (without one, a pooled probe neither sums nor decides: decode steps read what it holds). Kept while the
+        slots' plans stay (decode steps repeat the same slots)."""
+        memo = self._use_memo.get((slots, prompt))
+        if memo is not None:
+            return memo
+        use_at: dict = {}
+        for slot in slots:
+            for key, use in self.row_use.get(slot, {}).items():
+                old = use_at.get(key)
+                use_at[key] = use if old is None else old.join(use)
+        if not prompt:
+            for key, use in list(use_at.items()):
+                if use.pooled:
+                    use = use_at[key] = use._replace(pooled=frozenset())
+                    if use == _IDLE:
+                        del use_at[key]
+        if len(self._use_memo) >= 64:
+            self._use_memo.clear()
+        self._use_memo[(slots, prompt)] = use_at
+        return use_at
+
     # ------------------------------------------------------- applying them
     def used(self, key) -> Use | None:
         """What this step's plans use of the tables at point ``key`` (None: no tabled plan steers or reads a
@@ -343,6 +359,10 @@ class SteerTables(torch.nn.Module):
         step)."""
         w, j = self.where[key]
         out, member = self._stages(w, j, x.to(self.dtype), x.shape[0], use or self.full)
+        if use is not None and x.dtype == self.dtype:
+            # eager: a row no plan steers here is outside every stage's mask, so it is x bit for bit (a new
+            # tensor: the steer point's output may not alias its input)
+            return out if out is not x else x.clone()
         return torch.where(member.unsqueeze(-1), out.to(x.dtype), x)
 
     def apply_pair(self, key, hidden, residual, use: Use | None = None):
@@ -352,7 +372,7 @@ class SteerTables(torch.nn.Module):
         total = hidden.to(self.dtype) + residual.to(self.dtype)
         out, member = self._stages(w, j, total, hidden.shape[0], use or self.full)
         rows = member.unsqueeze(-1)
-        return torch.where(rows, out.to(hidden.dtype), hidden), torch.where(rows, torch.zeros_like(residual), residual)
+        return torch.where(rows, out.to(hidden.dtype), hidden), residual.masked_fill(rows, 0)
 
     def _stages(self, w: int, j: int, x, n: int, use: Use):
         slot = self.slot[:n]
@@ -530,10 +550,20 @@ def stage_masks(state, hook: dict, pos, plen, memo: dict | None = None) -> list:
     return out
 
 
+def every_row(state, hook: dict) -> bool:
+    """Whether each stage of ``hook`` steers every row it is given (its scope holds ``all``, no schedule): its
+    masks depend on the number of rows only."""
+    return all(_every_row(state, k) for site in hook["sites"] for k in site["kernels"])
+
+
+def _every_row(state, k: dict) -> bool:
+    return not k.get("schedule") and any(tuple(item) == ("all",) for item in state.boot["scopes"][k["scope"]])
+
+
 def _stage_mask(state, k: dict, pos, plen, memo: dict) -> tuple:
-    scope = state.boot["scopes"][k["scope"]]
-    if not k.get("schedule") and any(tuple(item) == ("all",) for item in scope):
+    if _every_row(state, k):
         return np.ones(len(pos), dtype=bool), None  # every row: no torch call per step
+    scope = state.boot["scopes"][k["scope"]]
     if "rows" not in memo:
         memo["rows"] = (torch.from_numpy(np.asarray(pos, dtype=np.int64)),
                         torch.from_numpy(np.asarray(plen, dtype=np.int64)))
