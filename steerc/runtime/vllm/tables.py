@@ -52,7 +52,7 @@ class Use(NamedTuple):
     """What a step's plans use of the tables at one point: kernel stages, rank, ``preserve norm``, the nonlinear
     ``g`` codes, the probes read there (``probes``: per token, ``pooled``: prompt-pooled, each a set of (probe
     index, readout code)), the comparisons of gated stages (their operator codes), a scale other than 1, a bias
-    other than 0. The host trims the eager maths to it; a graph asks for all of it (:attr:`SteerTables.full`)."""
+    other than 0, a coefficient offset (``a0``) other than 0. The host trims the eager maths to it; a graph asks for all of it (:attr:`SteerTables.full`)."""
 
     stages: int
     rank: int
@@ -63,6 +63,7 @@ class Use(NamedTuple):
     gated: frozenset = frozenset()
     scaled: bool = False
     biased: bool = False
+    shifted: bool = False
 
     def join(self, other: "Use") -> "Use":
         return Use(max(self.stages, other.stages), max(self.rank, other.rank),
@@ -103,7 +104,8 @@ class SteerTables(torch.nn.Module):
             n = self.counts[w]
             self.register_buffer(f"scale{w}", torch.ones(n, kernels, rows, w, **kw), persistent=False)
             self.register_buffer(f"bias{w}", torch.zeros(n, kernels, rows, w, **kw), persistent=False)
-            self.register_buffer(f"A{w}", torch.zeros(n, kernels, rows, w, rank, **kw), persistent=False)
+            # A is kept transposed, [rank, width] as B: a step at a lower rank reads whole contiguous rows
+            self.register_buffer(f"A{w}", torch.zeros(n, kernels, rows, rank, w, **kw), persistent=False)
             self.register_buffer(f"a0{w}", torch.zeros(n, kernels, rows, rank, **kw), persistent=False)
             self.register_buffer(f"B{w}", torch.zeros(n, kernels, rows, rank, w, **kw), persistent=False)
             self.register_buffer(f"code{w}", torch.zeros(n, kernels, rows, dtype=torch.long, device=device),
@@ -149,7 +151,7 @@ class SteerTables(torch.nn.Module):
             self.register_buffer("plen", torch.zeros(max_tokens, **long), persistent=False)
         every = frozenset((q, code) for q in range(probes) for code in S.READOUT_CODES.values())
         self.full = Use(kernels, rank, True, frozenset((JUMP, NORM_TO)), every, every,
-                        _EVERY_OP if probes else frozenset(), True, True)
+                        _EVERY_OP if probes else frozenset(), True, True, True)
         self._full = _region(self.full)  # what a graph runs at each point
         self._probe_rows = _compile_region(_probe_rows)
         self._pooled = _compile_region(lambda *tensors: _pooled(*tensors, dump=requests))
@@ -217,7 +219,8 @@ class SteerTables(torch.nn.Module):
             frozenset(r for r in read if r[0] not in pooled), frozenset(r for r in read if r[0] in pooled),
             frozenset(op for _, _, _, gate in stages if gate is not None for op in gate["op"]),
             any(bool(torch.as_tensor(row.get("scale", 1.0)).ne(1).any()) for row, _, _, _ in stages),
-            any(bool(torch.as_tensor(row.get("bias", 0.0)).ne(0).any()) for row, _, _, _ in stages))
+            any(bool(torch.as_tensor(row.get("bias", 0.0)).ne(0).any()) for row, _, _, _ in stages),
+            any(bool(torch.as_tensor(row.get("a0", 0.0)).ne(0).any()) for row, _, _, _ in stages))
         for k, (row, keep, cols, gate) in enumerate(stages):
             if gate is not None:
                 c = len(gate["q"])
@@ -231,7 +234,7 @@ class SteerTables(torch.nn.Module):
             self._buf("bias", w)[j, k, slot, a:b] = _as(row.get("bias", 0.0), b - a)
             if "A" in row:
                 r = row["A"].shape[1]
-                self._buf("A", w)[j, k, slot, a:b, :r] = row["A"]
+                self._buf("A", w)[j, k, slot, :r, a:b] = row["A"].T
                 self._buf("B", w)[j, k, slot, :r, a:b] = row["B"]
                 if "a0" in row:
                     self._buf("a0", w)[j, k, slot, :r] = row["a0"]
@@ -471,7 +474,9 @@ def _stages(x, slot, masks, factors, member, scale, bias, A, a0, B, code, p, kee
         if use.biased:
             new = new + factors[:, k].unsqueeze(-1) * bias[k][slot]
         if rank:
-            c = (x.unsqueeze(-1) * A[k, :, :, :rank][slot]).sum(1) + a0[k, :, :rank][slot]
+            c = (x.unsqueeze(1) * A[k, :, :rank][slot]).sum(-1)
+            if use.shifted:
+                c = c + a0[k, :, :rank][slot]
             if nonlinear:
                 c = _g(c, code[k][slot], p[k][slot], nonlinear)
             new = new + (c.unsqueeze(-1) * B[k, :, :rank][slot]).sum(1)
