@@ -1,9 +1,11 @@
-"""How a cost grows with the size of its input, for the tests that claim linear time (issue 32).
+"""What work costs against other work, for the tests that claim linear time (issue 32) or a bounded cost.
 
 A test that says "linear" measures the same work at two sizes, side by side in one process, and asserts on the
 ratio of the CPU times: neither a loaded machine (CPU time, :class:`support.CpuSeconds`) nor a slow one (a ratio,
 not a number of seconds) fails it, while a quadratic cost does (4x the input: about 16x the time, where linear
-work takes about 4x). How fast the work is against a clock belongs to benchmarks/.
+work takes about 4x). A test that says a hostile input is refused cheaply compares it the same way with an
+ordinary input through the same path (:func:`assert_cheap`). How fast the work is against a clock belongs to
+benchmarks/.
 """
 
 from __future__ import annotations
@@ -42,3 +44,48 @@ def assert_linear(small: Callable[[], object], large: Callable[[], object], fact
     """``large`` (``factor`` times ``small``'s input) costs at most twice what linear growth allows."""
     ratio, said = growth(small, large)
     assert ratio < 2.0 * factor, f"{factor}x the input cost {said} (linear: about {factor}x)"
+
+
+def unit_cost(work: Callable[[], object], at_least: float = 0.05) -> float:
+    """The CPU seconds of one run of ``work``, timed over as many runs as add up to ``at_least`` seconds (so that a
+    clock tick cannot make a cheap run look free or dear)."""
+    runs, spent = 0, 0.0
+    while spent < at_least and runs < 10_000:
+        with CpuSeconds() as cpu:
+            work()
+        runs, spent = runs + 1, spent + cpu.seconds
+    return max(spent, 1e-6) / runs
+
+
+def assert_cheap(work: Callable[[], object], reference: Callable[[], object] | float, times: float,
+                 what: str = "") -> object:
+    """Run ``work`` once and assert it cost at most ``times`` one run of ``reference``: an ordinary input through
+    the same path (or its :func:`unit_cost`, measured once for many checks), both timed here in CPU time. A bound
+    on the work a hostile input causes, whatever the machine's speed; returns what ``work`` returned."""
+    base = reference if isinstance(reference, float) else unit_cost(reference)
+    with CpuSeconds() as cpu:
+        result = work()
+    # One run is read to the clock's grain (4 ms ticks here): a bound below a few ticks could fail on one tick.
+    limit = max(times * base, 5 * clock_grain())
+    assert cpu.seconds <= limit, (f"{what}: {cpu.seconds:.3f} s of CPU, {cpu.seconds / base:.0f}x an ordinary "
+                                  f"input's {base * 1e3:.2f} ms (at most {times:g}x)")
+    return result
+
+
+_GRAIN: list[float] = []
+
+
+def clock_grain() -> float:
+    """The smallest step of the thread CPU clock :class:`support.CpuSeconds` reads (seconds), measured once."""
+    if not _GRAIN:
+        from support import _thread_cpu
+
+        steps = []
+        last = _thread_cpu()
+        while len(steps) < 3:
+            now = _thread_cpu()
+            if now != last:
+                steps.append(now - last)
+                last = now
+        _GRAIN.append(min(steps))
+    return _GRAIN[0]

@@ -6,7 +6,8 @@ import json
 import os
 
 import pytest
-from support import CpuSeconds, run_cli
+from scaling import assert_cheap, unit_cost
+from support import run_cli
 
 CLEAN = "steer 1\n\nvector v = [1.0, 0.0, 0.0, 0.0]\n\nintervention push {\n  at  resid_pre[0]\n  add 2 * v\n}\n"
 BROKEN = "steer 1\n\nintervention push {\n  at  resid_pre[0]\n  add 2 * w\n}\n"
@@ -136,10 +137,10 @@ def loops(tmp_path, monkeypatch):
 @pytest.mark.parametrize("command", ["check", "fmt"])
 def test_a_glob_through_link_loops_finishes_fast(loops, pattern, command):
     """glob.glob took 72 s and then died of a MemoryError on `p/**/*.steer` here."""
-    with CpuSeconds() as cpu:
-        code, out, err = run_cli([command, *(["--format", "json"] if command == "check" else ["--check"]), pattern])
-    spent = cpu.seconds
-    assert "Traceback" not in err and spent < 0.5, f"{err[-300:]} {spent:.2f} s of CPU"
+    flags = ["--format", "json"] if command == "check" else ["--check"]
+    ordinary = unit_cost(lambda: run_cli([command, *flags, "p/x.steer"]))  # the file named without a pattern
+    code, out, err = assert_cheap(lambda: run_cli([command, *flags, pattern]), ordinary, 50, pattern[:80])
+    assert "Traceback" not in err, err[-300:]
     if pattern.count("/") > 40:  # Linux follows at most 40 links in one path: nothing that deep exists
         assert code == 2 and "no file matches the glob" in err
         return

