@@ -251,6 +251,7 @@ class ServeRouter:
         """
         params = self.view.sampling_params(rid)
         extra = getattr(params, "extra_args", None)
+        steer = None
         try:
             admitted = admit(extra, self.facts, tp_size=self.tp_size, key=self.key, sites=self.sites,
                              stages=self.stages)
@@ -275,7 +276,7 @@ class ServeRouter:
                                        "gate's values; its steering is unaffected")
             return steer
         except Exception as exc:  # noqa: BLE001 - this request fails; the engine and the others go on
-            self._release(locals().get("steer"))
+            self._release(steer)  # what it took in the tables, if it got that far
             self._fail(rid, str(exc), params)
             return _FAILED
 
