@@ -58,18 +58,26 @@ def unit_cost(work: Callable[[], object], at_least: float = 0.05) -> float:
 
 
 def assert_cheap(work: Callable[[], object], reference: Callable[[], object] | float, times: float,
-                 what: str = "") -> object:
-    """Run ``work`` once and assert it cost at most ``times`` one run of ``reference``: an ordinary input through
-    the same path (or its :func:`unit_cost`, measured once for many checks), both timed here in CPU time. A bound
-    on the work a hostile input causes, whatever the machine's speed; returns what ``work`` returned."""
+                 what: str = "", tries: int = 3) -> object:
+    """Run ``work`` and assert it cost at most ``times`` one run of ``reference``: an ordinary input through the
+    same path (or its :func:`unit_cost`, measured once for many checks), both timed here in CPU time. A bound on
+    the work a hostile input causes, whatever the machine's speed; returns what ``work`` returned.
+
+    A run over the bound is run again, up to ``tries`` runs, and the least counts (as :func:`cpu_seconds`): a
+    busy machine's page faults and cache misses land in a thread's CPU time too (a 0.1 s check once read 1.4 s
+    beside an engine's compile), while work that really grows costs as much every time."""
     base = reference if isinstance(reference, float) else unit_cost(reference)
-    with CpuSeconds() as cpu:
-        result = work()
     # One run is read to the clock's grain (4 ms ticks here): a bound below a few ticks could fail on one tick.
     limit = max(times * base, 5 * clock_grain())
-    assert cpu.seconds <= limit, (f"{what}: {cpu.seconds:.3f} s of CPU, {cpu.seconds / base:.0f}x an ordinary "
-                                  f"input's {base * 1e3:.2f} ms (at most {times:g}x)")
-    return result
+    best = float("inf")
+    for _ in range(tries):
+        with CpuSeconds() as cpu:
+            result = work()
+        best = min(best, cpu.seconds)
+        if best <= limit:
+            return result
+    raise AssertionError(f"{what}: {best:.3f} s of CPU at least, {best / base:.0f}x an ordinary input's "
+                         f"{base * 1e3:.2f} ms (at most {times:g}x)")
 
 
 _GRAIN: list[float] = []
