@@ -221,6 +221,26 @@ def test_identical_plans_share_a_slot_counted_and_a_freed_slot_is_reused():
     assert tables.acquire(c.slot_id, c.table_rows()) == s1
 
 
+def test_a_slot_freed_and_taken_by_another_plan_is_used_as_that_plan_steps_after():
+    """What a step uses at a point is kept by the step's slots (decode steps repeat them); a slot that changes
+    plans between two such steps must not keep the old plan's use: an add (rank 0) then an ablation (rank 1)."""
+    a, b = _request("add", "resid_post[1]", "all", 1), _request("ablate", "resid_post[1]", "all", 2)
+    tables = _tables()
+    key = next(iter(a.tabled))
+    assert key in b.tabled
+    pos, plen, spans = _step([1], [3], [3])
+    a.slot = tables.acquire(a.slot_id, a.table_rows())
+    _write(tables, [a], spans, pos, plen, restart=False)
+    assert tables.used(key).rank == 0
+    tables.release(a.slot_id)
+    b.slot = tables.acquire(b.slot_id, b.table_rows())
+    assert b.slot == a.slot
+    _write(tables, [b], spans, pos, plen, restart=False)
+    assert tables.used(key).rank == 1
+    x = torch.randn(1, FACTS.hidden)
+    assert torch.allclose(tables.apply(key, x, tables.used(key)), b.fns[key](x), atol=1e-5)
+
+
 def test_a_full_table_says_so_and_its_buffers_never_move():
     tables = _tables(plans=2)
     addresses = [b.data_ptr() for b in tables.buffers()]
