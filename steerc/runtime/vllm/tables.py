@@ -52,7 +52,8 @@ class Use(NamedTuple):
     """What a step's plans use of the tables at one point: kernel stages, rank, ``preserve norm``, the nonlinear
     ``g`` codes, the probes read there (``probes``: per token, ``pooled``: prompt-pooled, each a set of (probe
     index, readout code)), the comparisons of gated stages (their operator codes), a scale other than 1, a bias
-    other than 0, a coefficient offset (``a0``) other than 0. The host trims the eager maths to it; a graph asks for all of it (:attr:`SteerTables.full`)."""
+    other than 0, a coefficient offset (``a0``) other than 0. The host trims the eager maths to it; a graph asks
+    for all of it (:attr:`SteerTables.full`)."""
 
     stages: int
     rank: int
