@@ -98,11 +98,7 @@ class Steering:
         import torch
 
         from steerc.runtime.kernels import compute_dtype
-        from steerc.runtime.vllm.tables import SteerTables
-
-        width = model.config.hidden_size
-        self.keys = [(f"model.layers.{i}", "post", "output") for i in range(model.config.num_hidden_layers)]
-        from steerc.runtime.vllm.tables import probe_row
+        from steerc.runtime.vllm.tables import SteerTables, probe_row
 
         width = model.config.hidden_size
         self.keys = [(f"model.layers.{i}", "post", "output") for i in range(model.config.num_hidden_layers)]
