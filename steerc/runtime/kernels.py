@@ -201,11 +201,11 @@ def readout_rows(h, U, off, p, code, codes=None):
         ph = (c.unsqueeze(1) * U).sum(-1)
         ph = torch.where((code == READOUT_CODES["projected_cosine"]).unsqueeze(-1), torch.tanh(ph), ph)
         out = (h * ph).sum(-1) / (norm * ph.norm(dim=-1)).clamp_min(1e-30)
+    readouts = {0: lambda: pre, 1: lambda: c[:, 0] / (norm * p).clamp_min(1e-30), 2: lambda: norm,
+                3: lambda: torch.relu(pre) * (pre > p).to(pre.dtype)}
     for k in (3, 2, 1, 0):  # innermost first: where(code == 0, dot, where(code == 1, cosine, ...))
         if need(k):
-            value = (torch.relu(pre) * (pre > p).to(pre.dtype) if k == 3 else norm if k == 2 else
-                     c[:, 0] / (norm * p).clamp_min(1e-30) if k == 1 else pre)
-            out = value if out is None else torch.where(code == k, value, out)
+            out = readouts[k]() if out is None else torch.where(code == k, readouts[k](), out)
     return out
 
 
