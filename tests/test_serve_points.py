@@ -2,7 +2,7 @@
 
 What the serve plugin relies on when vLLM compiles the model: the graph is traced once with the points in
 it, and each later call runs the point's Python body, so steering decided after compilation (a new plan, new
-rows) applies without a recompile; an idle point passes its tensor through bit for bit.
+rows) applies without a recompile; a point steers its tensor in place, and an idle point writes nothing.
 """
 
 from __future__ import annotations
@@ -30,10 +30,12 @@ class Model(torch.nn.Module):
     def __init__(self, width: int = 8, layers: int = 3):
         super().__init__()
         torch.manual_seed(0)
+        self.embed = torch.nn.Linear(width, width)  # the stream starts as a new tensor, as vLLM's embedding
         self.layers = torch.nn.ModuleList(Layer(width) for _ in range(layers))
 
     def forward(self, x):
-        hidden, residual = x, torch.zeros_like(x)
+        hidden = self.embed(x)
+        residual = torch.zeros_like(hidden)
         for layer in self.layers:
             hidden, residual = layer(hidden, residual)
         return hidden + residual
@@ -47,28 +49,18 @@ class Steering:
         self.ran: list[str] = []
 
     def one(self, name):
-        def body(x):
+        def body(x):  # in place, as the router's bodies
             self.ran.append(name)
-            active = self.rows.get(name)
-            if not active:
-                return None
-            out = x.clone()
-            for a, b, bias in active:
-                out[a:b] = out[a:b] + bias
-            return out
+            for a, b, bias in self.rows.get(name, ()):
+                x[a:b] += bias
         return body
 
     def pair(self, name):
         def body(hidden, residual):
             self.ran.append(name)
-            active = self.rows.get(name)
-            if not active:
-                return None
-            hidden, residual = hidden.clone(), residual.clone()
-            for a, b, bias in active:
+            for a, b, bias in self.rows.get(name, ()):
                 hidden[a:b] = hidden[a:b] + residual[a:b] + bias
                 residual[a:b] = 0
-            return hidden, residual
         return body
 
 
@@ -84,7 +76,8 @@ def _steered(seed_model, steering: Steering):
 
 def _reference(model, x, rows):
     """The same steering computed directly, without hooks or points."""
-    hidden, residual = x.clone(), torch.zeros_like(x)
+    hidden = model.embed(x)
+    residual = torch.zeros_like(hidden)
     for a, b, bias in rows.get("resid_pre[0]", ()):
         hidden[a:b] = hidden[a:b] + bias
     for i, layer in enumerate(model.layers):
@@ -139,11 +132,51 @@ def test_points_run_their_python_every_call_of_a_compiled_graph():
     assert steering.ran.count("mlp_out[1]") == 1 + len(cases) + 1
 
 
-def test_a_point_never_returns_its_input():
-    """Compiled graphs forbid a custom op's output to alias its input: an idle point copies."""
+def test_a_point_steers_in_place_and_an_idle_point_writes_nothing():
+    """The op mutates its input (compiled graphs let a mutating op run in place): an idle point costs its call
+    and writes nothing, with no copy; a steered point writes its rows into the tensor itself. A tensor that is
+    not contiguous is steered through a contiguous copy and written back."""
     points._POINTS.append(lambda x: None)
-    index = len(points._POINTS) - 1
+    idle = len(points._POINTS) - 1
     x = torch.randn(3, 4)
-    out = torch.ops.steerc.point(x, index)
-    assert torch.equal(out, x) and out.data_ptr() != x.data_ptr()
+    before, address = x.clone(), x.data_ptr()
+    assert torch.ops.steerc.point(x, idle) is None
+    assert torch.equal(x, before) and x.data_ptr() == address
+
+    def steer(t):
+        t[1:2] += 1.0
+
+    points._POINTS.append(steer)
+    busy = len(points._POINTS) - 1
+    torch.ops.steerc.point(x, busy)
+    assert torch.equal(x[1], before[1] + 1.0) and torch.equal(x[[0, 2]], before[[0, 2]])
+    t = torch.randn(4, 3).T  # [3, 4], not contiguous
+    was = t.clone()
+    torch.ops.steerc.point(t, busy)
+    assert torch.equal(t[1], was[1] + 1.0) and torch.equal(t[[0, 2]], was[[0, 2]])
     assert points.SPLITTING_OPS == ("steerc::point", "steerc::point_pair")
+
+
+def test_inductor_runs_the_points_in_place_with_no_copy():
+    """What the in-place op buys: Inductor's compiled model calls each point on the hooked buffer itself, with no
+    copy of the tensor around it (a functional op had to return a new tensor: a copy per point per step)."""
+    import shutil
+
+    import torch._dynamo
+    from torch._inductor.utils import run_and_get_code
+
+    if not (shutil.which("g++") or shutil.which("c++")):
+        pytest.skip("Inductor's C++ kernels need a compiler")
+    torch._dynamo.reset()
+    base = Model()
+    steering = Steering()
+    model = _steered(base, steering)
+    compiled = torch.compile(model, backend="inductor", dynamic=True, fullgraph=True)
+    x = torch.randn(6, 8)
+    with torch.no_grad():
+        steering.rows = {"mlp_out[1]": [(0, 2, 1.5)], "resid_post[0]": [(1, 4, -0.5)]}
+        got, (code, *_) = run_and_get_code(compiled, x)
+        torch.testing.assert_close(got, _reference(base, x, steering.rows), rtol=1e-5, atol=1e-5)
+    calls = code.count("torch.ops.steerc.point.default(") + code.count("torch.ops.steerc.point_pair.default(")
+    assert calls == 7, code  # every point: resid_pre[0], then mlp_out and resid_post at each of 3 layers
+    assert "clone" not in code and "copy_" not in code, code

@@ -445,8 +445,9 @@ def test_a_decode_step_skips_a_point_that_only_pools_a_probe():
     _write(tables, [r], spans, pos, plen, restart=True)
     assert tables.used(probe_key).pooled == {(0, 1)}  # (probe 0, cosine)
     x = v.expand(4, -1).clone()
+    before = x.clone()
     out = tables.apply(probe_key, x, tables.used(probe_key))
-    assert out is not x and torch.equal(out, x)  # read, untouched, and new: a steer point never returns its input
+    assert torch.equal(out, before) and torch.equal(x, before)  # read, untouched
     assert float(tables.pheld[0, r.rslot]) == pytest.approx(1.0, abs=1e-5)
     pos, plen, spans = _step([1], [4], [4])
     _write(tables, [r], spans, pos, plen, restart=False)

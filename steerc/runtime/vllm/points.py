@@ -15,13 +15,17 @@ server provisions (``--steer-sites``), installed before compilation:
 * under CUDA graphs the ops are among vLLM's splitting ops (PIECEWISE mode):
   the graph pieces between them replay, and the op runs between them;
 * the op's body is the eager plugin's dispatch (:mod:`.serve`): each steered
-  request's kernels on that request's token rows only; rows of other
-  requests, and every row when no request is steered there, are copied
-  bit for bit.
+  request's kernels on that request's token rows only, written into the
+  hooked tensor in place; rows of other requests, and every row when no
+  request is steered there, are not written at all.
 
-An op cannot return its input (compiled graphs forbid aliasing outputs of
-custom ops), so an idle point returns a copy: one copy of the hooked tensor
-per provisioned site per step (measured by benchmarks/vllm_cpu.py --serve).
+The op mutates its input (``mutates_args``, as vLLM's own attention op writes
+its output): compiled, functionalization records the write and Inductor
+lets it happen in place where nothing else reads the tensor after it (a
+post-hook's output, a pre-hook's input: the hook hands the same tensor on),
+so an idle point costs one call and writes nothing. (An op that returned a
+new tensor could not return its input, so an idle point copied its tensor
+once per step.)
 
 Each worker process has one model, so the points of a process live in one
 table: point ``i`` is ``(body, key)``; an op call names ``i``.
@@ -34,28 +38,37 @@ import torch
 _POINTS: list = []  # index -> fn(x) -> x or fn(hidden, residual) -> (hidden, residual)
 
 
-@torch.library.custom_op("steerc::point", mutates_args=())
-def point(x: torch.Tensor, index: int) -> torch.Tensor:
-    """The steering of point ``index`` on ``x`` (a new tensor, never ``x`` itself)."""
-    out = _POINTS[index](x)
-    return x.clone() if out is None else out
+@torch.library.custom_op("steerc::point", mutates_args=("x",))
+def point(x: torch.Tensor, index: int) -> None:
+    """The steering of point ``index``, written into ``x`` in place (nothing written where nothing steers)."""
+    if x.is_contiguous():
+        _POINTS[index](x)
+        return
+    y = x.contiguous()  # the bodies write rows of [tokens, width] views
+    _POINTS[index](y)
+    x.copy_(y)
 
 
 @point.register_fake
 def _(x, index):
-    return torch.empty_like(x)
+    return None
 
 
-@torch.library.custom_op("steerc::point_pair", mutates_args=())
-def point_pair(hidden: torch.Tensor, residual: torch.Tensor, index: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """The steering of point ``index`` on a fused layer's (hidden, residual) pair (new tensors)."""
-    out = _POINTS[index](hidden, residual)
-    return (hidden.clone(), residual.clone()) if out is None else out
+@torch.library.custom_op("steerc::point_pair", mutates_args=("hidden", "residual"))
+def point_pair(hidden: torch.Tensor, residual: torch.Tensor, index: int) -> None:
+    """The steering of point ``index`` on a fused layer's (hidden, residual) pair, written into both in place."""
+    if hidden.is_contiguous() and residual.is_contiguous():
+        _POINTS[index](hidden, residual)
+        return
+    h, r = hidden.contiguous(), residual.contiguous()
+    _POINTS[index](h, r)
+    hidden.copy_(h)
+    residual.copy_(r)
 
 
 @point_pair.register_fake
 def _(hidden, residual, index):
-    return torch.empty_like(hidden), torch.empty_like(residual)
+    return None
 
 
 # The names vLLM's compilation config takes in splitting_ops, for PIECEWISE CUDA graphs.
@@ -68,8 +81,8 @@ def install(module, kind: str, tensor: str, body, tables=None) -> object:
     ``tables(x)`` (``tables(hidden, residual)`` for ``tensor == "fused_pair"``), when given, is traced
     tensor code run first: the plan tables (:mod:`.tables`), inside the graph. ``body``, when given, runs
     after it through a new steer point (an opaque op, Python each step): the per-request path. ``body(x)``
-    returns the steered tensor or None (untouched); for a fused pair, ``body(hidden, residual)`` returns the
-    steered pair or None.
+    steers ``x`` (contiguous) in place, writing only the rows it steers; for a fused pair,
+    ``body(hidden, residual)`` steers both in place.
     """
     index = None
     if body is not None:
@@ -79,7 +92,9 @@ def install(module, kind: str, tensor: str, body, tables=None) -> object:
     def one(x):
         if tables is not None:
             x = tables(x)
-        return x if index is None else torch.ops.steerc.point(x, index)
+        if index is not None:
+            torch.ops.steerc.point(x, index)
+        return x
 
     if kind == "pre":
         at = 1 if tensor == "input1" else 0
@@ -97,7 +112,7 @@ def install(module, kind: str, tensor: str, body, tables=None) -> object:
             if tables is not None:
                 hidden, residual = tables(hidden, residual)
             if index is not None:
-                hidden, residual = torch.ops.steerc.point_pair(hidden, residual, index)
+                torch.ops.steerc.point_pair(hidden, residual, index)
             return (hidden, residual) + tuple(output[2:])
         if isinstance(output, tuple):
             return (one(output[0]),) + tuple(output[1:])

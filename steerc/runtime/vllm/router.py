@@ -77,26 +77,25 @@ def slot_id(admitted) -> str:
 
 
 def _body(key, router):
-    """A steer point's body (the per-request path's servers): the plan tables where a tabled plan steers here
-    this step (trimmed to what this step's plans use), then each per-request plan's function on its own
-    rows; None when nothing steers here this step (every row untouched)."""
+    """A steer point's body (the per-request path's servers), steering the point's tensor in place: the plan
+    tables where a tabled plan steers here this step (trimmed to what this step's plans use), then each
+    per-request plan's function on its own rows; nothing written when nothing steers here this step."""
     tables = router.tables
     if key[2] == "fused_pair":
         def pair(hidden, residual):
             router.ran.add(key)
             active, use = router.rows.get(key, ()), tables.used(key)
             if not active and use is None:
-                return None
+                return
             if use is not None:
-                hidden, residual = tables.apply_pair(key, hidden, residual, use)
-            else:
-                hidden, residual = hidden.clone(), residual.clone()
+                steered, zeroed = tables.apply_pair(key, hidden, residual, use)
+                hidden.copy_(steered)
+                residual.copy_(zeroed)
             for req, a, b in active:
                 fn = req.fns[key]
                 total = hidden[a:b].to(fn.dtype) + residual[a:b].to(fn.dtype)
                 hidden[a:b] = fn(total).to(hidden.dtype)
                 residual[a:b] = 0  # the next fused add-norm sums the pair: rows stay exact
-            return hidden, residual
 
         return pair
 
@@ -104,12 +103,14 @@ def _body(key, router):
         router.ran.add(key)
         active, use = router.rows.get(key, ()), tables.used(key)
         if not active and use is None:
-            return None
-        flat = x.reshape(-1, x.shape[-1])
-        out = tables.apply(key, flat, use) if use is not None else flat.clone()
-        for req, a, b in active:
-            out[a:b] = req.fns[key](flat[a:b])
-        return out.reshape(x.shape)
+            return
+        flat = x.view(-1, x.shape[-1])
+        if use is not None:
+            out = tables.apply(key, flat, use)
+            if out is not flat:
+                flat.copy_(out)
+        for req, a, b in active:  # rows no tabled plan steers: the tables left them as they were
+            flat[a:b] = req.fns[key](flat[a:b])
 
     return one
 

@@ -356,7 +356,8 @@ class SteerTables(torch.nn.Module):
         return self.step_use.get(key)
 
     def apply(self, key, x, use: Use | None = None):
-        """Every plan's kernels at point ``key`` on ``x`` ([tokens, width], the model's dtype): a new tensor.
+        """Every plan's kernels at point ``key`` on ``x`` ([tokens, width], the model's dtype): a new tensor (or,
+        eager, ``x`` itself where the step's plans only read a probe here).
 
         ``use`` (:meth:`used`) trims the work to what this step's plans use (the steer point's body, in
         Python, knows it); None runs every stage at the full rank (traced into a graph, which must serve any
@@ -364,9 +365,9 @@ class SteerTables(torch.nn.Module):
         w, j = self.where[key]
         out, member = self._stages(w, j, x.to(self.dtype), x.shape[0], use or self.full)
         if use is not None and x.dtype == self.dtype:
-            # eager: a row no plan steers here is outside every stage's mask, so it is x bit for bit (a new
-            # tensor: the steer point's output may not alias its input)
-            return out if out is not x else x.clone()
+            # eager: a row no plan steers here is outside every stage's mask, so it is x bit for bit (x itself
+            # where the point only reads a probe: the steer point writes in place, and skips that copy)
+            return out
         return torch.where(member.unsqueeze(-1), out.to(x.dtype), x)
 
     def apply_pair(self, key, hidden, residual, use: Use | None = None):
