@@ -19,7 +19,10 @@ Goals: the vllm target at >= 0.99 of unsteered with compile on; the compiled ser
 plain compiled vLLM at 32 distinct mixed plans and >= 0.99 with plain requests (EasySteer's vLLM fork
 reports 0.17 at 256 distinct configurations per batch).
 
-    python benchmarks/vllm_cpu.py [--rounds 3] [--new 48] [--batch 16] [--serve]
+    python benchmarks/vllm_cpu.py [--rounds 3] [--new 48] [--batch 16] [--serve | --paired]
+
+``--paired`` keeps plain compiled vLLM and the default CPU server both booted and alternates them round by
+round, so that each ratio is measured against plain runs minutes, not a boot, away (:func:`paired`).
 """
 
 from __future__ import annotations
@@ -162,20 +165,12 @@ def mixed_plan(i: int) -> str:
     return head + body
 
 
-def serve_plugin(folder: str, args) -> list[tuple[str, str, float]]:
-    """32 requests in one batch on: plain compiled vLLM (what a user runs without steerc), then the serve
-    plugin compiled (the plan tables in the graph, with and without the per-request path's steer points, every
-    site group provisioned, then resid only) and eager, with 0, 1, 8 and 32 distinct plans among the 32
-    requests: adds at 4 layers, and the mixed set (:func:`mixed_plan`, gates included: the tables hold them)."""
-    import vllm
-
-    from steerc.runtime.vllm.loader import register_loader
+def plan_sets(folder: str) -> dict[str, list]:
+    """The serve requests' ``extra_args`` for the two plan sets, 32 plans each: ``add`` (adds at 4 layers, a
+    direction each) and ``mixed`` (:func:`mixed_plan`)."""
     from steerc.serve_client import extra_args, read_compiled
-    from steerc.targets.serve.capacity import ALL_SITES
     from steerc.targets.serve.emit import emit
 
-    register_loader()
-    prompt = _prompt_ids(folder)
     facts = _facts(folder)
     lo, hi = LAYERS
     sets: dict[str, list] = {"add": [], "mixed": []}
@@ -188,6 +183,22 @@ def serve_plugin(folder: str, args) -> list[tuple[str, str, float]]:
                 out = os.path.join(tmp, f"{name}{i}")
                 emit(_plan(folder, text), facts, out)
                 sets[name].append(extra_args(*read_compiled(out)))
+    return sets
+
+
+def serve_plugin(folder: str, args) -> list[tuple[str, str, float]]:
+    """32 requests in one batch on: plain compiled vLLM (what a user runs without steerc), then the serve
+    plugin compiled (the plan tables in the graph, with and without the per-request path's steer points, every
+    site group provisioned, then resid only) and eager, with 0, 1, 8 and 32 distinct plans among the 32
+    requests: adds at 4 layers, and the mixed set (:func:`mixed_plan`, gates included: the tables hold them)."""
+    import vllm
+
+    from steerc.runtime.vllm.loader import register_loader
+    from steerc.targets.serve.capacity import ALL_SITES
+
+    register_loader()
+    prompt = _prompt_ids(folder)
+    sets = plan_sets(folder)
     base = dict(model=folder, dtype="float32", max_model_len=512, max_num_seqs=32, enable_prefix_caching=False)
     # (label, sites, eager, per-request path, [(condition, plan set, distinct plans)])
     every = [("plain requests", "add", 0), ("1 plan", "add", 1), ("8 distinct plans", "add", 8),
@@ -218,6 +229,52 @@ def serve_plugin(folder: str, args) -> list[tuple[str, str, float]]:
                 print(f"  {label}, {name}: {rate:.1f} tokens/s", file=sys.stderr)
         finally:
             _close(llm)
+    return rows
+
+
+def paired(folder: str, args) -> list[tuple[str, str, float, float, float]]:
+    """Plain compiled vLLM and the default CPU server (``steerc serve``: tables in the steer points), both
+    booted and kept, measured in alternation: plain, then each condition on the server, round after round,
+    and plain once more at the end. Each condition's ratio in a round is its rate over the mean of the plain
+    rates measured just before and just after it, so the machine's drift over minutes (two-fold on this
+    class of machine) cancels; the table gives each ratio's median and range over the rounds."""
+    import vllm
+
+    from steerc.runtime.vllm.loader import register_loader
+    from steerc.targets.serve.capacity import ALL_SITES
+
+    register_loader()
+    prompt = _prompt_ids(folder)
+    sets = plan_sets(folder)
+    base = dict(model=folder, dtype="float32", max_model_len=512, max_num_seqs=32, enable_prefix_caching=False)
+    plain = vllm.LLM(**base)
+    served = vllm.LLM(**base, load_format="steerc", logits_processors=["steerc.runtime.serve:SteercGuard"],
+                      additional_config={"steerc": {"mode": "serve", "sites": list(ALL_SITES),
+                                                    "per_request": True, "probes": 2}})
+    conditions = [("plain requests", "add", 0), ("32 distinct plans", "add", 32),
+                  ("32 distinct mixed plans", "mixed", 32)]
+
+    def params(plans: str, k: int) -> list:
+        return [vllm.SamplingParams(max_tokens=args.new, temperature=0.0, ignore_eos=True,
+                                    extra_args=(sets[plans][i % k] if k else None)) for i in range(32)]
+
+    try:
+        plain_rates, rates = [], {name: [] for name, _, _ in conditions}
+        for r in range(args.rounds):
+            plain_rates.append(_throughput(plain, prompt, params("add", 0), 1))
+            for name, plans, k in conditions:
+                rates[name].append(_throughput(served, prompt, params(plans, k), 1))
+            print(f"  round {r + 1}: plain {plain_rates[-1]:.1f}, "
+                  + ", ".join(f"{n} {v[-1]:.1f}" for n, v in rates.items()), file=sys.stderr)
+        plain_rates.append(_throughput(plain, prompt, params("add", 0), 1))
+    finally:
+        _close(served)
+        _close(plain)
+    rows = []
+    for name, got in rates.items():
+        ratios = [rate * 2 / (plain_rates[r] + plain_rates[r + 1]) for r, rate in enumerate(got)]
+        rows.append((name, f"{statistics.median(got):.1f}", statistics.median(ratios), min(ratios), max(ratios)))
+    rows.insert(0, ("plain compiled vLLM", f"{statistics.median(plain_rates):.1f}", 1.0, 1.0, 1.0))
     return rows
 
 
@@ -279,10 +336,24 @@ def main(argv=None) -> int:
     parser.add_argument("--serve", action="store_true", help="the serve plugin's rows only")
     parser.add_argument("--serve-only", action="append", metavar="ENGINE",
                         help="with --serve: only this engine's rows (repeatable; e.g. 'plain vLLM, compiled')")
+    parser.add_argument("--paired", action="store_true",
+                        help="plain compiled vLLM and the default CPU server, both kept, measured in alternation "
+                             "(--rounds rounds): the serve goals' ratios with the machine's drift cancelled")
     args = parser.parse_args(argv)
     from models import ensure
 
     folder = ensure("smollm2")
+    if args.paired:
+        rows = paired(folder, args)
+        import vllm
+
+        print(f"\nvLLM {vllm.__version__} (CPU), SmolLM2-135M-Instruct float32, 32 requests x {args.new} tokens, "
+              f"{args.rounds} rounds in alternation: each ratio against the plain runs just before and after it\n")
+        print("| condition | tokens/s (median) | vs plain compiled vLLM (median) | range |")
+        print("|---|---:|---:|---|")
+        for name, rate, mid, lo, hi in rows:
+            print(f"| {name} | {rate} | {mid:.3f} | {lo:.3f}–{hi:.3f} |")
+        return 0
     rows = ([] if args.serve else vllm_target(folder, args)) + serve_plugin(folder, args)
     import vllm
 
