@@ -48,13 +48,19 @@ def assert_linear(small: Callable[[], object], large: Callable[[], object], fact
 
 def unit_cost(work: Callable[[], object], at_least: float = 0.05) -> float:
     """The CPU seconds of one run of ``work``, timed over as many runs as add up to ``at_least`` seconds (so that a
-    clock tick cannot make a cheap run look free or dear)."""
-    runs, spent = 0, 0.0
-    while spent < at_least and runs < 10_000:
-        with CpuSeconds() as cpu:
+    clock tick cannot make a cheap run look free or dear): the runs share one timed block, read to the clock's
+    grain once, not once a run."""
+    from support import _thread_cpu
+
+    runs = 0
+    with CpuSeconds() as cpu:
+        start = _thread_cpu()
+        while runs < 10_000:
             work()
-        runs, spent = runs + 1, spent + cpu.seconds
-    return max(spent, 1e-6) / runs
+            runs += 1
+            if _thread_cpu() - start >= at_least:
+                break
+    return max(cpu.seconds, 1e-6) / runs
 
 
 def assert_cheap(work: Callable[[], object], reference: Callable[[], object] | float, times: float,

@@ -23,14 +23,16 @@ EXAMPLES = os.path.join(TESTS, "fixtures", "examples")
 class CpuSeconds:
     """``with CpuSeconds() as cpu: ...`` then ``cpu.seconds``: the CPU time this thread spent in the block, with the
     garbage collector off. What the code under test costs: not how busy the machine is, not another thread, and
-    not a collection of the suite's heap (~0.7 GB late in a run) that happens to fall inside the block."""
+    not a collection of the suite's heap (~0.7 GB late in a run) that happens to fall inside the block.
+
+    The collector is only switched off, not run first: a full collection of that heap costs about a second, and
+    a test that times many short blocks paid it at every block (minutes in CI)."""
 
     seconds = 0.0
 
     def __enter__(self) -> "CpuSeconds":
         import gc
 
-        gc.collect()
         gc.disable()
         self._start = _thread_cpu()
         return self
