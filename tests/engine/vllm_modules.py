@@ -84,6 +84,13 @@ def main(argv: list[str]) -> int:
     from steerc.facts.families import FAMILIES
 
     out, families = argv[0], argv[1:] or list(FAMILIES)
+    from vllm.model_executor.models import registry
+
+    # vLLM inspects each model class in a fresh interpreter (to keep CUDA out of the caller) unless its
+    # modelinfo cache has it: on a clean machine that is ~10 s of importing vLLM per family, 4 minutes for all
+    # of them. Here, on the meta device, there is no CUDA to keep out: inspected in this process, and cached
+    # as vLLM caches them, for the engines the other tests boot.
+    registry._run_in_subprocess = lambda fn: fn()
     _init_one_rank()
     with tempfile.TemporaryDirectory() as root:
         report = {family: describe(family, root) for family in families}
