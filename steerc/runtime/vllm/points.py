@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import torch
 
-_POINTS: list = []  # index -> fn(x) -> x or fn(hidden, residual) -> (hidden, residual)
+_POINTS: list = []  # index -> fn(x) or fn(hidden, residual): steers its tensors in place
 
 
 @torch.library.custom_op("steerc::point", mutates_args=("x",))
