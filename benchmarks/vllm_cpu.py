@@ -186,6 +186,23 @@ def plan_sets(folder: str) -> dict[str, list]:
     return sets
 
 
+def served(sites, per_request: bool) -> dict:
+    """The engine arguments of the serve plugin on ``sites`` (probes asked for: the mixed set has gates, and
+    without the per-request path the default is none)."""
+    return dict(load_format="steerc", logits_processors=["steerc.runtime.serve:SteercGuard"],
+                additional_config={"steerc": {"mode": "serve", "sites": list(sites), "per_request": per_request,
+                                              "probes": 2}})
+
+
+def requests(args, sets: dict, plans: str, k: int) -> list:
+    """32 greedy requests of ``args.new`` tokens, cycling through ``k`` distinct plans of set ``plans`` (none
+    when ``k`` is 0)."""
+    import vllm
+
+    return [vllm.SamplingParams(max_tokens=args.new, temperature=0.0, ignore_eos=True,
+                                extra_args=(sets[plans][i % k] if k else None)) for i in range(32)]
+
+
 def serve_plugin(folder: str, args) -> list[tuple[str, str, float]]:
     """32 requests in one batch on: plain compiled vLLM (what a user runs without steerc), then the serve
     plugin compiled (the plan tables in the graph, with and without the per-request path's steer points, every
@@ -215,16 +232,11 @@ def serve_plugin(folder: str, args) -> list[tuple[str, str, float]]:
             continue
         kw = dict(base, enforce_eager=eager)
         if sites is not None:
-            # probes asked for: the mixed set has gates (without the per-request path the default is none)
-            kw.update(load_format="steerc", additional_config={"steerc": {"mode": "serve", "sites": list(sites),
-                                                                          "per_request": per_request, "probes": 2}},
-                      logits_processors=["steerc.runtime.serve:SteercGuard"])
+            kw.update(served(sites, per_request))
         llm = vllm.LLM(**kw)
         try:
             for name, plans, k in conditions:
-                params = [vllm.SamplingParams(max_tokens=args.new, temperature=0.0, ignore_eos=True,
-                                              extra_args=(sets[plans][i % k] if k else None)) for i in range(32)]
-                rate = _throughput(llm, prompt, params, args.rounds)
+                rate = _throughput(llm, prompt, requests(args, sets, plans, k), args.rounds)
                 rows.append((label, name, rate))
                 print(f"  {label}, {name}: {rate:.1f} tokens/s", file=sys.stderr)
         finally:
@@ -248,27 +260,20 @@ def paired(folder: str, args) -> list[tuple]:
     sets = plan_sets(folder)
     base = dict(model=folder, dtype="float32", max_model_len=512, max_num_seqs=32, enable_prefix_caching=False)
     plain = vllm.LLM(**base)
-    served = vllm.LLM(**base, load_format="steerc", logits_processors=["steerc.runtime.serve:SteercGuard"],
-                      additional_config={"steerc": {"mode": "serve", "sites": list(ALL_SITES),
-                                                    "per_request": True, "probes": 2}})
+    server = vllm.LLM(**base, **served(ALL_SITES, True))
     conditions = [("plain requests", "add", 0), ("32 distinct plans", "add", 32),
                   ("32 distinct mixed plans", "mixed", 32)]
-
-    def params(plans: str, k: int) -> list:
-        return [vllm.SamplingParams(max_tokens=args.new, temperature=0.0, ignore_eos=True,
-                                    extra_args=(sets[plans][i % k] if k else None)) for i in range(32)]
-
     try:
         plain_rates, rates = [], {name: [] for name, _, _ in conditions}
         for r in range(args.rounds):
-            plain_rates.append(_throughput(plain, prompt, params("add", 0), 1))
+            plain_rates.append(_throughput(plain, prompt, requests(args, sets, "add", 0), 1))
             for name, plans, k in conditions:
-                rates[name].append(_throughput(served, prompt, params(plans, k), 1))
+                rates[name].append(_throughput(server, prompt, requests(args, sets, plans, k), 1))
             print(f"  round {r + 1}: plain {plain_rates[-1]:.1f}, "
                   + ", ".join(f"{n} {v[-1]:.1f}" for n, v in rates.items()), file=sys.stderr)
-        plain_rates.append(_throughput(plain, prompt, params("add", 0), 1))
+        plain_rates.append(_throughput(plain, prompt, requests(args, sets, "add", 0), 1))
     finally:
-        _close(served)
+        _close(server)
         _close(plain)
     rows = []
     for name, got in rates.items():
