@@ -6,7 +6,7 @@ plans arrive with requests, each with its own structure. Most plans are held
 by the plan tables (:mod:`.tables`): traced code at each provisioned site,
 reading fixed buffers, no Python per step. The rest (plans beyond the
 tables' bounds) take the per-request path. A steer point is an
-opaque PyTorch custom op, ``steerc::point`` (``steerc::point_pair`` for the
+opaque PyTorch operator, ``steerc::point`` (``steerc::point_pair`` for the
 (hidden, residual) pair of fused layers), called by a hook on every site the
 server provisions (``--steer-sites``), installed before compilation:
 
@@ -19,7 +19,7 @@ server provisions (``--steer-sites``), installed before compilation:
   hooked tensor in place; rows of other requests, and every row when no
   request is steered there, are not written at all.
 
-The op mutates its input (``mutates_args``, as vLLM's own attention op writes
+The op mutates its input (its schema says so, as vLLM's own attention op writes
 its output): compiled, functionalization records the write and Inductor
 lets it happen in place where nothing else reads the tensor after it (a
 post-hook's output, a pre-hook's input: the hook hands the same tensor on),
@@ -37,8 +37,16 @@ import torch
 
 _POINTS: list = []  # index -> fn(x) or fn(hidden, residual): steers its tensors in place
 
+# The ops are defined on a torch.library.Library with a Python kernel, not with torch.library.custom_op: the
+# dispatcher calls the kernel directly, about 3 us a call here, where custom_op's own Python layers (its
+# autograd and mutation wrappers) cost 24-42 us, paid at every provisioned site every step (121 on SmolLM2).
+# The schemas declare the mutation (``Tensor(a!)``), as custom_op's ``mutates_args`` would, so that
+# functionalization records the write and Inductor lets it happen in place.
+_LIB = torch.library.Library("steerc", "DEF")
+_LIB.define("point(Tensor(a!) x, int index) -> ()")
+_LIB.define("point_pair(Tensor(a!) hidden, Tensor(b!) residual, int index) -> ()")
 
-@torch.library.custom_op("steerc::point", mutates_args=("x",))
+
 def point(x: torch.Tensor, index: int) -> None:
     """The steering of point ``index``, written into ``x`` in place (nothing written where nothing steers)."""
     if x.is_contiguous():
@@ -49,12 +57,6 @@ def point(x: torch.Tensor, index: int) -> None:
     x.copy_(y)
 
 
-@point.register_fake
-def _(x, index):
-    return None
-
-
-@torch.library.custom_op("steerc::point_pair", mutates_args=("hidden", "residual"))
 def point_pair(hidden: torch.Tensor, residual: torch.Tensor, index: int) -> None:
     """The steering of point ``index`` on a fused layer's (hidden, residual) pair, written into both in place."""
     if hidden.is_contiguous() and residual.is_contiguous():
@@ -66,9 +68,13 @@ def point_pair(hidden: torch.Tensor, residual: torch.Tensor, index: int) -> None
     residual.copy_(r)
 
 
-@point_pair.register_fake
-def _(hidden, residual, index):
+def _writes_nothing_new(*args) -> None:  # the fake kernel (tracing): the ops return nothing
     return None
+
+
+for _name, _kernel in (("point", point), ("point_pair", point_pair)):
+    _LIB.impl(_name, _kernel, "CompositeExplicitAutograd")
+    torch.library.register_fake(f"steerc::{_name}", _writes_nothing_new, lib=_LIB)
 
 
 # The names vLLM's compilation config takes in splitting_ops, for PIECEWISE CUDA graphs.
