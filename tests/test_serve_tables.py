@@ -241,6 +241,59 @@ def test_a_slot_freed_and_taken_by_another_plan_is_used_as_that_plan_steps_after
     assert torch.allclose(tables.apply(key, x, tables.used(key)), b.fns[key](x), atol=1e-5)
 
 
+def test_a_slot_retaken_by_a_plan_of_the_same_shape_steers_with_its_own_rows():
+    """Eager steps keep each point's operands gathered by slot while the step's slots repeat (decode steps);
+    a slot freed and taken by another plan of the same shape (the same use: an add, rank 0) between two such
+    steps must steer with the new plan's rows, not the gathered old ones."""
+    a, b = _request("add", "resid_post[1]", "all", 1), _request("add", "resid_post[1]", "all", 2)
+    tables = _tables()
+    key = next(iter(a.tabled))
+    pos, plen, spans = _step([2], [3], [3])
+    x = torch.randn(2, FACTS.hidden)
+    a.slot = tables.acquire(a.slot_id, a.table_rows())
+    _write(tables, [a], spans, pos, plen, restart=False)
+    assert torch.equal(tables.apply(key, x, tables.used(key)), a.fns[key](x))
+    assert tables._gathers  # kept for the next step with these slots
+    first = tables.used(key)
+    tables.release(a.slot_id)
+    b.slot = tables.acquire(b.slot_id, b.table_rows())
+    assert b.slot == a.slot
+    _write(tables, [b], spans, pos, plen, restart=False)
+    assert tables.used(key) == first
+    assert torch.equal(tables.apply(key, x, tables.used(key)), b.fns[key](x))
+    assert not torch.equal(a.fns[key](x), b.fns[key](x))
+
+
+def test_eager_points_write_in_place_and_only_the_rows_they_steer():
+    """steer_ and steer_pair_ (the steer points' eager form) write the step's steering into the tensors they are
+    given, as apply and apply_pair compute it; the rows of a request without a plan keep their bits, and a
+    fused pair's residual is written only where a plan steers."""
+    r = _request("ablate", "resid_post[1]", "all", 2)
+    tables = _tables()
+    r.slot = tables.acquire(r.slot_id, r.table_rows())
+    pos, plen, spans = _step([2, 3], [3, 3], [3, 3])
+    _write(tables, [r], spans[:1], pos, plen, restart=False)  # rows 2..4: a request without a plan
+    key = next(iter(r.tabled))
+    use = tables.used(key)
+    for _ in range(2):  # the second step reads the operands kept for these slots
+        x = torch.randn(5, FACTS.hidden)
+        x[2, 0] = -0.0
+        want = tables.apply(key, x, use)
+        y = x.clone()
+        address = y.data_ptr()
+        tables.steer_(key, y, use)
+        assert y.data_ptr() == address and torch.equal(y, want)
+        assert torch.equal(y[2:].view(torch.int32), x[2:].view(torch.int32))  # bits, -0.0 included
+        assert torch.allclose(y[:2], r.fns[key](x[:2]), atol=1e-5)
+        h, res = torch.randn(5, FACTS.hidden), torch.randn(5, FACTS.hidden)
+        want_h, want_r = tables.apply_pair(key, h, res, use)
+        h2, r2 = h.clone(), res.clone()
+        tables.steer_pair_(key, h2, r2, use)
+        assert torch.equal(h2, want_h) and torch.equal(r2, want_r)
+        assert torch.equal(h2[2:], h[2:]) and torch.equal(r2[2:], res[2:]) and not r2[:2].any()
+        assert torch.allclose(h2[:2], r.fns[key](h[:2] + res[:2]), atol=1e-5)
+
+
 def test_a_full_table_says_so_and_its_buffers_never_move():
     tables = _tables(plans=2)
     addresses = [b.data_ptr() for b in tables.buffers()]

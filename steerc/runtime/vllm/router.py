@@ -88,9 +88,7 @@ def _body(key, router):
             if not active and use is None:
                 return
             if use is not None:
-                steered, zeroed = tables.apply_pair(key, hidden, residual, use)
-                hidden.copy_(steered)
-                residual.copy_(zeroed)
+                tables.steer_pair_(key, hidden, residual, use)
             for req, a, b in active:
                 fn = req.fns[key]
                 total = hidden[a:b].to(fn.dtype) + residual[a:b].to(fn.dtype)
@@ -106,9 +104,7 @@ def _body(key, router):
             return
         flat = x.view(-1, x.shape[-1])
         if use is not None:
-            out = tables.apply(key, flat, use)
-            if out is not flat:
-                flat.copy_(out)
+            tables.steer_(key, flat, use)
         for req, a, b in active:  # rows no tabled plan steers: the tables left them as they were
             flat[a:b] = req.fns[key](flat[a:b])
 

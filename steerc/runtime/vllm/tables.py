@@ -75,6 +75,10 @@ _IDLE = Use(0, 0)
 _EVERY_OP = frozenset(range(len(S.COMPARE_OPS)))
 # A point's operands in the order _stages takes them, then its per-token mask and factor.
 _OPERANDS = ("member", "scale", "bias", "A", "a0", "B", "code", "p", "keep", "mask", "factor")
+_GATE = ("gq", "gop", "gthr", "truth")  # a gated stage's operands
+# An eager step of at most GATHER_TOKENS tokens keeps each point's gathered operands while its slots repeat
+# (decode steps), within GATHER_BYTES in all.
+GATHER_TOKENS, GATHER_BYTES = 512, 64 << 20
 
 
 class TableFull(Exception):
@@ -163,6 +167,11 @@ class SteerTables(torch.nn.Module):
         self.free_requests = list(range(requests))
         self._views: dict[tuple, list] = {}  # (width, point index) -> its buffers' views (eager)
         self._use_memo: dict[tuple, dict] = {}  # (a step's slots, prompt tokens or not) -> its use per point
+        # Eager: each point's operands gathered by the step's per-token slots, kept while the same slots come
+        # back (decode steps repeat them) and the tables' rows stay; bounded in bytes (GATHER_BYTES).
+        self._gathers: dict = {}
+        self._gather_bytes = 0
+        self._step_key: tuple | None = None
 
     # -------------------------------------------------------------- plans
     def acquire(self, plan_id: str, rows: dict) -> int:
@@ -178,7 +187,7 @@ class SteerTables(torch.nn.Module):
             raise TableFull(f"all {self.plans} plan slots hold live plans")
         slot = self.free.pop(0)
         self.held[plan_id] = [slot, 1]
-        self._use_memo.clear()
+        self._forget()
         probes = {q: row for q, row in enumerate(rows.get("probes", ())) if row is not None}  # None: not tabled
         for q, row in probes.items():
             self._write_probe(q, slot, row)
@@ -247,7 +256,7 @@ class SteerTables(torch.nn.Module):
     @torch.no_grad()
     def _clear(self, slot: int) -> None:
         self.row_use.pop(slot, None)
-        self._use_memo.clear()
+        self._forget()
         for w in self.widths:
             self._buf("scale", w)[:, :, slot] = 1
             self._buf("member", w)[:, slot] = False
@@ -261,6 +270,12 @@ class SteerTables(torch.nn.Module):
             self.reads[:, :, slot] = False
             for name in ("pU", "poff", "pp", "pcode", "ppool"):
                 getattr(self, name)[:, slot] = 0
+
+    def _forget(self) -> None:
+        """A slot's rows changed: what was worked out from the rows (each step's use, gathered operands) goes."""
+        self._use_memo.clear()
+        self._gathers.clear()
+        self._gather_bytes = 0
 
     # -------------------------------------------------------------- requests (pooled probes)
     def take_request(self) -> int:
@@ -298,8 +313,10 @@ class SteerTables(torch.nn.Module):
         point (:meth:`used`) is what the rows of its slots wrote there."""
         if n > self.max_tokens:
             raise ValueError(f"{n} tokens in one step is over the {self.max_tokens} steerc was sized for")
-        self.slot[:n].copy_(torch.from_numpy(np.asarray(slots, dtype=np.int64)), non_blocking=True)
+        slots = np.asarray(slots, dtype=np.int64)
+        self.slot[:n].copy_(torch.from_numpy(slots), non_blocking=True)
         self.slot[n:].fill_(0)
+        self._step_key = (n, slots[:n].tobytes()) if n <= GATHER_TOKENS else None
         prompt = pos is not None and bool((np.asarray(pos)[:n] < np.asarray(plen)[:n]).any())
         self.step_use = self._step_use(tuple(np.unique(np.asarray(slots)[:n]).tolist()), prompt)
         if self.probes:
@@ -356,48 +373,93 @@ class SteerTables(torch.nn.Module):
         return self.step_use.get(key)
 
     def apply(self, key, x, use: Use | None = None):
-        """Every plan's kernels at point ``key`` on ``x`` ([tokens, width], the model's dtype): a new tensor (or,
-        eager, ``x`` itself where the step's plans only read a probe here).
+        """Every plan's kernels at point ``key`` on ``x`` ([tokens, width], the model's dtype): a new tensor.
 
         ``use`` (:meth:`used`) trims the work to what this step's plans use (the steer point's body, in
-        Python, knows it); None runs every stage at the full rank (traced into a graph, which must serve any
-        step)."""
-        w, j = self.where[key]
-        out, member = self._stages(w, j, x.to(self.dtype), x.shape[0], use or self.full)
-        if use is not None and x.dtype == self.dtype:
-            # eager: a row no plan steers here is outside every stage's mask, so it is x bit for bit (x itself
-            # where the point only reads a probe: the steer point writes in place, and skips that copy)
+        Python, knows it; it steers in place, :meth:`steer_`); None runs every stage at the full rank (traced
+        into a graph, which must serve any step)."""
+        if use is not None:
+            out = x.clone()
+            self.steer_(key, out, use)
             return out
+        w, j = self.where[key]
+        out, member = self._stages(w, j, x.to(self.dtype), x.shape[0], self.full)
         return torch.where(member.unsqueeze(-1), out.to(x.dtype), x)
+
+    def steer_(self, key, x, use: Use) -> None:
+        """Eager, in place: the step's plans at point ``key`` written into ``x`` ([tokens, width], contiguous),
+        trimmed to ``use``. A row no plan steers here is outside every stage's mask: it is written with its own
+        value, or not at all (a point where the step's plans only read a probe writes nothing)."""
+        w, j = self.where[key]
+        same = x.dtype == self.dtype
+        out, _ = self._stages(w, j, x.to(self.dtype), x.shape[0], use, into=x if same else None)
+        if out is not x:
+            x.copy_(out)
 
     def apply_pair(self, key, hidden, residual, use: Use | None = None):
         """The same on a fused layer's (hidden, residual) pair: the rows of plans that steer here become (steered
-        sum, 0), as on the per-request path; the others stay as they are."""
+        sum, 0), as on the per-request path; the others stay as they are. A new pair of tensors."""
+        if use is not None:
+            pair = hidden.clone(), residual.clone()
+            self.steer_pair_(key, *pair, use)
+            return pair
         w, j = self.where[key]
         total = hidden.to(self.dtype) + residual.to(self.dtype)
-        out, member = self._stages(w, j, total, hidden.shape[0], use or self.full)
+        out, member = self._stages(w, j, total, hidden.shape[0], self.full)
         rows = member.unsqueeze(-1)
         return torch.where(rows, out.to(hidden.dtype), hidden), residual.masked_fill(rows, 0)
 
-    def _stages(self, w: int, j: int, x, n: int, use: Use):
+    def steer_pair_(self, key, hidden, residual, use: Use) -> None:
+        """Eager, in place: :meth:`apply_pair`'s rows written into ``hidden`` and ``residual``, trimmed to
+        ``use``; the other rows are written with their own values (hidden) or not at all (residual)."""
+        w, j = self.where[key]
+        total = hidden.to(self.dtype) + residual.to(self.dtype)
+        out, member = self._stages(w, j, total, hidden.shape[0], use, into=total)
+        rows = member.unsqueeze(-1)
+        torch.where(rows, out.to(hidden.dtype), hidden, out=hidden)
+        residual.masked_fill_(rows, 0)
+
+    def _stages(self, w: int, j: int, x, n: int, use: Use, into=None):
+        """(``x`` steered by the step's plans at point ``(w, j)``, the rows whose plans steer there). Eager
+        (``use`` other than :attr:`full`): the operands gathered by slot are kept while the step's slots
+        repeat, and the last stage writes into ``into`` when given."""
         slot = self.slot[:n]
         if (use.probes or use.pooled) and w == self.hidden:
             self._read_probes(j, x, slot, n, use)
-        if use == self.full:  # traced: read from the buffers themselves
+        if use == self.full:  # traced: read from the buffers themselves, gather in the graph
             b = [self._buf(name, w)[j] for name in _OPERANDS]
-            mask, factor = self._buf("mask", w)[j, :n], self._buf("factor", w)[j, :n]
-        else:  # eager, every step: the point's views, made once
-            b = self._views.get((w, j))
-            if b is None:
-                b = self._views[(w, j)] = [self._buf(name, w)[j] for name in _OPERANDS]
-            mask, factor = b[-2][:n], b[-1][:n]
-        tensors = [x, slot, mask, factor, *b[:9]]
-        if use.gated:  # every probe's value for every row: per token, or its request's pooled value
-            values = torch.where(self.ppool[:, slot].T != 0, self.pheld[:, self.rslot[:n]].T, self.pv[:n])
-            tensors += [values, *(self._buf(name, w)[j] for name in ("gq", "gop", "gthr", "truth"))]
-        if use == self.full:
+            tensors = [x, self._buf("mask", w)[j, :n], self._buf("factor", w)[j, :n], slot, *b[:9]]
+            if use.gated:
+                tensors += [self._values(slot, n), *(self._buf(name, w)[j] for name in _GATE)]
             return self._full(*tensors)
-        return _stages(*tensors, use=use)
+        b = self._views.get((w, j))  # eager, every step: the point's views, made once
+        if b is None:
+            b = self._views[(w, j)] = [self._buf(name, w)[j] for name in _OPERANDS + (_GATE if self.probes else ())]
+        rows, ops = self._memo(("stages", w, j, use), lambda: _gather(slot, *b[:9], *b[11:], use=use))
+        values = self._values(slot, n) if use.gated else None
+        return _stages(x, b[9][:n], b[10][:n], ops, values, use=use, into=into), rows
+
+    def _values(self, slot, n: int):
+        """Every probe's value for every row: per token, or its request's pooled value ([n, probes])."""
+        pooled = self._memo(("pooled",), lambda: self.ppool[:, slot].T != 0)
+        return torch.where(pooled, self.pheld[:, self.rslot[:n]].T, self.pv[:n])
+
+    def _memo(self, tag: tuple, make):
+        """``make()``, kept for this step's slots (a step of at most GATHER_TOKENS tokens, within GATHER_BYTES)
+        until a slot's rows change: it must depend on the slots and the tables' rows only."""
+        if self._step_key is None:
+            return make()
+        key = (self._step_key, tag)
+        got = self._gathers.get(key)
+        if got is None:
+            got = make()
+            size = sum(t.numel() * t.element_size() for t in _tensors(got))
+            if self._gather_bytes + size > GATHER_BYTES:
+                self._gathers.clear()
+                self._gather_bytes = 0
+            self._gathers[key] = got
+            self._gather_bytes += size
+        return got
 
     def _read_probes(self, j: int, x, slot, n: int, use: Use) -> None:
         """Every probe the rows' plans read at this point, in place: a per-token probe's values into ``pv``; a
@@ -411,8 +473,9 @@ class SteerTables(torch.nn.Module):
         if traced:
             values, weights = self._probe_rows(x, slot, self.reads[j], *rows, pos, plen, self.pv[:n])
         else:
-            values, weights = _probe_rows(x, slot, self.reads[j], *rows, pos, plen, self.pv[:n],
-                                          codes=_codes(use.probes, self.probes))
+            codes = _codes(use.probes, self.probes)
+            gathered = self._memo(("probes", j, use.probes), lambda: _probe_gather(slot, self.reads[j], *rows, codes))
+            values, weights = _probe_values(x, *gathered, pos, plen, self.pv[:n], codes)
         if use.probes:
             self.pv[:n].copy_(values)
         if not use.pooled:
@@ -438,13 +501,24 @@ def _probe_rows(x, slot, reads, ppool, pU, poff, pp, pcode, pos, plen, pv, codes
     """Every probe's per-token value where a row's plan reads it here (``pv`` elsewhere), and each row's weight
     in its request's prompt sum of each pooled probe read here: ([n, probes], [n, probes]). ``codes``: per
     probe, the readouts its per-token rows use (None: any; an empty set: none is read per token here)."""
+    return _probe_values(x, *_probe_gather(slot, reads, ppool, pU, poff, pp, pcode, codes), pos, plen, pv, codes)
+
+
+def _probe_gather(slot, reads, ppool, pU, poff, pp, pcode, codes=None):
+    """What :func:`_probe_rows` reads by slot: the rows reading each probe per token, the rows pooling it, and
+    per probe its rows' (U, offset, parameter, readout code), None for a probe not read per token here.
+    Depends on the slots and the tables' rows only."""
     read, pool = reads[:, slot].T, ppool[:, slot].T
-    values = torch.stack([pv[:, q] if codes is not None and not codes[q] else
-                          S.readout_rows(x, pU[q][slot], poff[q][slot], pp[q][slot], pcode[q][slot],
-                                         None if codes is None else codes[q])
-                          for q in range(pU.shape[0])], 1)
-    weights = (read & (pool != 0) & (pos < plen).unsqueeze(1)).to(x.dtype)
-    return torch.where(read & (pool == 0), values, pv), weights
+    rows = [None if codes is not None and not codes[q] else (pU[q][slot], poff[q][slot], pp[q][slot], pcode[q][slot])
+            for q in range(pU.shape[0])]
+    return read & (pool == 0), read & (pool != 0), rows
+
+
+def _probe_values(x, token, pooling, rows, pos, plen, pv, codes=None):
+    values = torch.stack([pv[:, q] if row is None else S.readout_rows(x, *row, None if codes is None else codes[q])
+                          for q, row in enumerate(rows)], 1)
+    weights = (pooling & (pos < plen).unsqueeze(1)).to(x.dtype)
+    return torch.where(token, values, pv), weights
 
 
 def _pooled(x, slot, ppool, pU, poff, pp, pcode, acc, cnt, weights, pos, plen, rslot, *, dump: int, codes=None):
@@ -465,31 +539,61 @@ def _pooled(x, slot, ppool, pU, poff, pp, pcode, acc, cnt, weights, pos, plen, r
     return torch.stack(held), torch.where(last, rslot.unsqueeze(1), torch.full_like(last, dump, dtype=rslot.dtype)).T
 
 
-def _stages(x, slot, masks, factors, member, scale, bias, A, a0, B, code, p, keeps, values=None, gq=None, gop=None,
-            gthr=None, truth=None, *, use: Use):
-    """The tables' maths at one point: ``use.stages`` stages, coefficients up to ``use.rank``, ``preserve norm``,
-    the nonlinear ``g`` and gates only where asked (the host knows what a step uses; a graph asks for
-    everything). ``values``: [n, probes] each row's probe values, for the gates."""
-    stages, rank, keep, nonlinear = use.stages, use.rank, use.keep, use.nonlinear
-    for k in range(stages):
-        new = x * scale[k][slot] if use.scaled else x  # (exact: x * 1 is x, and x + 0 is x)
-        if use.biased:
-            new = new + factors[:, k].unsqueeze(-1) * bias[k][slot]
-        if rank:
-            c = (x.unsqueeze(1) * A[k, :, :rank][slot]).sum(-1)
-            if use.shifted:
-                c = c + a0[k, :, :rank][slot]
-            if nonlinear:
-                c = _g(c, code[k][slot], p[k][slot], nonlinear)
-            new = new + (c.unsqueeze(-1) * B[k, :, :rank][slot]).sum(1)
-        if keep:
-            new = torch.where(keeps[k][slot].unsqueeze(-1), S.preserve_norm(x, new), new)
+def _gather(slot, member, scale, bias, A, a0, B, code, p, keeps, gq=None, gop=None, gthr=None, truth=None, *,
+            use: Use):
+    """The rows whose plans steer at a point (``member`` by slot), and each of ``use.stages`` stages' operands
+    for each row, gathered by its slot: (scale, bias, A, a0, g code, g parameters, B, keep, gate), None where
+    ``use`` does not ask for it. Depends on the slots and the tables' rows only."""
+    rank = use.rank
+    ops = []
+    for k in range(use.stages):
+        ops.append((scale[k][slot] if use.scaled else None,
+                    bias[k][slot] if use.biased else None,
+                    A[k, :, :rank][slot] if rank else None,
+                    a0[k, :, :rank][slot] if rank and use.shifted else None,
+                    code[k][slot] if rank and use.nonlinear else None,
+                    p[k][slot] if rank and use.nonlinear else None,
+                    B[k, :, :rank][slot] if rank else None,
+                    keeps[k][slot] if use.keep else None,
+                    (gq[k][slot], gop[k][slot], gthr[k][slot], truth[k][slot]) if use.gated else None))
+    return member[slot], ops
+
+
+def _stages(x, masks, factors, ops, values=None, *, use: Use, into=None):
+    """The tables' maths at one point, stage by stage over the gathered operands (:func:`_gather`): ``preserve
+    norm``, the nonlinear ``g`` and gates only where asked (the host knows what a step uses; a graph asks for
+    everything). ``values``: [n, probes] each row's probe values, for the gates. ``into``: where the last stage
+    writes (eager), else a new tensor."""
+    for k, (scale, bias, A, a0, code, p, B, keeps, gate) in enumerate(ops):
+        new = x * scale if scale is not None else x  # (exact: x * 1 is x, and x + 0 is x)
+        if bias is not None:
+            new = new + factors[:, k].unsqueeze(-1) * bias
+        if A is not None:
+            c = (x.unsqueeze(1) * A).sum(-1)
+            if a0 is not None:
+                c = c + a0
+            if code is not None:
+                c = _g(c, code, p, use.nonlinear)
+            new = new + (c.unsqueeze(-1) * B).sum(1)
+        if keeps is not None:
+            new = torch.where(keeps.unsqueeze(-1), S.preserve_norm(x, new), new)
         mask = masks[:, k]
-        if use.gated:
-            mask = mask & S.gate_rows(values, gq[k][slot], gop[k][slot], gthr[k][slot], truth[k][slot],
-                                      None if use.gated == _EVERY_OP else use.gated)
-        x = torch.where(mask.unsqueeze(-1), new, x)
-    return x, member[slot]  # member: the rows of plans that steer at this point
+        if gate is not None:
+            mask = mask & S.gate_rows(values, *gate, None if use.gated == _EVERY_OP else use.gated)
+        if into is not None and k == len(ops) - 1:
+            x = torch.where(mask.unsqueeze(-1), new, x, out=into)
+        else:
+            x = torch.where(mask.unsqueeze(-1), new, x)
+    return x
+
+
+def _tensors(value):
+    """The tensors in a nest of tuples and lists."""
+    if torch.is_tensor(value):
+        yield value
+    elif isinstance(value, (tuple, list)):
+        for item in value:
+            yield from _tensors(item)
 
 
 def gate_row(gate, probes: dict, thresholds) -> dict:
@@ -503,9 +607,12 @@ def gate_row(gate, probes: dict, thresholds) -> dict:
 
 
 def _region(use: Use):
-    """The tables' full maths as one nested compile region (:func:`_compile_region`)."""
-    def run(*tensors):
-        return _stages(*tensors, use=use)
+    """The tables' full maths as one nested compile region (:func:`_compile_region`): (x, masks, factors, slot,
+    member, the stage operands, then for gates the values and gate operands) -> (x steered, the steered rows)."""
+    def run(x, masks, factors, slot, *operands):
+        gates = operands[9:]
+        rows, ops = _gather(slot, *operands[:9], *gates[1:], use=use)
+        return _stages(x, masks, factors, ops, gates[0] if gates else None, use=use), rows
 
     return _compile_region(run)
 
