@@ -23,6 +23,10 @@ pytest.importorskip("transformers")
 from hf_util import vec  # noqa: E402
 from support import run_cli  # noqa: E402
 
+# One worker builds the module's export twice (the fixture); ./dev test distributes by group (--dist loadgroup), so
+# the other worker does not build it again.
+pytestmark = pytest.mark.xdist_group("export")
+
 PROGRAM = ("steer 1\n"
            "probe q {\n  at   resid_post[0]\n  read norm\n  pool token\n}\n"
            f"intervention a {{\n  at resid_post[1]\n  add 6.0 * decay(0.8) * {vec(64, 70)}\n"
