@@ -109,6 +109,11 @@ def _forward_profile(worker, action: str):
     counted; ``stop`` returns {"forwards", "calls", "steerc": the first steerc frames seen}."""
     import sys
 
+    import steerc
+
+    # steerc's own frames: files of the package, wherever the checkout is (a clone in a folder named steerc
+    # puts that name in every path of the environments beside it, vLLM's included)
+    package = os.path.dirname(os.path.abspath(steerc.__file__)) + os.sep
     model = worker.model_runner.model
     if action == "start":
         seen = {"forwards": 0, "calls": 0, "steerc": []}
@@ -117,7 +122,7 @@ def _forward_profile(worker, action: str):
             if event == "call":
                 seen["calls"] += 1
                 where = frame.f_code.co_filename
-                if f"{os.sep}steerc{os.sep}" in where and len(seen["steerc"]) < 10:
+                if where.startswith(package) and len(seen["steerc"]) < 10:
                     seen["steerc"].append(f"{where}:{frame.f_code.co_name}")
 
         def on(mod, args, kwargs):
