@@ -136,8 +136,10 @@ def test_a_point_steers_in_place_and_an_idle_point_writes_nothing():
     """The op mutates its input (compiled graphs let a mutating op run in place): an idle point costs its call
     and writes nothing, with no copy; a steered point writes its rows into the tensor itself. A tensor that is
     not contiguous is steered through a contiguous copy and written back."""
-    points._POINTS.append(lambda x: None)
-    idle = len(points._POINTS) - 1
+    def nothing(t):
+        return None
+
+    idle = points.register(nothing)
     x = torch.randn(3, 4)
     before, address = x.clone(), x.data_ptr()
     assert torch.ops.steerc.point(x, idle) is None
@@ -146,8 +148,7 @@ def test_a_point_steers_in_place_and_an_idle_point_writes_nothing():
     def steer(t):
         t[1:2] += 1.0
 
-    points._POINTS.append(steer)
-    busy = len(points._POINTS) - 1
+    busy = points.register(steer)
     torch.ops.steerc.point(x, busy)
     assert torch.equal(x[1], before[1] + 1.0) and torch.equal(x[[0, 2]], before[[0, 2]])
     t = torch.randn(4, 3).T  # [3, 4], not contiguous
@@ -155,6 +156,31 @@ def test_a_point_steers_in_place_and_an_idle_point_writes_nothing():
     torch.ops.steerc.point(t, busy)
     assert torch.equal(t[1], was[1] + 1.0) and torch.equal(t[[0, 2]], was[[0, 2]])
     assert points.SPLITTING_OPS == ("steerc::point", "steerc::point_pair")
+
+
+def test_the_points_table_keeps_no_model_alive():
+    """The points' table finds a body by its index and holds it weakly: once the hook is removed, nothing keeps
+    the body (its router, its model) alive, as where vLLM runs engines in the caller's process one after
+    another (VLLM_ENABLE_V1_MULTIPROCESSING=0)."""
+    import gc
+    import weakref
+
+    model = torch.nn.Linear(4, 4)
+    runs = []
+
+    def body(t):
+        runs.append(t.shape)
+
+    alive = weakref.ref(body)
+    handle = points.install(model, "post", "output", body)
+    model(torch.randn(2, 4))
+    assert runs == [(2, 4)]  # the op found the body by its index
+    del body
+    gc.collect()
+    assert alive() is not None  # the hook holds it
+    handle.remove()
+    gc.collect()
+    assert alive() is None  # the table did not
 
 
 def test_inductor_runs_the_points_in_place_with_no_copy():

@@ -9,6 +9,12 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
+# The engines booted here (vllm.LLM) run in this process: vLLM's engine core and its one worker, not two processes
+# spawned per boot, each importing vLLM again (about 15 s each on two cores, 30 s a boot). The worker's code, and
+# steerc's in it, is the same; engines of several workers (TP=2, PP=2) still spawn theirs, and the HTTP servers
+# (server.py) run as a user runs them, each in its own processes. Set it to 1 to boot every engine in its own.
+os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+
 
 def pytest_terminal_summary(terminalreporter):
     from harness import MEASURED

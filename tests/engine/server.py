@@ -37,6 +37,8 @@ class Server:
         self.log_path = log_path or os.path.join(os.environ.get("TMPDIR", "/tmp"), f"steerc-server-{self.port}.log")
         self.log = open(self.log_path, "wb")
         full_env = dict(os.environ, **(env or {}))
+        if "VLLM_ENABLE_V1_MULTIPROCESSING" not in (env or {}):
+            full_env.pop("VLLM_ENABLE_V1_MULTIPROCESSING", None)  # a server as users run it (conftest.py)
         full_env.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
         self.proc = subprocess.Popen(argv, stdout=self.log, stderr=subprocess.STDOUT, env=full_env,
                                      start_new_session=True)

@@ -33,9 +33,14 @@ table: point ``i`` is ``(body, key)``; an op call names ``i``.
 
 from __future__ import annotations
 
+import weakref
+
 import torch
 
-_POINTS: list = []  # index -> fn(x) or fn(hidden, residual): steers its tensors in place
+# index -> a weak reference to fn(x) or fn(hidden, residual), which steers its tensors in place. The hook holds the
+# body; the table only finds it for the op's index, and keeps no model alive after its engine is gone (engines
+# come and go in one process where vLLM runs its engine in the caller's: VLLM_ENABLE_V1_MULTIPROCESSING=0).
+_POINTS: list = []
 
 # The ops are defined on a torch.library.Library with a Python kernel, not with torch.library.custom_op: the
 # dispatcher calls the kernel directly, about 3 us a call here, where custom_op's own Python layers (its
@@ -49,21 +54,23 @@ _LIB.define("point_pair(Tensor(a!) hidden, Tensor(b!) residual, int index) -> ()
 
 def point(x: torch.Tensor, index: int) -> None:
     """The steering of point ``index``, written into ``x`` in place (nothing written where nothing steers)."""
+    body = _POINTS[index]()
     if x.is_contiguous():
-        _POINTS[index](x)
+        body(x)
         return
     y = x.contiguous()  # the bodies write rows of [tokens, width] views
-    _POINTS[index](y)
+    body(y)
     x.copy_(y)
 
 
 def point_pair(hidden: torch.Tensor, residual: torch.Tensor, index: int) -> None:
     """The steering of point ``index`` on a fused layer's (hidden, residual) pair, written into both in place."""
+    body = _POINTS[index]()
     if hidden.is_contiguous() and residual.is_contiguous():
-        _POINTS[index](hidden, residual)
+        body(hidden, residual)
         return
     h, r = hidden.contiguous(), residual.contiguous()
-    _POINTS[index](h, r)
+    body(h, r)
     hidden.copy_(h)
     residual.copy_(r)
 
@@ -81,6 +88,12 @@ for _name, _kernel in (("point", point), ("point_pair", point_pair)):
 SPLITTING_OPS = ("steerc::point", "steerc::point_pair")
 
 
+def register(body) -> int:
+    """The index the ops name ``body`` by. The table holds it weakly: the caller keeps it alive (a hook does)."""
+    _POINTS.append(weakref.ref(body))
+    return len(_POINTS) - 1
+
+
 def install(module, kind: str, tensor: str, body, tables=None) -> object:
     """A hook on ``module`` for one provisioned site; its handle.
 
@@ -90,10 +103,7 @@ def install(module, kind: str, tensor: str, body, tables=None) -> object:
     steers ``x`` (contiguous) in place, writing only the rows it steers; for a fused pair,
     ``body(hidden, residual)`` steers both in place.
     """
-    index = None
-    if body is not None:
-        _POINTS.append(body)
-        index = len(_POINTS) - 1
+    index = register(body) if body is not None else None
 
     def one(x):
         if tables is not None:
@@ -101,6 +111,8 @@ def install(module, kind: str, tensor: str, body, tables=None) -> object:
         if index is not None:
             torch.ops.steerc.point(x, index)
         return x
+
+    one.body = body  # the hooks hold the body (the table holds it weakly)
 
     if kind == "pre":
         at = 1 if tensor == "input1" else 0
