@@ -23,10 +23,6 @@ pytest.importorskip("transformers")
 from hf_util import vec  # noqa: E402
 from support import run_cli  # noqa: E402
 
-# One worker builds the module's export twice (the fixture); ./dev test distributes by group (--dist loadgroup), so
-# the other worker does not build it again.
-pytestmark = pytest.mark.xdist_group("export")
-
 PROGRAM = ("steer 1\n"
            "probe q {\n  at   resid_post[0]\n  read norm\n  pool token\n}\n"
            f"intervention a {{\n  at resid_post[1]\n  add 6.0 * decay(0.8) * {vec(64, 70)}\n"
@@ -60,9 +56,28 @@ print(json.dumps(torch.stack(rows).tolist()))
 
 @pytest.fixture(scope="module")
 def built(tmp_path_factory):
+    """The export built twice (minutes with a cold Inductor cache), once per run: under pytest-xdist the first
+    worker to get here builds it in the run's shared temporary folder, holding a lock, and the others read it
+    (the tests only read it). Without workers, in this session's own folder."""
+    import fcntl
+
+    if not os.environ.get("PYTEST_XDIST_WORKER"):
+        return _build(tmp_path_factory.mktemp("export"))
+    shared = tmp_path_factory.getbasetemp().parent  # one run's folder, beside each worker's own
+    with open(shared / "export-built.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        root = shared / "export-built"
+        if (root / "listed").exists():
+            return root, (root / "listed").read_text()
+        root.mkdir(exist_ok=True)
+        root, out = _build(root)
+        (root / "listed").write_text(out)
+        return root, out
+
+
+def _build(root):
     from tiny_models import save_tiny_llama
 
-    root = tmp_path_factory.mktemp("export")
     save_tiny_llama(root / "model")
     (root / "steer.toml").write_text("")
     (root / "p.steer").write_text(PROGRAM)
