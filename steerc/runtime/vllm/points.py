@@ -28,7 +28,7 @@ new tensor could not return its input, so an idle point copied its tensor
 once per step.)
 
 Each worker process has one model, so the points of a process live in one
-table: point ``i`` is ``(body, key)``; an op call names ``i``.
+table: point ``i`` is its body (held weakly, :func:`register`); an op call names ``i``.
 """
 
 from __future__ import annotations
