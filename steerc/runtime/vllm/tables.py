@@ -318,7 +318,7 @@ class SteerTables(torch.nn.Module):
         self.slot[n:].fill_(0)
         self._step_key = (n, slots[:n].tobytes()) if n <= GATHER_TOKENS else None
         prompt = pos is not None and bool((np.asarray(pos)[:n] < np.asarray(plen)[:n]).any())
-        self.step_use = self._step_use(tuple(np.unique(np.asarray(slots)[:n]).tolist()), prompt)
+        self.step_use = self._step_use(tuple(np.unique(slots[:n]).tolist()), prompt)
         if self.probes:
             for name, values, fill in (("rslot", rslots, self.requests), ("pos", pos, 0), ("plen", plen, 0)):
                 buf = getattr(self, name)
